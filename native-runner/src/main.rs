@@ -1,0 +1,5 @@
+//! `runner`: the native command-line face of webshard.
+
+fn main() {
+    println!("runner: not yet");
+}

@@ -1,0 +1,1 @@
+//! The GPU: device and capabilities, buffers, pipeline cache, command recording.

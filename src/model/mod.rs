@@ -1,0 +1,1 @@
+//! Model architectures: one file per architecture, each a forward over a layer range.

@@ -1,0 +1,1 @@
+//! Operators: one family per file, the Rust side of a WGSL kernel next to its CPU reference.

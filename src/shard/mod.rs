@@ -1,0 +1,1 @@
+//! The shard chain: plan, protocol frames, transport, roles.
