@@ -1,1 +1,18 @@
 //! The GPU: device and capabilities, buffers, pipeline cache, command recording.
+//!
+//! Everything here is the same on native wgpu backends and on WebGPU in the browser; the only
+//! platform difference (blocking `poll` natively, event-loop callbacks on the web) is hidden in
+//! `buffer::read_back`.
+
+mod buffer;
+mod device;
+mod pipeline;
+mod record;
+pub mod testing;
+mod weights;
+
+pub use buffer::{poison_f32, read_back, read_f32, storage_buffer, upload_f32, upload_u32, POISON};
+pub use device::{BackendChoice, Caps, Gpu, GpuError, GpuOptions, Variant};
+pub use pipeline::{specialised_source, Kernel, Lib, PipelineKey};
+pub use record::Recorder;
+pub use weights::{WeightPart, WeightTensor};

@@ -1,0 +1,248 @@
+//! Device creation and capability probing.
+
+use std::sync::Arc;
+
+use super::pipeline::PipelineCache;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no GPU adapter found for backend {backend:?} (on Linux without a GPU install mesa-vulkan-drivers for lavapipe; in a browser WebGPU must be enabled)")]
+    NoAdapter { backend: BackendChoice },
+    #[error("requesting a device from adapter {adapter}: {source}")]
+    RequestDevice {
+        adapter: String,
+        source: wgpu::RequestDeviceError,
+    },
+    #[error("reading back a GPU buffer: {0}")]
+    ReadBack(String),
+    #[error("tensor {name} needs {needed} bytes in one binding, more than the limit {limit}")]
+    BindingTooSmall {
+        name: String,
+        needed: u64,
+        limit: u64,
+    },
+    #[error("kernel {kernel}: {message}")]
+    Kernel { kernel: String, message: String },
+}
+
+/// Which wgpu backend to ask for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// Whatever the platform prefers (Vulkan/Metal/DX12 natively, WebGPU in browsers).
+    #[default]
+    Auto,
+    Vulkan,
+    Gl,
+    Metal,
+    Dx12,
+    BrowserWebGpu,
+}
+
+impl BackendChoice {
+    fn backends(self) -> wgpu::Backends {
+        match self {
+            Self::Auto => wgpu::Backends::PRIMARY,
+            Self::Vulkan => wgpu::Backends::VULKAN,
+            Self::Gl => wgpu::Backends::GL,
+            Self::Metal => wgpu::Backends::METAL,
+            Self::Dx12 => wgpu::Backends::DX12,
+            Self::BrowserWebGpu => wgpu::Backends::BROWSER_WEBGPU,
+        }
+    }
+
+    /// Parses `auto`, `vulkan`, `gl`, `metal`, `dx12`, `webgpu`.
+    pub fn parse(name: &str) -> Option<Self> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "auto" => Self::Auto,
+            "vulkan" | "vk" => Self::Vulkan,
+            "gl" | "gles" | "opengl" => Self::Gl,
+            "metal" => Self::Metal,
+            "dx12" => Self::Dx12,
+            "webgpu" => Self::BrowserWebGpu,
+            _ => return None,
+        })
+    }
+}
+
+/// How to set up the device. Defaults use every capability the adapter has.
+#[derive(Debug, Clone, Default)]
+pub struct GpuOptions {
+    pub backend: BackendChoice,
+    /// Never use shader-f16 even where the adapter has it.
+    pub disable_f16: bool,
+    /// Never use subgroup operations even where the adapter has them.
+    pub disable_subgroups: bool,
+    /// Pretend bindings are at most this many bytes (tests of tensor splitting).
+    pub max_binding_override: Option<u64>,
+}
+
+/// The shader capabilities a kernel variant is compiled for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Variant {
+    pub f16: bool,
+    pub subgroups: bool,
+}
+
+impl std::fmt::Display for Variant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let precision = if self.f16 { "f16" } else { "f32" };
+        let reduce = if self.subgroups {
+            "subgroups"
+        } else {
+            "workgroup"
+        };
+        write!(f, "{precision}+{reduce}")
+    }
+}
+
+/// What the device can do, probed once at start.
+#[derive(Debug, Clone)]
+pub struct Caps {
+    pub adapter: String,
+    pub backend: String,
+    pub f16: bool,
+    pub subgroups: bool,
+    pub subgroup_min: u32,
+    pub subgroup_max: u32,
+    pub timestamps: bool,
+    /// Largest storage binding kernels may use (possibly lowered by `max_binding_override`).
+    pub max_binding: u64,
+    pub max_buffer: u64,
+    pub max_workgroups_per_dim: u32,
+    pub min_uniform_alignment: u32,
+    /// Whether WGSL must say `enable subgroups;` (browsers) or must not (naga).
+    pub wgsl_subgroups_directive: bool,
+}
+
+impl Caps {
+    /// The fastest variant this device supports.
+    pub fn best_variant(&self) -> Variant {
+        Variant {
+            f16: self.f16,
+            subgroups: self.subgroups,
+        }
+    }
+
+    /// Every variant this device can run, so tests cover each one.
+    pub fn all_variants(&self) -> Vec<Variant> {
+        let mut variants = vec![Variant::default()];
+        if self.f16 {
+            variants.push(Variant {
+                f16: true,
+                subgroups: false,
+            });
+        }
+        if self.subgroups {
+            variants.push(Variant {
+                f16: false,
+                subgroups: true,
+            });
+        }
+        if self.f16 && self.subgroups {
+            variants.push(Variant {
+                f16: true,
+                subgroups: true,
+            });
+        }
+        variants
+    }
+}
+
+/// One device and queue, with the capabilities kernels are specialised for.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    pub caps: Caps,
+    pub(super) pipelines: PipelineCache,
+    pub(super) uniform_blocks: std::sync::Mutex<Vec<wgpu::Buffer>>,
+}
+
+impl Gpu {
+    pub async fn new(options: &GpuOptions) -> Result<Arc<Gpu>, GpuError> {
+        let mut instance_desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        instance_desc.backends = options.backend.backends();
+        let instance = wgpu::Instance::new(instance_desc);
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|_| GpuError::NoAdapter {
+                backend: options.backend,
+            })?;
+        Self::from_adapter(adapter, options).await
+    }
+
+    async fn from_adapter(
+        adapter: wgpu::Adapter,
+        options: &GpuOptions,
+    ) -> Result<Arc<Gpu>, GpuError> {
+        let info = adapter.get_info();
+        let available = adapter.features();
+        let f16 = available.contains(wgpu::Features::SHADER_F16) && !options.disable_f16;
+        let subgroups = available.contains(wgpu::Features::SUBGROUP) && !options.disable_subgroups;
+        let mut required_features = wgpu::Features::empty();
+        for (wanted, feature) in [
+            (f16, wgpu::Features::SHADER_F16),
+            (subgroups, wgpu::Features::SUBGROUP),
+            (
+                available.contains(wgpu::Features::TIMESTAMP_QUERY),
+                wgpu::Features::TIMESTAMP_QUERY,
+            ),
+        ] {
+            if wanted {
+                required_features |= feature;
+            }
+        }
+        let limits = adapter.limits();
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("webshard"),
+                required_features,
+                required_limits: limits.clone(),
+                ..Default::default()
+            })
+            .await
+            .map_err(|source| GpuError::RequestDevice {
+                adapter: info.name.clone(),
+                source,
+            })?;
+        let granted = device.limits();
+        let hardware_binding = u64::from(granted.max_storage_buffer_binding_size);
+        let caps = Caps {
+            adapter: info.name.clone(),
+            backend: format!("{:?}", info.backend),
+            f16,
+            subgroups,
+            subgroup_min: info.subgroup_min_size,
+            subgroup_max: info.subgroup_max_size,
+            timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            max_binding: options
+                .max_binding_override
+                .map_or(hardware_binding, |cap| cap.min(hardware_binding)),
+            max_buffer: granted.max_buffer_size,
+            max_workgroups_per_dim: granted.max_compute_workgroups_per_dimension,
+            min_uniform_alignment: granted.min_uniform_buffer_offset_alignment,
+            wgsl_subgroups_directive: info.backend == wgpu::Backend::BrowserWebGpu,
+        };
+        tracing::info!(
+            adapter = %caps.adapter, backend = %caps.backend, f16 = caps.f16,
+            subgroups = caps.subgroups, subgroup_min = caps.subgroup_min,
+            subgroup_max = caps.subgroup_max, max_binding = caps.max_binding,
+            "gpu ready"
+        );
+        Ok(Arc::new(Gpu {
+            device,
+            queue,
+            caps,
+            pipelines: PipelineCache::default(),
+            uniform_blocks: std::sync::Mutex::new(Vec::new()),
+        }))
+    }
+
+    /// The variant kernels use unless a caller asks for another.
+    pub fn variant(&self) -> Variant {
+        self.caps.best_variant()
+    }
+}

@@ -1,0 +1,142 @@
+//! Kernel sources, their specialisation, and the pipeline cache.
+//!
+//! A kernel is a WGSL file from `wgsl/` specialised by a short, explicit header: the `enable`
+//! directives its variant needs, the `half_t` alias (f16 where the device has shader-f16, else
+//! f32), and `const NAME: u32 = V;` lines for its sizes. No template language: the header is the
+//! whole of the specialisation, and it is printed in the label of every pipeline.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::device::{Gpu, Variant};
+
+/// Library snippets a kernel can ask to be prepended, resolved per variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Lib {
+    /// `reduce_sum`/`reduce_max` over a workgroup: subgroup operations where the variant has
+    /// them, a shared-memory tree otherwise. Needs the kernel to define `const WG: u32`.
+    Reduce,
+}
+
+impl Lib {
+    fn source(self, variant: Variant) -> &'static str {
+        match (self, variant.subgroups) {
+            (Lib::Reduce, true) => include_str!("../../wgsl/reduce_subgroup.wgsl"),
+            (Lib::Reduce, false) => include_str!("../../wgsl/reduce_workgroup.wgsl"),
+        }
+    }
+}
+
+/// A compute entry point in one of the `wgsl/` files.
+#[derive(Debug)]
+pub struct Kernel {
+    /// Short family name, used in labels and profiles (`matvec_q4_k`).
+    pub name: &'static str,
+    pub source: &'static str,
+    pub entry: &'static str,
+    pub libs: &'static [Lib],
+}
+
+/// Everything that makes one compiled pipeline different from another.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    pub kernel: &'static str,
+    pub entry: &'static str,
+    pub variant: Variant,
+    pub consts: Vec<(&'static str, u32)>,
+}
+
+#[derive(Default)]
+pub(super) struct PipelineCache {
+    compiled: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+}
+
+/// The exact WGSL text compiled for `kernel` in `variant` with `consts`.
+///
+/// Browsers require `enable subgroups;` before subgroup builtins, while naga (native wgpu 30)
+/// rejects the directive and enables them from the device feature alone.
+pub fn specialised_source(
+    kernel: &Kernel,
+    variant: Variant,
+    consts: &[(&str, u32)],
+    subgroups_directive: bool,
+) -> String {
+    let mut text = String::new();
+    if variant.f16 {
+        text.push_str("enable f16;\n");
+    }
+    if variant.subgroups && subgroups_directive {
+        text.push_str("enable subgroups;\n");
+    }
+    let half = if variant.f16 { "f16" } else { "f32" };
+    text.push_str(&format!(
+        "alias half_t = {half};\nalias half4_t = vec4<{half}>;\n"
+    ));
+    for (name, value) in consts {
+        text.push_str(&format!("const {name}: u32 = {value}u;\n"));
+    }
+    for lib in kernel.libs {
+        text.push_str(lib.source(variant));
+        text.push('\n');
+    }
+    text.push_str(kernel.source);
+    text
+}
+
+impl Gpu {
+    /// The compiled pipeline for `kernel` in `variant` with `consts`, compiled on first use.
+    pub fn pipeline(
+        &self,
+        kernel: &Kernel,
+        variant: Variant,
+        consts: &[(&'static str, u32)],
+    ) -> Arc<wgpu::ComputePipeline> {
+        let key = PipelineKey {
+            kernel: kernel.name,
+            entry: kernel.entry,
+            variant,
+            consts: consts.to_vec(),
+        };
+        let mut compiled = self.pipelines.compiled.lock().expect("pipeline cache lock");
+        if let Some(pipeline) = compiled.get(&key) {
+            return pipeline.clone();
+        }
+        let pipeline = Arc::new(self.compile(kernel, &key));
+        compiled.insert(key, pipeline.clone());
+        pipeline
+    }
+
+    fn compile(&self, kernel: &Kernel, key: &PipelineKey) -> wgpu::ComputePipeline {
+        let label = format!(
+            "{}:{} {} {:?}",
+            kernel.name, kernel.entry, key.variant, key.consts
+        );
+        tracing::debug!(%label, "compiling pipeline");
+        let source = specialised_source(
+            kernel,
+            key.variant,
+            &key.consts,
+            self.caps.wgsl_subgroups_directive,
+        );
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some(&label),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        self.device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some(&label),
+                layout: None,
+                module: &module,
+                entry_point: Some(kernel.entry),
+                compilation_options: Default::default(),
+                cache: None,
+            })
+    }
+
+    /// Number of pipelines compiled so far.
+    pub fn pipeline_count(&self) -> usize {
+        self.pipelines.compiled.lock().map_or(0, |c| c.len())
+    }
+}

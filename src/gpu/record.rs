@@ -1,0 +1,224 @@
+//! Command recording: many dispatches into one command buffer, one submit.
+//!
+//! Kernel parameters go into 64 KiB uniform blocks written once at submit; blocks return to a
+//! pool on the `Gpu` afterwards. Reusing a block in the next submit is safe because queue writes
+//! and submits execute in queue order.
+
+use super::device::{Gpu, Variant};
+use super::pipeline::Kernel;
+
+const UNIFORM_BLOCK_BYTES: u64 = 64 * 1024;
+
+struct UniformBlock {
+    buffer: wgpu::Buffer,
+    bytes: Vec<u8>,
+}
+
+/// Records dispatches for one submit.
+pub struct Recorder<'g> {
+    gpu: &'g Gpu,
+    variant: Variant,
+    encoder: Option<wgpu::CommandEncoder>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    blocks: Vec<UniformBlock>,
+    dispatches: u32,
+}
+
+impl<'g> Recorder<'g> {
+    /// A recorder whose kernels use the device's best variant.
+    pub fn new(gpu: &'g Gpu) -> Self {
+        Self::with_variant(gpu, gpu.variant())
+    }
+
+    /// A recorder whose kernels use `variant` (tests cover every variant this way).
+    pub fn with_variant(gpu: &'g Gpu, variant: Variant) -> Self {
+        Recorder {
+            gpu,
+            variant,
+            encoder: Some(gpu.device.create_command_encoder(&Default::default())),
+            pass: None,
+            blocks: Vec::new(),
+            dispatches: 0,
+        }
+    }
+
+    pub fn gpu(&self) -> &'g Gpu {
+        self.gpu
+    }
+
+    pub fn variant(&self) -> Variant {
+        self.variant
+    }
+
+    /// The pipeline for `kernel` in this recorder's variant.
+    pub fn pipeline(
+        &self,
+        kernel: &Kernel,
+        consts: &[(&'static str, u32)],
+    ) -> std::sync::Arc<wgpu::ComputePipeline> {
+        self.gpu.pipeline(kernel, self.variant, consts)
+    }
+
+    /// Records one dispatch. Binding 0 of group 0 is the uniform `params`; `storage[i]` is
+    /// bound at `i + 1`.
+    pub fn dispatch<P: bytemuck::Pod>(
+        &mut self,
+        pipeline: &wgpu::ComputePipeline,
+        params: &P,
+        storage: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) {
+        let (uniform, offset, size) = self.push_uniform(bytemuck::bytes_of(params));
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &uniform,
+                offset,
+                size: std::num::NonZeroU64::new(size),
+            }),
+        }];
+        entries.extend(
+            storage
+                .iter()
+                .enumerate()
+                .map(|(i, resource)| wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: resource.clone(),
+                }),
+        );
+        let bind_group = self
+            .gpu
+            .device
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &pipeline.get_bind_group_layout(0),
+                entries: &entries,
+            });
+        let pass = self.pass();
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        self.dispatches += 1;
+    }
+
+    /// Copies bytes between buffers in stream order with the dispatches around it.
+    pub fn copy(
+        &mut self,
+        source: &wgpu::Buffer,
+        source_offset: u64,
+        destination: &wgpu::Buffer,
+        destination_offset: u64,
+        bytes: u64,
+    ) {
+        self.pass = None;
+        self.encoder().copy_buffer_to_buffer(
+            source,
+            source_offset,
+            destination,
+            destination_offset,
+            bytes,
+        );
+    }
+
+    pub fn dispatch_count(&self) -> u32 {
+        self.dispatches
+    }
+
+    /// Writes the parameters and submits everything recorded.
+    pub fn submit(mut self) -> wgpu::SubmissionIndex {
+        let commands = self.finish();
+        self.gpu.queue.submit([commands])
+    }
+
+    /// Submits, then reads `bytes` bytes at `offset` of `buffer` in the same submit.
+    pub async fn submit_and_read(
+        mut self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<Vec<u8>, super::GpuError> {
+        let size = bytes.next_multiple_of(4);
+        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("result read-back"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.copy(buffer, offset, &staging, 0, size);
+        let gpu = self.gpu;
+        self.submit();
+        let mut out = super::buffer::map_and_read(gpu, &staging).await?;
+        out.truncate(bytes as usize);
+        Ok(out)
+    }
+
+    fn finish(&mut self) -> wgpu::CommandBuffer {
+        self.pass = None;
+        for block in &self.blocks {
+            self.gpu.queue.write_buffer(&block.buffer, 0, &block.bytes);
+        }
+        let mut pool = self.gpu.uniform_blocks.lock().expect("uniform pool lock");
+        pool.extend(self.blocks.drain(..).map(|block| block.buffer));
+        self.encoder
+            .take()
+            .expect("a recorder is finished once")
+            .finish()
+    }
+
+    fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.encoder
+            .as_mut()
+            .expect("the encoder lives until the recorder is submitted")
+    }
+
+    fn pass(&mut self) -> &mut wgpu::ComputePass<'static> {
+        if self.pass.is_none() {
+            let pass = self
+                .encoder()
+                .begin_compute_pass(&Default::default())
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        self.pass.as_mut().expect("pass was just created")
+    }
+
+    /// Appends `data` to the current uniform block: (block, offset, size).
+    fn push_uniform(&mut self, data: &[u8]) -> (wgpu::Buffer, u64, u64) {
+        let align = u64::from(self.gpu.caps.min_uniform_alignment).max(16) as usize;
+        let needed = data.len().next_multiple_of(16);
+        let fits = self
+            .blocks
+            .last()
+            .is_some_and(|b| b.bytes.len().next_multiple_of(align) + needed <= b.bytes.capacity());
+        if !fits {
+            self.blocks.push(self.take_block());
+        }
+        let block = self.blocks.last_mut().expect("a block was just pushed");
+        let offset = block.bytes.len().next_multiple_of(align);
+        block.bytes.resize(offset, 0);
+        block.bytes.extend_from_slice(data);
+        block.bytes.resize(offset + needed, 0);
+        (block.buffer.clone(), offset as u64, needed as u64)
+    }
+
+    fn take_block(&self) -> UniformBlock {
+        let pooled = self
+            .gpu
+            .uniform_blocks
+            .lock()
+            .expect("uniform pool lock")
+            .pop();
+        let buffer = pooled.unwrap_or_else(|| {
+            self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("kernel params"),
+                size: UNIFORM_BLOCK_BYTES,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        });
+        UniformBlock {
+            buffer,
+            bytes: Vec::with_capacity(UNIFORM_BLOCK_BYTES as usize),
+        }
+    }
+}

@@ -1,0 +1,117 @@
+//! Support for kernel tests, natively and in the browser: the devices to test on, fresh random
+//! inputs, and a comparison that reports relative error.
+
+use std::sync::Arc;
+
+use super::device::{BackendChoice, Gpu, GpuError, GpuOptions};
+
+/// Backends kernel tests must cover, from `WEBSHARD_TEST_BACKENDS` (comma-separated, default
+/// `vulkan,gl` natively: lavapipe and llvmpipe's GL in CI). A listed backend without an
+/// adapter is an error, never a silent skip.
+pub async fn devices_under_test() -> Result<Vec<Arc<Gpu>>, GpuError> {
+    let names = std::env::var("WEBSHARD_TEST_BACKENDS").unwrap_or_else(|_| default_backends());
+    let mut devices = Vec::new();
+    for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let backend = BackendChoice::parse(name).ok_or(GpuError::NoAdapter {
+            backend: BackendChoice::Auto,
+        })?;
+        let options = GpuOptions {
+            backend,
+            ..Default::default()
+        };
+        devices.push(Gpu::new(&options).await?);
+    }
+    Ok(devices)
+}
+
+fn default_backends() -> String {
+    if cfg!(target_arch = "wasm32") {
+        "webgpu".into()
+    } else {
+        "vulkan,gl".into()
+    }
+}
+
+/// Deterministic pseudo-random values in [-1, 1), different for every seed.
+pub fn random_f32(count: usize, seed: u64) -> Vec<f32> {
+    let mut state = seed ^ 0x9e37_79b9_7f4a_7c15;
+    (0..count)
+        .map(|_| {
+            state = state
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// Deterministic pseudo-random bytes.
+pub fn random_bytes(count: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed ^ 0x2545_f491_4f6c_dd1d;
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 24) as u8
+        })
+        .collect()
+}
+
+/// A seed that differs per run unless `WEBSHARD_TEST_SEED` fixes it (printed on failure).
+pub fn fresh_seed() -> u64 {
+    if let Some(seed) = std::env::var("WEBSHARD_TEST_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        return seed;
+    }
+    let nanos = web_time_nanos();
+    nanos ^ (nanos >> 17)
+}
+
+#[cfg(not(target_arch = "wasm32"))]
+fn web_time_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+}
+
+#[cfg(target_arch = "wasm32")]
+fn web_time_nanos() -> u64 {
+    (js_sys::Math::random() * 1e15) as u64
+}
+
+/// Largest error relative to the largest reference magnitude; NaN in `got` counts as infinite.
+pub fn relative_error(got: &[f32], want: &[f32]) -> f32 {
+    assert_eq!(got.len(), want.len(), "result length");
+    let scale = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    got.iter().zip(want).fold(0.0f32, |worst, (g, w)| {
+        let error = if g.is_finite() {
+            (g - w).abs() / scale
+        } else {
+            f32::INFINITY
+        };
+        worst.max(error)
+    })
+}
+
+/// Panics with a useful message when `relative_error(got, want) > tolerance`.
+pub fn assert_close(got: &[f32], want: &[f32], tolerance: f32, what: &str) {
+    let error = relative_error(got, want);
+    let worst = got
+        .iter()
+        .zip(want)
+        .enumerate()
+        .max_by(|a, b| {
+            let da = (a.1 .0 - a.1 .1).abs();
+            let db = (b.1 .0 - b.1 .1).abs();
+            da.partial_cmp(&db).unwrap_or(std::cmp::Ordering::Greater)
+        })
+        .map(|(i, (g, w))| format!("index {i}: got {g}, want {w}"))
+        .unwrap_or_default();
+    assert!(
+        error <= tolerance,
+        "{what}: relative error {error:e} > {tolerance:e} ({worst})"
+    );
+}
