@@ -1,1 +1,70 @@
-//! Model architectures: one file per architecture, each a forward over a layer range.
+//! Model architectures: one file per architecture, each a forward over one block; `Stage` runs
+//! a range of blocks on one device, with the embedding and head where it holds them.
+
+pub mod config;
+pub mod gemma3;
+pub mod llama;
+pub mod loader;
+pub mod qwen2;
+mod scratch;
+pub mod stage;
+pub mod weights;
+
+pub use config::{Arch, ConfigError, ModelConfig};
+pub use loader::{LoadOptions, LoadProgress};
+pub use stage::{Stage, StageInput, StageSpec};
+
+use crate::gguf::{GgmlType, GgufError, Header, SourceError};
+use crate::gpu::GpuError;
+use crate::ops::attention::KvCache;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("tensor {tensor}: {message}")]
+    Tensor { tensor: String, message: String },
+    #[error("context full: {needed} positions needed, the cache holds {max}")]
+    ContextFull { needed: u32, max: u32 },
+    #[error("{0}")]
+    Plan(String),
+}
+
+impl ModelError {
+    pub(crate) fn unsupported(tensor: &str, ggml_type: GgmlType) -> ModelError {
+        ModelError::Tensor {
+            tensor: tensor.into(),
+            message: format!("type {} cannot be computed by this engine yet", ggml_type.name()),
+        }
+    }
+}
+
+/// The configuration of the model in `header`, with its architecture's own additions.
+pub fn config_for(header: &Header) -> Result<ModelConfig, ModelError> {
+    let cfg = ModelConfig::from_header(header)?;
+    Ok(match cfg.arch {
+        Arch::Gemma3 => gemma3::configure(&header.metadata, cfg)?,
+        Arch::Llama | Arch::Qwen2 => cfg,
+    })
+}
+
+/// Everything one block's forward needs.
+#[derive(Clone, Copy)]
+pub struct LayerStep<'a> {
+    pub cfg: &'a ModelConfig,
+    pub weights: &'a weights::LayerWeights,
+    scratch: &'a scratch::Scratch,
+    pub cache: &'a KvCache,
+    /// The block's index inside this stage's cache.
+    pub cache_layer: u32,
+    /// The block's index in the model.
+    pub layer: u32,
+    pub start_pos: u32,
+    pub tokens: u32,
+}

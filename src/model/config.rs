@@ -1,0 +1,198 @@
+//! Hyperparameters read from GGUF metadata alone.
+
+use crate::gguf::{GgufError, Header, Metadata};
+use crate::ops::rope::RopeParams;
+
+/// The architectures the engine computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arch {
+    Llama,
+    Qwen2,
+    Gemma3,
+}
+
+impl Arch {
+    pub fn parse(name: &str) -> Option<Arch> {
+        match name {
+            "llama" => Some(Arch::Llama),
+            "qwen2" => Some(Arch::Qwen2),
+            "gemma3" => Some(Arch::Gemma3),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+            Arch::Gemma3 => "gemma3",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error("architecture `{0}` is not supported (supported: llama, qwen2, gemma3)")]
+    UnsupportedArch(String),
+    #[error("metadata key {key}: {message}")]
+    Invalid { key: String, message: String },
+}
+
+/// Everything a forward pass needs to know about the network's shape.
+#[derive(Debug, Clone)]
+pub struct ModelConfig {
+    pub arch: Arch,
+    pub n_layers: u32,
+    pub d_model: u32,
+    pub n_heads: u32,
+    pub n_kv_heads: u32,
+    pub head_dim: u32,
+    pub ff_dim: u32,
+    pub vocab: u32,
+    pub context_length: u32,
+    pub rms_eps: f32,
+    pub rope: RopeParams,
+    /// RoPE for sliding-window layers where it differs (Gemma 3's local layers).
+    pub rope_local: Option<RopeParams>,
+    /// Sliding window for local layers, with the period of global layers (Gemma 3: 6).
+    pub sliding_window: Option<SlidingWindow>,
+    pub attention_scale: f32,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlidingWindow {
+    pub window: u32,
+    /// Every `period`-th layer (1-based) attends globally.
+    pub period: u32,
+}
+
+impl ModelConfig {
+    pub fn from_header(header: &Header) -> Result<ModelConfig, ConfigError> {
+        let name = header.architecture()?;
+        let arch = Arch::parse(name).ok_or_else(|| ConfigError::UnsupportedArch(name.into()))?;
+        let meta = &header.metadata;
+        let key = |suffix: &str| format!("{name}.{suffix}");
+        let n_heads = positive(meta, &key("attention.head_count"))?;
+        let d_model = positive(meta, &key("embedding_length"))?;
+        let head_dim = match meta.opt_u32(&key("attention.key_length"))? {
+            Some(dim) => dim,
+            None => d_model / n_heads,
+        };
+        let vocab = vocab_size(header)?;
+        let rope = RopeParams {
+            head_dim,
+            rope_dims: meta.opt_u32(&key("rope.dimension_count"))?.unwrap_or(head_dim),
+            freq_base: meta.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+            freq_scale: rope_freq_scale(meta, name)?,
+            neox: arch != Arch::Llama,
+        };
+        let config = ModelConfig {
+            arch,
+            n_layers: positive(meta, &key("block_count"))?,
+            d_model,
+            n_heads,
+            n_kv_heads: meta.opt_u32(&key("attention.head_count_kv"))?.unwrap_or(n_heads),
+            head_dim,
+            ff_dim: positive(meta, &key("feed_forward_length"))?,
+            vocab,
+            context_length: meta.opt_u32(&key("context_length"))?.unwrap_or(2048),
+            rms_eps: meta.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
+            rope,
+            rope_local: None,
+            sliding_window: None,
+            attention_scale: 1.0 / (head_dim as f32).sqrt(),
+        };
+        config.validate()
+    }
+
+    fn validate(self) -> Result<ModelConfig, ConfigError> {
+        let invalid = |key: &str, message: String| ConfigError::Invalid {
+            key: format!("{}.{key}", self.arch.name()),
+            message,
+        };
+        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+            return Err(invalid(
+                "attention.head_count_kv",
+                format!("{} does not divide head_count {}", self.n_kv_heads, self.n_heads),
+            ));
+        }
+        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 1024 {
+            return Err(invalid(
+                "attention.key_length",
+                format!("head dimension {} must be even and at most 1024", self.head_dim),
+            ));
+        }
+        if self.rope.rope_dims > self.head_dim || self.rope.rope_dims % 2 != 0 {
+            return Err(invalid(
+                "rope.dimension_count",
+                format!("{} must be even and at most the head dimension", self.rope.rope_dims),
+            ));
+        }
+        Ok(self)
+    }
+
+    pub fn q_dim(&self) -> u32 {
+        self.n_heads * self.head_dim
+    }
+
+    pub fn kv_dim(&self) -> u32 {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Whether layer `layer` attends through the sliding window.
+    pub fn is_local_layer(&self, layer: u32) -> bool {
+        self.sliding_window
+            .is_some_and(|sw| (layer + 1) % sw.period != 0)
+    }
+}
+
+fn positive(meta: &Metadata, key: &str) -> Result<u32, ConfigError> {
+    let value = meta.get_u32(key)?;
+    if value == 0 {
+        return Err(ConfigError::Invalid {
+            key: key.into(),
+            message: "must be positive".into(),
+        });
+    }
+    Ok(value)
+}
+
+/// Linear RoPE scaling where the file asks for it; other scaling types are refused.
+pub(crate) fn rope_freq_scale(meta: &Metadata, arch: &str) -> Result<f32, ConfigError> {
+    let scaling_key = format!("{arch}.rope.scaling.type");
+    match meta.opt_str(&scaling_key)? {
+        None | Some("none") => Ok(1.0),
+        Some("linear") => {
+            let factor_key = format!("{arch}.rope.scaling.factor");
+            let factor = meta.get_f32(&factor_key)?;
+            if !(factor.is_finite() && factor > 0.0) {
+                return Err(ConfigError::Invalid {
+                    key: factor_key,
+                    message: format!("{factor} is not a positive scaling factor"),
+                });
+            }
+            Ok(1.0 / factor)
+        }
+        Some(other) => Err(ConfigError::Invalid {
+            key: scaling_key,
+            message: format!("RoPE scaling `{other}` is not supported (none, linear)"),
+        }),
+    }
+}
+
+/// The vocabulary size: the embedding's row count, which must agree with the tokenizer's list.
+fn vocab_size(header: &Header) -> Result<u32, ConfigError> {
+    let embedding = header
+        .tensor("token_embd.weight")
+        .ok_or_else(|| ConfigError::Invalid {
+            key: "token_embd.weight".into(),
+            message: "tensor missing".into(),
+        })?;
+    let rows = embedding.shape.get(1).copied().unwrap_or(1);
+    u32::try_from(rows).map_err(|_| ConfigError::Invalid {
+        key: "token_embd.weight".into(),
+        message: format!("{rows} rows is too many"),
+    })
+}

@@ -1,0 +1,217 @@
+//! Streams the tensors a stage needs from a `RangeSource` into GPU buffers.
+//!
+//! Only the tensors asked for are read (a shard donor reads only its layers). Each tensor is read
+//! in bounded chunks with a few reads in flight, and uploads are flushed to the device every few
+//! chunks, so host memory stays at `chunk_bytes * in_flight` plus the driver's staging for one
+//! flush window, whatever the model's size.
+
+use futures::{StreamExt, TryStreamExt};
+
+use crate::gguf::{GgmlType, Header, RangeSource, TensorInfo};
+use crate::gpu::{Gpu, WeightTensor};
+use crate::ops::quant::{QuantMatrix, QuantType};
+
+use super::ModelError;
+
+/// Where a load has got to, for progress bars.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadProgress<'a> {
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+    pub tensor: &'a str,
+}
+
+/// How a load reads: chunk size and reads in flight.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadOptions {
+    pub chunk_bytes: u64,
+    pub in_flight: usize,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions {
+            chunk_bytes: 4 << 20,
+            in_flight: 4,
+        }
+    }
+}
+
+/// Bytes queued to the device between flushes.
+const FLUSH_BYTES: u64 = 32 << 20;
+
+/// A matrix in GPU memory, stored as its GGUF bytes.
+#[derive(Debug)]
+pub struct Matrix {
+    pub weights: WeightTensor,
+    pub quant: QuantType,
+    pub cols: u32,
+    pub rows: u32,
+}
+
+impl Matrix {
+    pub fn view(&self) -> QuantMatrix<'_> {
+        QuantMatrix {
+            weights: &self.weights,
+            quant: self.quant,
+            cols: self.cols,
+            rows: self.rows,
+        }
+    }
+}
+
+/// A small f32 vector (norm weights, biases).
+#[derive(Debug)]
+pub struct Vector {
+    pub buffer: wgpu::Buffer,
+    pub len: u32,
+}
+
+/// Reads tensors named by a model's plan into GPU memory.
+pub struct Loader<'a> {
+    gpu: &'a Gpu,
+    source: &'a dyn RangeSource,
+    header: &'a Header,
+    options: LoadOptions,
+    bytes_total: u64,
+    bytes_done: u64,
+    unflushed: u64,
+    progress: &'a mut dyn FnMut(LoadProgress<'_>),
+}
+
+impl<'a> Loader<'a> {
+    /// `bytes_total` is the sum of the sizes of the tensors that will be loaded.
+    pub fn new(
+        gpu: &'a Gpu,
+        source: &'a dyn RangeSource,
+        header: &'a Header,
+        options: LoadOptions,
+        bytes_total: u64,
+        progress: &'a mut dyn FnMut(LoadProgress<'_>),
+    ) -> Self {
+        Loader {
+            gpu,
+            source,
+            header,
+            options,
+            bytes_total,
+            bytes_done: 0,
+            unflushed: 0,
+            progress,
+        }
+    }
+
+    pub fn bytes_done(&self) -> u64 {
+        self.bytes_done
+    }
+
+    /// Loads `name`, which must be a `[cols, rows]` matrix of a computable type.
+    pub async fn matrix(&mut self, name: &str, cols: u32, rows: u32) -> Result<Matrix, ModelError> {
+        let info = self.info(name)?;
+        expect_shape(info, &[u64::from(cols), u64::from(rows)])?;
+        let quant = quant_type(info)?;
+        let weights = WeightTensor::allocate(self.gpu, name, info.rows(), info.row_bytes())?;
+        self.stream(info, &weights).await?;
+        Ok(Matrix {
+            weights,
+            quant,
+            cols,
+            rows,
+        })
+    }
+
+    /// Loads `name`, a vector of `len` elements stored as F32 or F16, as f32.
+    pub async fn vector(&mut self, name: &str, len: u32) -> Result<Vector, ModelError> {
+        let info = self.info(name)?;
+        expect_shape(info, &[u64::from(len)])?;
+        let bytes = self.source.read_range(info.offset, info.bytes).await?;
+        let values: Vec<f32> = match info.ggml_type {
+            GgmlType::F32 => bytemuck::pod_collect_to_vec(&bytes),
+            GgmlType::F16 => bytes
+                .chunks_exact(2)
+                .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+                .collect(),
+            other => return Err(ModelError::unsupported(name, other)),
+        };
+        if let Some(bad) = values.iter().position(|v| !v.is_finite()) {
+            return Err(ModelError::Tensor {
+                tensor: name.into(),
+                message: format!("element {bad} is not finite"),
+            });
+        }
+        self.advance(name, info.bytes);
+        Ok(Vector {
+            buffer: crate::gpu::upload_f32(self.gpu, name, &values),
+            len,
+        })
+    }
+
+    /// Whether the file has tensor `name` (optional tensors such as biases or `output.weight`).
+    pub fn has(&self, name: &str) -> bool {
+        self.header.tensor(name).is_some()
+    }
+
+    fn info(&self, name: &str) -> Result<&'a TensorInfo, ModelError> {
+        self.header.tensor(name).ok_or_else(|| ModelError::Tensor {
+            tensor: name.into(),
+            message: "missing from the file".into(),
+        })
+    }
+
+    async fn stream(&mut self, info: &TensorInfo, weights: &WeightTensor) -> Result<(), ModelError> {
+        let source = self.source;
+        let reads = futures::stream::iter(weights.upload_pieces(self.options.chunk_bytes))
+            .map(|piece| async move {
+                let bytes = source
+                    .read_range(info.offset + piece.tensor_offset, piece.bytes)
+                    .await?;
+                Ok::<_, ModelError>((piece, bytes))
+            })
+            .buffered(self.options.in_flight.max(1));
+        futures::pin_mut!(reads);
+        while let Some((piece, bytes)) = reads.try_next().await? {
+            weights.write_piece(self.gpu, &piece, &bytes);
+            self.advance(&info.name, piece.bytes);
+        }
+        Ok(())
+    }
+
+    fn advance(&mut self, tensor: &str, bytes: u64) {
+        self.bytes_done += bytes;
+        self.unflushed += bytes;
+        if self.unflushed >= FLUSH_BYTES {
+            self.flush();
+        }
+        (self.progress)(LoadProgress {
+            bytes_done: self.bytes_done,
+            bytes_total: self.bytes_total,
+            tensor,
+        });
+    }
+
+    /// Hands queued uploads to the device and waits, so their staging memory is released.
+    pub fn flush(&mut self) {
+        self.gpu.queue.submit([]);
+        let _ = self.gpu.device.poll(wgpu::PollType::wait_indefinitely());
+        self.unflushed = 0;
+    }
+}
+
+fn expect_shape(info: &TensorInfo, expected: &[u64]) -> Result<(), ModelError> {
+    let mut got = info.shape.clone();
+    while got.len() > expected.len() && got.last() == Some(&1) {
+        got.pop();
+    }
+    if got != expected {
+        return Err(ModelError::Tensor {
+            tensor: info.name.clone(),
+            message: format!("shape {:?}, expected {:?}", info.shape, expected),
+        });
+    }
+    Ok(())
+}
+
+fn quant_type(info: &TensorInfo) -> Result<QuantType, ModelError> {
+    QuantType::from_ggml_name(info.ggml_type.name())
+        .ok_or_else(|| ModelError::unsupported(&info.name, info.ggml_type))
+}

@@ -1,0 +1,53 @@
+//! Activation buffers of a stage, sized once for its largest batch.
+
+use crate::gpu::{storage_buffer, Gpu};
+
+use super::config::ModelConfig;
+
+/// Most rows the head computes logits for in one submit (vocabularies reach 262k entries).
+pub const HEAD_ROWS: u32 = 16;
+
+pub struct Scratch {
+    pub ids: wgpu::Buffer,
+    /// The residual stream, `[tokens, d_model]`.
+    pub hidden: wgpu::Buffer,
+    pub normed: wgpu::Buffer,
+    pub q: wgpu::Buffer,
+    pub k: wgpu::Buffer,
+    pub v: wgpu::Buffer,
+    pub attn: wgpu::Buffer,
+    /// A block's output before it joins the residual stream.
+    pub delta: wgpu::Buffer,
+    pub gate: wgpu::Buffer,
+    pub up: wgpu::Buffer,
+    pub act: wgpu::Buffer,
+    pub head_in: wgpu::Buffer,
+    pub head_normed: wgpu::Buffer,
+    pub logits: wgpu::Buffer,
+    pub argmax: wgpu::Buffer,
+}
+
+impl Scratch {
+    pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: u32) -> Scratch {
+        let rows = u64::from(max_batch);
+        let f32s = |label: &str, per_row: u32| storage_buffer(gpu, label, rows * u64::from(per_row) * 4);
+        let head = u64::from(HEAD_ROWS);
+        Scratch {
+            ids: storage_buffer(gpu, "ids", rows * 4),
+            hidden: f32s("hidden", cfg.d_model),
+            normed: f32s("normed", cfg.d_model),
+            q: f32s("q", cfg.q_dim()),
+            k: f32s("k", cfg.kv_dim()),
+            v: f32s("v", cfg.kv_dim()),
+            attn: f32s("attn", cfg.q_dim()),
+            delta: f32s("delta", cfg.d_model),
+            gate: f32s("gate", cfg.ff_dim),
+            up: f32s("up", cfg.ff_dim),
+            act: f32s("act", cfg.ff_dim),
+            head_in: storage_buffer(gpu, "head_in", head * u64::from(cfg.d_model) * 4),
+            head_normed: storage_buffer(gpu, "head_normed", head * u64::from(cfg.d_model) * 4),
+            logits: storage_buffer(gpu, "logits", head * u64::from(cfg.vocab) * 4),
+            argmax: storage_buffer(gpu, "argmax", 4),
+        }
+    }
+}

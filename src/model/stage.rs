@@ -1,0 +1,271 @@
+//! A stage: layers `[a, b)` of a model on one device, plus the embedding if it is first and the
+//! head if it is last. A single device runs the stage `[0, n_layers)` with both.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use crate::gguf::{Header, RangeSource};
+use crate::gpu::{Gpu, Recorder};
+use crate::ops::attention::KvCache;
+use crate::ops::{norm, quant, select};
+
+use super::config::{Arch, ModelConfig};
+use super::loader::{LoadOptions, LoadProgress, Loader};
+use super::scratch::Scratch;
+use super::weights::{stage_tensor_names, EdgeWeights, LayerWeights};
+use super::{gemma3, llama, qwen2, ModelError};
+
+/// What a stage is asked to hold.
+#[derive(Debug, Clone)]
+pub struct StageSpec {
+    pub layers: Range<u32>,
+    pub embedding: bool,
+    pub head: bool,
+    /// Longest sequence the KV cache holds.
+    pub max_context: u32,
+    /// Most tokens one forward call processes (prefill is chunked to this).
+    pub max_batch: u32,
+}
+
+impl StageSpec {
+    /// The whole model on one device.
+    pub fn whole(cfg: &ModelConfig, max_context: u32) -> StageSpec {
+        StageSpec {
+            layers: 0..cfg.n_layers,
+            embedding: true,
+            head: true,
+            max_context: max_context.min(cfg.context_length).max(1),
+            max_batch: 128,
+        }
+    }
+}
+
+/// The input of a forward call: token ids (first stage) or the residual stream from the
+/// previous stage, `[tokens, d_model]` row-major.
+pub enum StageInput<'a> {
+    Tokens(&'a [u32]),
+    Hidden(&'a [f32]),
+}
+
+impl StageInput<'_> {
+    fn tokens(&self, d_model: u32) -> usize {
+        match self {
+            StageInput::Tokens(ids) => ids.len(),
+            StageInput::Hidden(h) => h.len() / d_model as usize,
+        }
+    }
+}
+
+pub struct Stage {
+    pub gpu: Arc<Gpu>,
+    pub cfg: ModelConfig,
+    pub spec: StageSpec,
+    layers: Vec<LayerWeights>,
+    edges: EdgeWeights,
+    cache: KvCache,
+    scratch: Scratch,
+}
+
+impl Stage {
+    /// Loads the stage's tensors from `source`, streaming them into GPU buffers.
+    pub async fn load(
+        gpu: Arc<Gpu>,
+        source: &dyn RangeSource,
+        header: &Header,
+        spec: StageSpec,
+        options: LoadOptions,
+        progress: &mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<Stage, ModelError> {
+        let cfg = super::config_for(header)?;
+        if spec.layers.end > cfg.n_layers || spec.layers.is_empty() {
+            return Err(ModelError::Plan(format!(
+                "layers {:?} outside the model's 0..{}",
+                spec.layers, cfg.n_layers
+            )));
+        }
+        let names = stage_tensor_names(header, spec.layers.clone(), spec.embedding, spec.head);
+        let total = names
+            .iter()
+            .filter_map(|n| header.tensor(n))
+            .map(|t| t.bytes)
+            .sum();
+        let mut loader = Loader::new(&gpu, source, header, options, total, progress);
+        let edges = EdgeWeights::load(&mut loader, &cfg, spec.embedding, spec.head).await?;
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for layer in spec.layers.clone() {
+            layers.push(LayerWeights::load(&mut loader, &cfg, layer).await?);
+        }
+        loader.flush();
+        let cache = KvCache::new(
+            &gpu,
+            spec.layers.len() as u32,
+            spec.max_context,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+        )?;
+        let scratch = Scratch::new(&gpu, &cfg, spec.max_batch);
+        Ok(Stage {
+            gpu,
+            cfg,
+            spec,
+            layers,
+            edges,
+            cache,
+            scratch,
+        })
+    }
+
+    /// Runs the stage's layers over `input` at positions `start_pos..`, leaving the residual
+    /// stream in the scratch. `tokens` must fit `max_batch` and the context.
+    pub fn record_layers(
+        &self,
+        rec: &mut Recorder,
+        input: &StageInput,
+        start_pos: u32,
+    ) -> Result<u32, ModelError> {
+        let tokens = input.tokens(self.cfg.d_model) as u32;
+        self.check_batch(tokens, start_pos)?;
+        let s = &self.scratch;
+        match input {
+            StageInput::Tokens(ids) => {
+                let embedding = self.edges.embedding.as_ref().ok_or_else(|| {
+                    ModelError::Plan("this stage holds no embedding to embed tokens".into())
+                })?;
+                self.gpu
+                    .queue
+                    .write_buffer(&s.ids, 0, bytemuck::cast_slice(ids));
+                quant::embed(rec, &embedding.view(), &s.ids, &s.hidden, tokens, self.embed_scale());
+            }
+            StageInput::Hidden(hidden) => {
+                self.gpu
+                    .queue
+                    .write_buffer(&s.hidden, 0, bytemuck::cast_slice(hidden));
+            }
+        }
+        for (index, weights) in self.layers.iter().enumerate() {
+            let layer = self.spec.layers.start + index as u32;
+            let step = super::LayerStep {
+                cfg: &self.cfg,
+                weights,
+                scratch: s,
+                cache: &self.cache,
+                cache_layer: index as u32,
+                layer,
+                start_pos,
+                tokens,
+            };
+            match self.cfg.arch {
+                Arch::Llama => llama::forward_layer(rec, &step),
+                Arch::Qwen2 => qwen2::forward_layer(rec, &step),
+                Arch::Gemma3 => gemma3::forward_layer(rec, &step),
+            }
+        }
+        Ok(tokens)
+    }
+
+    /// Final norm and head over rows `rows` of the residual stream (at most `HEAD_ROWS`),
+    /// leaving their logits in the scratch's logits buffer.
+    pub fn record_head(&self, rec: &mut Recorder, rows: Range<u32>) -> Result<(), ModelError> {
+        let head = self
+            .edges
+            .head()
+            .ok_or_else(|| ModelError::Plan("this stage holds no output head".into()))?;
+        let norm_weight = self.edges.output_norm.as_ref().ok_or_else(|| {
+            ModelError::Plan("this stage holds no output norm".into())
+        })?;
+        let s = &self.scratch;
+        let count = rows.len() as u32;
+        if count == 0 || count > super::scratch::HEAD_ROWS {
+            return Err(ModelError::Plan(format!("{count} head rows at once")));
+        }
+        let row_bytes = u64::from(self.cfg.d_model) * 4;
+        rec.copy(
+            &s.hidden,
+            u64::from(rows.start) * row_bytes,
+            &s.head_in,
+            0,
+            u64::from(count) * row_bytes,
+        );
+        norm::rms_norm(rec, &s.head_in, &norm_weight.buffer, &s.head_normed, count, self.cfg.d_model, self.cfg.rms_eps);
+        quant::matmul(rec, &head.view(), &s.head_normed, &s.logits, count);
+        Ok(())
+    }
+
+    /// Greedy next token after `input`: only 4 bytes come back from the GPU.
+    pub async fn forward_argmax(
+        &self,
+        input: &StageInput<'_>,
+        start_pos: u32,
+    ) -> Result<u32, ModelError> {
+        let mut rec = Recorder::new(&self.gpu);
+        let tokens = self.record_layers(&mut rec, input, start_pos)?;
+        self.record_head(&mut rec, tokens - 1..tokens)?;
+        select::argmax(&mut rec, &self.scratch.logits, self.cfg.vocab, &self.scratch.argmax);
+        let bytes = rec.submit_and_read(&self.scratch.argmax, 0, 4).await?;
+        Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    /// Full logits for the last `rows` tokens of `input` (teacher-forced scoring, sampling).
+    pub async fn forward_logits(
+        &self,
+        input: &StageInput<'_>,
+        start_pos: u32,
+        last_rows: u32,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let mut rec = Recorder::new(&self.gpu);
+        let tokens = self.record_layers(&mut rec, input, start_pos)?;
+        rec.submit();
+        let mut out = Vec::new();
+        let first = tokens.saturating_sub(last_rows);
+        let mut row = first;
+        while row < tokens {
+            let end = (row + super::scratch::HEAD_ROWS).min(tokens);
+            let mut rec = Recorder::new(&self.gpu);
+            self.record_head(&mut rec, row..end)?;
+            let vocab = u64::from(self.cfg.vocab);
+            let bytes = rec
+                .submit_and_read(&self.scratch.logits, 0, u64::from(end - row) * vocab * 4)
+                .await?;
+            let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+            out.extend(values.chunks(vocab as usize).map(<[f32]>::to_vec));
+            row = end;
+        }
+        Ok(out)
+    }
+
+    /// The residual stream after this stage's layers, for the next stage.
+    pub async fn forward_hidden(
+        &self,
+        input: &StageInput<'_>,
+        start_pos: u32,
+    ) -> Result<Vec<f32>, ModelError> {
+        let mut rec = Recorder::new(&self.gpu);
+        let tokens = self.record_layers(&mut rec, input, start_pos)?;
+        let bytes = u64::from(tokens) * u64::from(self.cfg.d_model) * 4;
+        let out = rec.submit_and_read(&self.scratch.hidden, 0, bytes).await?;
+        Ok(bytemuck::pod_collect_to_vec(&out))
+    }
+
+    fn embed_scale(&self) -> f32 {
+        match self.cfg.arch {
+            Arch::Gemma3 => (self.cfg.d_model as f32).sqrt(),
+            Arch::Llama | Arch::Qwen2 => 1.0,
+        }
+    }
+
+    fn check_batch(&self, tokens: u32, start_pos: u32) -> Result<(), ModelError> {
+        if tokens == 0 || tokens > self.spec.max_batch {
+            return Err(ModelError::Plan(format!(
+                "{tokens} tokens in one forward (1..={})",
+                self.spec.max_batch
+            )));
+        }
+        if start_pos + tokens > self.spec.max_context {
+            return Err(ModelError::ContextFull {
+                needed: start_pos + tokens,
+                max: self.spec.max_context,
+            });
+        }
+        Ok(())
+    }
+}
