@@ -191,6 +191,15 @@ impl Stage {
         Ok(())
     }
 
+    /// Runs the layers and submits, keeping only what they write into the KV cache (prefill
+    /// chunks before the last).
+    pub fn forward(&self, input: &StageInput<'_>, start_pos: u32) -> Result<(), ModelError> {
+        let mut rec = Recorder::new(&self.gpu);
+        self.record_layers(&mut rec, input, start_pos)?;
+        rec.submit();
+        Ok(())
+    }
+
     /// Greedy next token after `input`: only 4 bytes come back from the GPU.
     pub async fn forward_argmax(
         &self,
