@@ -1,0 +1,142 @@
+//! Fidelity against llama.cpp's goldens, as `../shared/goldens/README.md` defines it:
+//! teacher-forced top-1 agreement where the golden margin exceeds 0.5, mean and max error of the
+//! golden top-5 logits, and free-running greedy output identical up to the first near-tie.
+//! Every model runs on every backend in `support::backends()` (lavapipe and llvmpipe's GL in CI).
+
+mod support;
+
+use serde_json::Value;
+use webshard::engine::{Engine, GenerateOptions};
+use webshard::gpu::GpuOptions;
+use webshard::sample::SamplerConfig;
+
+const MARGIN: f64 = 0.5;
+const MEAN_LIMIT: f64 = 0.35;
+const MAX_LIMIT: f64 = 2.0;
+
+struct Step {
+    id: u32,
+    top5: Vec<(u32, f64)>,
+}
+
+fn steps(record: &Value) -> Vec<Step> {
+    record["steps"]
+        .as_array()
+        .expect("steps")
+        .iter()
+        .map(|s| Step {
+            id: s["id"].as_u64().expect("id") as u32,
+            top5: s["top5"]
+                .as_array()
+                .expect("top5")
+                .iter()
+                .map(|p| (p[0].as_u64().expect("id") as u32, p[1].as_f64().expect("logit")))
+                .collect(),
+        })
+        .collect()
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .expect("ids")
+        .iter()
+        .map(|v| v.as_u64().expect("id") as u32)
+        .collect()
+}
+
+fn margin(step: &Step) -> f64 {
+    step.top5[0].1 - step.top5[1].1
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in row.iter().enumerate() {
+        if *v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Teacher-forced comparison of one record; returns the absolute errors of the top-5 logits.
+async fn teacher_forced(engine: &mut Engine, record: &Value, label: &str) -> Vec<f64> {
+    let prompt = ids(&record["prompt_ids"]);
+    let steps = steps(record);
+    let mut sequence = prompt.clone();
+    sequence.extend(steps.iter().take(steps.len() - 1).map(|s| s.id));
+    let logits = engine.score(&sequence).await.expect("score");
+    let mut errors = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        let row = &logits[prompt.len() - 1 + i];
+        let ours = argmax(row);
+        if margin(step) > MARGIN {
+            assert_eq!(
+                ours, step.top5[0].0,
+                "{label} step {i}: top-1 {ours} vs golden {} (margin {:.3})",
+                step.top5[0].0,
+                margin(step)
+            );
+        }
+        errors.extend(step.top5.iter().map(|(id, logit)| (f64::from(row[*id as usize]) - logit).abs()));
+    }
+    errors
+}
+
+/// Free-running greedy: identical ids up to the first golden step with margin <= 0.5.
+async fn free_running(engine: &mut Engine, record: &Value, label: &str) {
+    let prompt = ids(&record["prompt_ids"]);
+    let steps = steps(record);
+    let options = GenerateOptions {
+        max_tokens: steps.len() as u32,
+        sampler: SamplerConfig::greedy(),
+        stop: Vec::new(),
+    };
+    engine.reset();
+    let out = engine
+        .generate(&prompt, &options, &mut |_| true)
+        .await
+        .expect("generate");
+    let trusted = steps.iter().take_while(|s| margin(s) > MARGIN).count();
+    let golden: Vec<u32> = steps.iter().map(|s| s.id).collect();
+    let n = trusted.min(out.ids.len());
+    assert!(out.ids.len() >= trusted.min(golden.len()), "{label}: stopped early: {:?}", out.ids);
+    assert_eq!(&out.ids[..n], &golden[..n], "{label}: greedy ids diverge before the first near-tie (step {trusted})");
+}
+
+async fn check_model(model: (&str, &str)) {
+    let goldens = support::read_goldens(model.0);
+    for backend in support::backends() {
+        let options = GpuOptions { backend, ..Default::default() };
+        let mut engine = support::load_engine(model.1, options).await;
+        let adapter = engine.stage.gpu.caps.adapter.clone();
+        let mut errors = Vec::new();
+        for (r, record) in goldens["records"].as_array().expect("records").iter().enumerate() {
+            let label = format!("{} on {adapter} ({backend:?}) record {r}", model.0);
+            let prompt = record["prompt"].as_str().expect("prompt");
+            assert_eq!(engine.tokenize_prompt(prompt), ids(&record["prompt_ids"]), "{label}: prompt ids");
+            errors.extend(teacher_forced(&mut engine, record, &label).await);
+            free_running(&mut engine, record, &label).await;
+        }
+        let mean = errors.iter().sum::<f64>() / errors.len() as f64;
+        let max = errors.iter().cloned().fold(0.0, f64::max);
+        println!("fidelity {} on {adapter} ({backend:?}): top-5 logit error mean {mean:.4} max {max:.4} over {} values", model.0, errors.len());
+        assert!(mean <= MEAN_LIMIT, "{}: mean error {mean} > {MEAN_LIMIT}", model.0);
+        assert!(max <= MAX_LIMIT, "{}: max error {max} > {MAX_LIMIT}", model.0);
+    }
+}
+
+#[test]
+fn smollm2_matches_llama_cpp() {
+    pollster::block_on(check_model(support::SMOLLM2));
+}
+
+#[test]
+fn qwen25_matches_llama_cpp() {
+    pollster::block_on(check_model(support::QWEN25));
+}
+
+#[test]
+fn gemma3_matches_llama_cpp() {
+    pollster::block_on(check_model(support::GEMMA3));
+}

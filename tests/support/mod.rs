@@ -1,0 +1,74 @@
+//! Shared by the integration tests that run real models: where models and goldens are, and how
+//! to load an engine on a given backend.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use webshard::engine::{Engine, EngineOptions};
+use webshard::gguf::open_source;
+use webshard::gpu::{BackendChoice, Gpu, GpuOptions};
+
+/// The real models, by their `models.toml` names.
+pub const SMOLLM2: (&str, &str) = ("smollm2-135m-instruct-q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf");
+pub const QWEN25: (&str, &str) = (
+    "qwen2.5-coder-0.5b-instruct-q4_k_m",
+    "qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf",
+);
+pub const GEMMA3: (&str, &str) = ("gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m.gguf");
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A real model file; missing models fail the test (run `.ci/fetch_models.py`).
+pub fn model_path(file: &str) -> PathBuf {
+    let dir = std::env::var("WEBSHARD_MODELS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("models"));
+    let path = dir.join(file);
+    assert!(
+        path.is_file(),
+        "model {} is missing: run `python3 .ci/fetch_models.py`",
+        path.display()
+    );
+    path
+}
+
+/// The llama.cpp goldens (`../shared/goldens` beside the checkout unless overridden).
+pub fn goldens_dir() -> PathBuf {
+    let dir = std::env::var("WEBSHARD_GOLDENS")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| repo_root().join("../shared/goldens"));
+    assert!(dir.is_dir(), "goldens missing at {}", dir.display());
+    dir
+}
+
+pub fn read_goldens(model: &str) -> serde_json::Value {
+    let path = goldens_dir().join(format!("{model}.generate.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).expect("goldens are JSON")
+}
+
+/// Backends the fidelity tests cover (`WEBSHARD_TEST_BACKENDS`, default Vulkan and GL).
+pub fn backends() -> Vec<BackendChoice> {
+    std::env::var("WEBSHARD_TEST_BACKENDS")
+        .unwrap_or_else(|_| "vulkan,gl".into())
+        .split(',')
+        .map(|name| BackendChoice::parse(name.trim()).expect("known backend name"))
+        .collect()
+}
+
+pub async fn load_engine(file: &str, options: GpuOptions) -> Engine {
+    let gpu = Gpu::new(&options).await.expect("gpu");
+    let path = model_path(file);
+    let source = open_source(path.to_str().expect("utf-8 path"))
+        .await
+        .expect("open model");
+    let engine_options = EngineOptions {
+        max_context: 1024,
+        ..Default::default()
+    };
+    Engine::load(gpu, source.as_ref(), &engine_options, &mut |_| {})
+        .await
+        .expect("load model")
+}
