@@ -207,6 +207,17 @@ impl Engine {
         Ok(all)
     }
 
+    /// Evaluates `ids` from an empty cache and returns the last position's logits (the
+    /// prompt-processing path on its own).
+    pub async fn evaluate(&mut self, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
+        if ids.is_empty() {
+            return Err(EngineError::EmptyPrompt);
+        }
+        self.check_ids(ids)?;
+        self.cached.clear();
+        self.prefill(ids).await
+    }
+
     /// Forgets the cached conversation.
     pub fn reset(&mut self) {
         self.cached.clear();

@@ -1,0 +1,132 @@
+//! `runner bench`: prompt processing and generation throughput, as llama-bench measures them
+//! (pp: one batch of random tokens, logits for the last only; tg: tokens one at a time from an
+//! empty cache), plus load time and peak host memory.
+
+use std::time::Instant;
+
+use serde_json::json;
+use webshard::engine::Engine;
+use webshard::model::StageInput;
+
+use crate::memory;
+use crate::model_args::ModelArgs;
+
+#[derive(clap::Args, Debug)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt tokens (0 skips the test).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    pub prompt: u32,
+    /// Generated tokens (0 skips the test).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub n: u32,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 5)]
+    pub repetitions: u32,
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Mean and sample standard deviation.
+fn mean_sd(values: &[f64]) -> (f64, f64) {
+    let n = values.len() as f64;
+    let mean = values.iter().sum::<f64>() / n;
+    let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
+    (mean, var.sqrt())
+}
+
+fn random_ids(count: u32, vocab: u32, seed: u64) -> Vec<u32> {
+    let mut state = seed | 1;
+    (0..count)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % u64::from(vocab)) as u32
+        })
+        .collect()
+}
+
+async fn prompt_rate(engine: &mut Engine, tokens: u32, seed: u64) -> anyhow::Result<f64> {
+    let ids = random_ids(tokens, engine.cfg.vocab, seed);
+    let started = Instant::now();
+    engine.evaluate(&ids).await?;
+    Ok(f64::from(tokens) / started.elapsed().as_secs_f64())
+}
+
+async fn generation_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f64> {
+    engine.reset();
+    let mut token = engine.tokenizer.bos_id().unwrap_or(0);
+    let started = Instant::now();
+    for position in 0..tokens {
+        let input = [token];
+        token = engine
+            .stage
+            .forward_argmax(&StageInput::Tokens(&input), position)
+            .await?;
+    }
+    Ok(f64::from(tokens) / started.elapsed().as_secs_f64())
+}
+
+pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    let (mut engine, load) = args.model.load().await?;
+    // One warm-up of each test compiles every pipeline before timing.
+    if args.prompt > 0 {
+        prompt_rate(&mut engine, args.prompt.min(engine.stage.spec.max_context), 7).await?;
+    }
+    if args.n > 0 {
+        generation_rate(&mut engine, 4).await?;
+    }
+    let mut tests = Vec::new();
+    if args.prompt > 0 {
+        let mut rates = Vec::new();
+        for r in 0..args.repetitions {
+            rates.push(prompt_rate(&mut engine, args.prompt, u64::from(r) + 11).await?);
+        }
+        tests.push((format!("pp{}", args.prompt), mean_sd(&rates)));
+    }
+    if args.n > 0 {
+        let mut rates = Vec::new();
+        for _ in 0..args.repetitions {
+            rates.push(generation_rate(&mut engine, args.n).await?);
+        }
+        tests.push((format!("tg{}", args.n), mean_sd(&rates)));
+    }
+    let caps = &engine.stage.gpu.caps;
+    let variant = engine.stage.gpu.variant();
+    let resident = memory::resident_peak().unwrap_or(0);
+    if args.json {
+        let rows: Vec<_> = tests
+            .iter()
+            .map(|(name, (mean, sd))| json!({ "test": name, "tok_s": mean, "sd": sd }))
+            .collect();
+        let value = json!({
+            "model": args.model.model, "architecture": engine.cfg.arch.name(),
+            "adapter": caps.adapter, "backend": caps.backend, "variant": variant.to_string(),
+            "load_seconds": load.seconds, "load_bytes": load.bytes,
+            "peak_heap_bytes_during_load": load.peak_heap_bytes, "peak_resident_bytes": resident,
+            "repetitions": args.repetitions, "tests": rows,
+        });
+        println!("{value}");
+        return Ok(());
+    }
+    println!("| model | adapter | backend | variant | test | t/s |");
+    println!("| --- | --- | --- | --- | --- | ---: |");
+    for (name, (mean, sd)) in &tests {
+        println!(
+            "| {} | {} | {} | {variant} | {name} | {mean:.2} ± {sd:.2} |",
+            engine.cfg.arch.name(),
+            caps.adapter,
+            caps.backend
+        );
+    }
+    println!(
+        "load {:.2} s, {:.1} MB; peak host heap during load {:.1} MB; peak resident {:.1} MB",
+        load.seconds,
+        load.bytes as f64 / 1e6,
+        load.peak_heap_bytes as f64 / 1e6,
+        resident as f64 / 1e6
+    );
+    Ok(())
+}

@@ -1,0 +1,136 @@
+//! `runner generate` and `runner chat`.
+
+use std::io::{BufRead, Write};
+
+use anyhow::Context;
+use serde_json::json;
+use webshard::engine::{Engine, GenerateOptions, Generated};
+use webshard::tokenizer::ChatMessage;
+
+use crate::model_args::{ModelArgs, SamplerArgs};
+
+#[derive(clap::Args, Debug)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The prompt; special-token text (e.g. `<|im_start|>`) becomes special tokens.
+    #[arg(short = 'p', long)]
+    pub prompt: String,
+    /// Most tokens to generate.
+    #[arg(short = 'n', long, default_value_t = 128)]
+    pub n: u32,
+    #[command(flatten)]
+    pub sampler: SamplerArgs,
+    /// Apply the model's chat template to the prompt as a user message.
+    #[arg(long)]
+    pub chat: bool,
+    /// Stop when this text is produced (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+    /// Print `{"prompt_ids", "ids", "text"}` instead of streaming text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
+    let (mut engine, load) = args.model.load().await?;
+    let prompt = match args.chat {
+        true => engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?,
+        false => args.prompt.clone(),
+    };
+    let prompt_ids = engine.tokenize_prompt(&prompt);
+    let options = GenerateOptions {
+        max_tokens: args.n,
+        sampler: args.sampler.config(),
+        stop: args.stop.clone(),
+    };
+    let stream = !args.json;
+    let out = engine
+        .generate(&prompt_ids, &options, &mut |text| {
+            if stream {
+                print!("{text}");
+                let _ = std::io::stdout().flush();
+            }
+            true
+        })
+        .await?;
+    if args.json {
+        let value = json!({ "prompt_ids": out.prompt_ids, "ids": out.ids, "text": out.text });
+        println!("{value}");
+    } else {
+        println!();
+    }
+    eprintln!("{}", timings(load.seconds, &out));
+    Ok(())
+}
+
+/// One line of timings for stderr.
+fn timings(load_seconds: f64, out: &Generated) -> String {
+    let rate = |tokens: f64, seconds: f64| if seconds > 0.0 { tokens / seconds } else { 0.0 };
+    format!(
+        "load {load_seconds:.2} s | prefill {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s",
+        out.prefill_tokens,
+        rate(f64::from(out.prefill_tokens), out.prefill_seconds),
+        out.ids.len(),
+        rate(out.ids.len() as f64, out.decode_seconds),
+    )
+}
+
+#[derive(clap::Args, Debug)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Most tokens per reply.
+    #[arg(short = 'n', long, default_value_t = 512)]
+    pub n: u32,
+    #[command(flatten)]
+    pub sampler: SamplerArgs,
+    /// A system message to start the conversation with.
+    #[arg(long)]
+    pub system: Option<String>,
+}
+
+/// An interactive conversation; the KV cache keeps the conversation so far, so each turn only
+/// prefills what is new.
+pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
+    let (mut engine, _) = args.model.load().await?;
+    let mut messages = Vec::new();
+    if let Some(system) = &args.system {
+        messages.push(ChatMessage::new("system", system.as_str()));
+    }
+    eprintln!("chatting with {} (empty line or Ctrl-D ends)", args.model.model);
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line).context("reading stdin")? == 0 || line.trim().is_empty() {
+            return Ok(());
+        }
+        messages.push(ChatMessage::new("user", line.trim_end()));
+        let reply = reply(&mut engine, &messages, args).await?;
+        messages.push(ChatMessage::new("assistant", reply));
+    }
+}
+
+async fn reply(
+    engine: &mut Engine,
+    messages: &[ChatMessage],
+    args: &ChatArgs,
+) -> anyhow::Result<String> {
+    let prompt_ids = engine.tokenize_prompt(&engine.chat_prompt(messages)?);
+    let options = GenerateOptions {
+        max_tokens: args.n,
+        sampler: args.sampler.config(),
+        stop: Vec::new(),
+    };
+    let out = engine
+        .generate(&prompt_ids, &options, &mut |text| {
+            print!("{text}");
+            let _ = std::io::stdout().flush();
+            true
+        })
+        .await?;
+    println!();
+    eprintln!("{}", timings(0.0, &out));
+    Ok(out.text)
+}

@@ -1,0 +1,141 @@
+//! Arguments shared by the commands that run a model, and loading it with a progress bar.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{anyhow, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use webshard::engine::{Engine, EngineOptions};
+use webshard::gguf::open_source;
+use webshard::gpu::{BackendChoice, Gpu, GpuOptions};
+use webshard::sample::SamplerConfig;
+
+use crate::memory;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// GGUF model: a file path or an http(s):// URL.
+    #[arg(short = 'm', long)]
+    pub model: String,
+    /// GPU backend: auto, vulkan, gl, metal, dx12.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// Use the f32 kernels even where the device has shader-f16.
+    #[arg(long)]
+    pub no_f16: bool,
+    /// Do not use subgroup operations.
+    #[arg(long)]
+    pub no_subgroups: bool,
+    /// Longest context the KV cache holds.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: u32,
+    /// Cap storage bindings at this many bytes (tensors larger are split).
+    #[arg(long)]
+    pub max_binding: Option<u64>,
+    /// No progress bar while loading.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SamplerArgs {
+    /// Temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temp: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: u32,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 64)]
+    pub repeat_last_n: u32,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl SamplerArgs {
+    pub fn config(&self) -> SamplerConfig {
+        SamplerConfig {
+            temperature: self.temp,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        }
+    }
+}
+
+/// How a load went, for timings and `runner bench`.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadReport {
+    pub seconds: f64,
+    pub bytes: u64,
+    pub peak_heap_bytes: u64,
+}
+
+impl ModelArgs {
+    pub fn gpu_options(&self) -> anyhow::Result<GpuOptions> {
+        let backend = BackendChoice::parse(&self.backend)
+            .ok_or_else(|| anyhow!("unknown backend `{}` (auto, vulkan, gl, metal, dx12)", self.backend))?;
+        Ok(GpuOptions {
+            backend,
+            disable_f16: self.no_f16,
+            disable_subgroups: self.no_subgroups,
+            max_binding_override: self.max_binding,
+        })
+    }
+
+    /// Opens the model, streams it into the GPU with a progress bar on stderr.
+    pub async fn load(&self) -> anyhow::Result<(Engine, LoadReport)> {
+        let started = Instant::now();
+        memory::reset_peak();
+        let gpu = Gpu::new(&self.gpu_options()?).await?;
+        let source = open_source(&self.model)
+            .await
+            .with_context(|| format!("opening {}", self.model))?;
+        let bar = self.progress_bar();
+        let mut bytes = 0;
+        let options = EngineOptions {
+            max_context: self.ctx,
+            ..Default::default()
+        };
+        let engine = Engine::load(Arc::clone(&gpu), source.as_ref(), &options, &mut |p| {
+            bar.set_length(p.bytes_total);
+            bar.set_position(p.bytes_done);
+            bar.set_message(p.tensor.to_string());
+            bytes = p.bytes_done;
+        })
+        .await
+        .with_context(|| format!("loading {}", self.model))?;
+        bar.finish_and_clear();
+        let report = LoadReport {
+            seconds: started.elapsed().as_secs_f64(),
+            bytes,
+            peak_heap_bytes: memory::peak(),
+        };
+        tracing::info!(
+            adapter = %gpu.caps.adapter, variant = %gpu.variant(), seconds = report.seconds,
+            bytes, peak_heap = report.peak_heap_bytes, "model loaded"
+        );
+        Ok((engine, report))
+    }
+
+    fn progress_bar(&self) -> ProgressBar {
+        if self.quiet {
+            return ProgressBar::hidden();
+        }
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template(
+                "{bar:30} {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta} {wide_msg}",
+            )
+            .expect("valid progress template"),
+        );
+        bar
+    }
+}
