@@ -54,6 +54,7 @@ pub(super) fn attend(rec: &mut Recorder, step: &LayerStep, window: Option<u32>) 
         head_dim: cfg.head_dim,
         scale: cfg.attention_scale,
         window,
+        softcap: None,
     };
     attention::attention(rec, &s.q, step.cache, step.cache_layer, &s.attn, step.start_pos, step.tokens, &params);
 }
