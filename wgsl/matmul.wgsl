@@ -39,9 +39,9 @@ fn load_tile(first_tile_row: u32, k0: u32, lane: u32) {
         if (row < params.rows && block < params.blocks_per_row) {
             let u = unit % UNITS;
             let values = dequant_unit(row * params.row_bytes + block * BLOCK_BYTES, u);
-            let tile_base = tile_row * BK4 + (block * BLOCK - k0) / 4u;
+            let block_start = block * BLOCK;
             for (var i = 0u; i < 8u; i = i + 1u) {
-                tile[tile_base + block_element(u, i) / 4u] = values[i];
+                tile[tile_row * BK4 + (block_start + block_element(u, i) - k0) / 4u] = values[i];
             }
         }
     }

@@ -269,7 +269,13 @@ const EMBED_WG: u32 = 64;
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
 /// `[tokens, rows]`, both f32. One token uses the matrix-vector kernel, more the tiled one.
-pub fn matmul(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgpu::Buffer, tokens: u32) {
+pub fn matmul(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+) {
     if tokens == 1 {
         matvec(rec, w, x, out);
     } else {
@@ -311,32 +317,51 @@ fn matvec(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgpu::Buf
     consts.extend(w.quant_consts());
     let pipeline = rec.pipeline(kernel, &consts);
     for part in &w.weights.parts {
-        let [groups_x, groups_y] = fold_groups((part.rows as u32).div_ceil(rows_per_group), max_per_dim);
+        let [groups_x, groups_y] =
+            fold_groups((part.rows as u32).div_ceil(rows_per_group), max_per_dim);
         let params = product_params(w, part, groups_x, 1);
         rec.dispatch(
             &pipeline,
             &params,
-            &[part.buffer.as_entire_binding(), x.as_entire_binding(), out.as_entire_binding()],
+            &[
+                part.buffer.as_entire_binding(),
+                x.as_entire_binding(),
+                out.as_entire_binding(),
+            ],
             [groups_x, groups_y, 1],
         );
     }
 }
 
-fn matmul_tiled(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgpu::Buffer, tokens: u32) {
+fn matmul_tiled(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+) {
     let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
     let tile = |name: &str| MATMUL_TILE.iter().find(|c| c.0 == name).map_or(1, |c| c.1);
     let mut consts: Vec<(&'static str, u32)> = MATMUL_TILE.to_vec();
     consts.extend(w.quant_consts());
     let pipeline = rec.pipeline(&MATMUL, &consts);
     let token_groups = tokens.div_ceil(tile("TT"));
-    assert!(token_groups <= max_per_dim, "{tokens} tokens exceed one prefill dispatch");
+    assert!(
+        token_groups <= max_per_dim,
+        "{tokens} tokens exceed one prefill dispatch"
+    );
     for part in &w.weights.parts {
-        let [groups_x, groups_y] = fold_groups((part.rows as u32).div_ceil(tile("TR")), max_per_dim);
+        let [groups_x, groups_y] =
+            fold_groups((part.rows as u32).div_ceil(tile("TR")), max_per_dim);
         let params = product_params(w, part, groups_x, tokens);
         rec.dispatch(
             &pipeline,
             &params,
-            &[part.buffer.as_entire_binding(), x.as_entire_binding(), out.as_entire_binding()],
+            &[
+                part.buffer.as_entire_binding(),
+                x.as_entire_binding(),
+                out.as_entire_binding(),
+            ],
             [groups_x, groups_y, token_groups],
         );
     }
@@ -345,7 +370,14 @@ fn matmul_tiled(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgp
 /// `out[t, :] = dequant(table row ids[t]) * scale` for `t < tokens`; `ids` is a u32 buffer
 /// (so sampled ids can stay on the GPU), `out` is `[tokens, cols]` f32. An id outside the
 /// table leaves its output row unwritten.
-pub fn embed(rec: &mut Recorder, table: &QuantMatrix, ids: &wgpu::Buffer, out: &wgpu::Buffer, tokens: u32, scale: f32) {
+pub fn embed(
+    rec: &mut Recorder,
+    table: &QuantMatrix,
+    ids: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+    scale: f32,
+) {
     let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
     let mut consts = vec![("WG", EMBED_WG)];
     consts.extend(table.quant_consts());
@@ -369,7 +401,11 @@ pub fn embed(rec: &mut Recorder, table: &QuantMatrix, ids: &wgpu::Buffer, out: &
             rec.dispatch(
                 &pipeline,
                 &params,
-                &[part.buffer.as_entire_binding(), ids.as_entire_binding(), out.as_entire_binding()],
+                &[
+                    part.buffer.as_entire_binding(),
+                    ids.as_entire_binding(),
+                    out.as_entire_binding(),
+                ],
                 [groups_x, chunk, 1],
             );
             first_token += chunk;

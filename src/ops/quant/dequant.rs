@@ -58,7 +58,11 @@ pub fn matmul_reference(
     let mut out = vec![0.0f32; tokens * rows];
     let mut row = vec![0.0f32; cols];
     for n in 0..rows {
-        dequant_row_reference(quant, &w_bytes[n * row_bytes..(n + 1) * row_bytes], &mut row);
+        dequant_row_reference(
+            quant,
+            &w_bytes[n * row_bytes..(n + 1) * row_bytes],
+            &mut row,
+        );
         for t in 0..tokens {
             let activations = &x[t * cols..(t + 1) * cols];
             let sum: f64 = row
