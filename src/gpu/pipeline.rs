@@ -16,6 +16,8 @@ pub enum Lib {
     /// `reduce_sum`/`reduce_max` over a workgroup: subgroup operations where the variant has
     /// them, a shared-memory tree otherwise. Needs the kernel to define `const WG: u32`.
     Reduce,
+    /// Per-type GGUF block dequantization (`wgsl/dequant.wgsl`), selected by `const QUANT`.
+    Dequant,
 }
 
 impl Lib {
@@ -23,6 +25,7 @@ impl Lib {
         match (self, variant.subgroups) {
             (Lib::Reduce, true) => include_str!("../../wgsl/reduce_subgroup.wgsl"),
             (Lib::Reduce, false) => include_str!("../../wgsl/reduce_workgroup.wgsl"),
+            (Lib::Dequant, _) => include_str!("../../wgsl/dequant.wgsl"),
         }
     }
 }

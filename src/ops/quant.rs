@@ -1,0 +1,414 @@
+//! Products with GGUF-quantized weights, read straight from the file's bytes: the
+//! matrix-vector product (decode), the tiled matrix-matrix product (prefill) and the embedding
+//! gather. Kernels: `wgsl/matvec.wgsl`, `wgsl/matmul.wgsl`, `wgsl/embed.wgsl`, all built on the
+//! per-type block decoding of `wgsl/dequant.wgsl`.
+
+mod dequant;
+
+pub use dequant::{dequant_row_reference, matmul_reference};
+
+use crate::gpu::{Kernel, Lib, Recorder, WeightPart, WeightTensor};
+
+/// Weight encodings the kernels read, with GGUF's block layouts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum QuantType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QuantError {
+    #[error("tensor {tensor}: {cols} columns are not a multiple of {multiple}, which {quant:?} kernels need")]
+    Columns {
+        tensor: String,
+        quant: QuantType,
+        cols: u32,
+        multiple: u32,
+    },
+    #[error("tensor {tensor}: has {actual} bytes per row and {actual_rows} rows, but {rows} rows of {cols} {quant:?} columns take {expected} bytes each")]
+    Shape {
+        tensor: String,
+        quant: QuantType,
+        rows: u32,
+        cols: u32,
+        actual_rows: u64,
+        actual: u64,
+        expected: u64,
+    },
+}
+
+impl QuantType {
+    pub const ALL: [QuantType; 11] = [
+        QuantType::F32,
+        QuantType::F16,
+        QuantType::BF16,
+        QuantType::Q4_0,
+        QuantType::Q4_1,
+        QuantType::Q5_0,
+        QuantType::Q5_1,
+        QuantType::Q8_0,
+        QuantType::Q4_K,
+        QuantType::Q5_K,
+        QuantType::Q6_K,
+    ];
+
+    /// Elements per GGUF block.
+    pub fn block_size(self) -> u32 {
+        match self {
+            QuantType::F32 | QuantType::F16 | QuantType::BF16 => 1,
+            QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => 256,
+            _ => 32,
+        }
+    }
+
+    /// Bytes per GGUF block.
+    pub fn block_bytes(self) -> u32 {
+        match self {
+            QuantType::F32 => 4,
+            QuantType::F16 | QuantType::BF16 => 2,
+            QuantType::Q4_0 => 18,
+            QuantType::Q4_1 => 20,
+            QuantType::Q5_0 => 22,
+            QuantType::Q5_1 => 24,
+            QuantType::Q8_0 => 34,
+            QuantType::Q4_K => 144,
+            QuantType::Q5_K => 176,
+            QuantType::Q6_K => 210,
+        }
+    }
+
+    /// Parses ggml's type name (`q4_K`, `Q4_K`, `f16`, `BF16`, ...), case-insensitively.
+    pub fn from_ggml_name(name: &str) -> Option<QuantType> {
+        Self::ALL
+            .into_iter()
+            .find(|quant| quant.ggml_name().eq_ignore_ascii_case(name))
+    }
+
+    /// ggml's name of the type.
+    pub fn ggml_name(self) -> &'static str {
+        match self {
+            QuantType::F32 => "F32",
+            QuantType::F16 => "F16",
+            QuantType::BF16 => "BF16",
+            QuantType::Q4_0 => "Q4_0",
+            QuantType::Q4_1 => "Q4_1",
+            QuantType::Q5_0 => "Q5_0",
+            QuantType::Q5_1 => "Q5_1",
+            QuantType::Q8_0 => "Q8_0",
+            QuantType::Q4_K => "Q4_K",
+            QuantType::Q5_K => "Q5_K",
+            QuantType::Q6_K => "Q6_K",
+        }
+    }
+
+    /// Bytes of one row of `cols` elements.
+    pub fn row_bytes(self, cols: u64) -> u64 {
+        cols / u64::from(self.block_size()) * u64::from(self.block_bytes())
+    }
+
+    /// Columns must be a multiple of this: the block size, and at least the 32 values of a
+    /// kernel unit (float rows are read in units of 32 too).
+    pub fn cols_multiple(self) -> u32 {
+        self.block_size().max(32)
+    }
+
+    /// The type's code in `wgsl/dequant.wgsl` (`const QUANT`).
+    fn code(self) -> u32 {
+        Self::ALL
+            .iter()
+            .position(|&q| q == self)
+            .expect("every type is in ALL") as u32
+    }
+
+    /// The block as the kernels see it: (elements, bytes); float types in blocks of 32.
+    fn kernel_block(self) -> (u32, u32) {
+        let elements = self.cols_multiple();
+        (elements, elements / self.block_size() * self.block_bytes())
+    }
+}
+
+/// A weight matrix of `rows` x `cols` (GGUF shape `[cols, rows]`), stored as raw GGUF bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct QuantMatrix<'a> {
+    pub weights: &'a WeightTensor,
+    pub quant: QuantType,
+    /// K: elements per row (GGUF shape[0]).
+    pub cols: u32,
+    /// N: rows (GGUF shape[1]).
+    pub rows: u32,
+}
+
+impl<'a> QuantMatrix<'a> {
+    /// Checks that the shape fits the kernels and matches the tensor's bytes.
+    pub fn new(
+        weights: &'a WeightTensor,
+        quant: QuantType,
+        cols: u32,
+        rows: u32,
+    ) -> Result<Self, QuantError> {
+        let multiple = quant.cols_multiple();
+        if cols == 0 || cols % multiple != 0 {
+            return Err(QuantError::Columns {
+                tensor: weights.name.clone(),
+                quant,
+                cols,
+                multiple,
+            });
+        }
+        let expected = quant.row_bytes(u64::from(cols));
+        if weights.row_bytes != expected || weights.rows != u64::from(rows) {
+            return Err(QuantError::Shape {
+                tensor: weights.name.clone(),
+                quant,
+                rows,
+                cols,
+                actual_rows: weights.rows,
+                actual: weights.row_bytes,
+                expected,
+            });
+        }
+        Ok(QuantMatrix {
+            weights,
+            quant,
+            cols,
+            rows,
+        })
+    }
+
+    fn blocks_per_row(&self) -> u32 {
+        self.cols / self.quant.kernel_block().0
+    }
+
+    /// The constants every kernel of this family is specialised with.
+    fn quant_consts(&self) -> [(&'static str, u32); 4] {
+        let (block, block_bytes) = self.quant.kernel_block();
+        [
+            ("QUANT", self.quant.code()),
+            ("BLOCK", block),
+            ("BLOCK_BYTES", block_bytes),
+            ("UNITS", block / 32),
+        ]
+    }
+}
+
+/// Parameters of `matvec.wgsl` and `matmul.wgsl` (one dispatch per weight part).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct ProductParams {
+    rows: u32,
+    first_row: u32,
+    row_bytes: u32,
+    blocks_per_row: u32,
+    groups_x: u32,
+    cols: u32,
+    tokens: u32,
+    out_stride: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct EmbedParams {
+    rows: u32,
+    first_row: u32,
+    row_bytes: u32,
+    blocks_per_row: u32,
+    cols: u32,
+    scale: f32,
+    first_token: u32,
+    pad: u32,
+}
+
+const MATVEC: Kernel = Kernel {
+    name: "matvec",
+    source: include_str!("../../wgsl/matvec.wgsl"),
+    entry: "matvec",
+    libs: &[Lib::Dequant],
+};
+
+const MATVEC_SUBGROUP: Kernel = Kernel {
+    name: "matvec_subgroup",
+    source: concat!(
+        include_str!("../../wgsl/matvec.wgsl"),
+        include_str!("../../wgsl/matvec_subgroup.wgsl")
+    ),
+    entry: "matvec_subgroup",
+    libs: &[Lib::Dequant],
+};
+
+const MATMUL: Kernel = Kernel {
+    name: "matmul",
+    source: include_str!("../../wgsl/matmul.wgsl"),
+    entry: "matmul",
+    libs: &[Lib::Dequant],
+};
+
+const EMBED: Kernel = Kernel {
+    name: "embed",
+    source: include_str!("../../wgsl/embed.wgsl"),
+    entry: "embed",
+    libs: &[Lib::Dequant],
+};
+
+/// Threads per matvec workgroup.
+const MATVEC_WG: u32 = 64;
+/// Threads sharing one matvec row in the workgroup-reduction entry point.
+const MATVEC_THREADS_PER_ROW: u32 = 8;
+/// Prefill tile: rows, tokens, and each thread's rows and tokens within it (64 threads).
+const MATMUL_TILE: [(&str, u32); 5] = [("TR", 32), ("TT", 16), ("RPT", 2), ("TPT", 4), ("WG", 64)];
+const EMBED_WG: u32 = 64;
+
+/// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
+/// `[tokens, rows]`, both f32. One token uses the matrix-vector kernel, more the tiled one.
+pub fn matmul(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+) {
+    if tokens == 1 {
+        matvec(rec, w, x, out);
+    } else {
+        matmul_tiled(rec, w, x, out, tokens);
+    }
+}
+
+/// Workgroups along x and y for `groups` workgroups, within the per-dimension limit.
+fn fold_groups(groups: u32, max_per_dim: u32) -> [u32; 2] {
+    let x = groups.clamp(1, max_per_dim);
+    [x, groups.div_ceil(x)]
+}
+
+fn product_params(w: &QuantMatrix, part: &WeightPart, groups_x: u32, tokens: u32) -> ProductParams {
+    ProductParams {
+        rows: part.rows as u32,
+        first_row: part.first_row as u32,
+        row_bytes: w.weights.row_bytes as u32,
+        blocks_per_row: w.blocks_per_row(),
+        groups_x,
+        cols: w.cols,
+        tokens,
+        out_stride: w.rows,
+    }
+}
+
+fn matvec(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgpu::Buffer) {
+    let caps = &rec.gpu().caps;
+    let max_per_dim = caps.max_workgroups_per_dim;
+    // The shuffle reduction needs all of a row's threads in one subgroup.
+    let (kernel, threads_per_row) = if rec.variant().subgroups && caps.subgroup_min >= 1 {
+        let fitting = MATVEC_THREADS_PER_ROW.min(caps.subgroup_min);
+        (&MATVEC_SUBGROUP, 1 << (31 - fitting.leading_zeros()))
+    } else {
+        (&MATVEC, MATVEC_THREADS_PER_ROW)
+    };
+    let rows_per_group = MATVEC_WG / threads_per_row;
+    let mut consts = vec![("WG", MATVEC_WG), ("ROWS", rows_per_group)];
+    consts.extend(w.quant_consts());
+    let pipeline = rec.pipeline(kernel, &consts);
+    for part in &w.weights.parts {
+        let [groups_x, groups_y] =
+            fold_groups((part.rows as u32).div_ceil(rows_per_group), max_per_dim);
+        let params = product_params(w, part, groups_x, 1);
+        rec.dispatch(
+            &pipeline,
+            &params,
+            &[
+                part.buffer.as_entire_binding(),
+                x.as_entire_binding(),
+                out.as_entire_binding(),
+            ],
+            [groups_x, groups_y, 1],
+        );
+    }
+}
+
+fn matmul_tiled(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+) {
+    let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
+    let tile = |name: &str| MATMUL_TILE.iter().find(|c| c.0 == name).map_or(1, |c| c.1);
+    let mut consts: Vec<(&'static str, u32)> = MATMUL_TILE.to_vec();
+    consts.extend(w.quant_consts());
+    let pipeline = rec.pipeline(&MATMUL, &consts);
+    let token_groups = tokens.div_ceil(tile("TT"));
+    assert!(
+        token_groups <= max_per_dim,
+        "{tokens} tokens exceed one prefill dispatch"
+    );
+    for part in &w.weights.parts {
+        let [groups_x, groups_y] =
+            fold_groups((part.rows as u32).div_ceil(tile("TR")), max_per_dim);
+        let params = product_params(w, part, groups_x, tokens);
+        rec.dispatch(
+            &pipeline,
+            &params,
+            &[
+                part.buffer.as_entire_binding(),
+                x.as_entire_binding(),
+                out.as_entire_binding(),
+            ],
+            [groups_x, groups_y, token_groups],
+        );
+    }
+}
+
+/// `out[t, :] = dequant(table row ids[t]) * scale` for `t < tokens`; `ids` is a u32 buffer
+/// (so sampled ids can stay on the GPU), `out` is `[tokens, cols]` f32. An id outside the
+/// table leaves its output row unwritten.
+pub fn embed(
+    rec: &mut Recorder,
+    table: &QuantMatrix,
+    ids: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+    scale: f32,
+) {
+    let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
+    let mut consts = vec![("WG", EMBED_WG)];
+    consts.extend(table.quant_consts());
+    let pipeline = rec.pipeline(&EMBED, &consts);
+    let units = table.blocks_per_row() * (table.quant.kernel_block().0 / 32);
+    let groups_x = units.div_ceil(EMBED_WG);
+    for part in &table.weights.parts {
+        let mut first_token = 0;
+        while first_token < tokens {
+            let chunk = (tokens - first_token).min(max_per_dim);
+            let params = EmbedParams {
+                rows: part.rows as u32,
+                first_row: part.first_row as u32,
+                row_bytes: table.weights.row_bytes as u32,
+                blocks_per_row: table.blocks_per_row(),
+                cols: table.cols,
+                scale,
+                first_token,
+                pad: 0,
+            };
+            rec.dispatch(
+                &pipeline,
+                &params,
+                &[
+                    part.buffer.as_entire_binding(),
+                    ids.as_entire_binding(),
+                    out.as_entire_binding(),
+                ],
+                [groups_x, chunk, 1],
+            );
+            first_token += chunk;
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! CPU references: GGUF blocks dequantized exactly as ggml's `dequantize_row_*` defines them.
+//!
+//! These are the ground truth the GPU kernels are tested against, so they follow the block
+//! layouts of `ggml-common.h` literally, one short function per type, without any cleverness.
+
+use super::QuantType;
+
+fn f16_at(bytes: &[u8], at: usize) -> f32 {
+    half::f16::from_le_bytes([bytes[at], bytes[at + 1]]).to_f32()
+}
+
+/// Dequantizes one row (`row_bytes` holds whole blocks) into `out`, one value per element.
+///
+/// Panics if `out.len()` does not match the number of elements `row_bytes` encodes: callers
+/// size both from the same shape.
+pub fn dequant_row_reference(quant: QuantType, row_bytes: &[u8], out: &mut [f32]) {
+    let block = quant.block_size() as usize;
+    let block_bytes = quant.block_bytes() as usize;
+    assert_eq!(row_bytes.len() % block_bytes, 0, "{quant:?}: partial block");
+    assert_eq!(
+        row_bytes.len() / block_bytes * block,
+        out.len(),
+        "{quant:?}: output length"
+    );
+    let dequant_block: fn(&[u8], &mut [f32]) = match quant {
+        QuantType::F32 => dequant_f32,
+        QuantType::F16 => dequant_f16,
+        QuantType::BF16 => dequant_bf16,
+        QuantType::Q4_0 => dequant_q4_0,
+        QuantType::Q4_1 => dequant_q4_1,
+        QuantType::Q5_0 => dequant_q5_0,
+        QuantType::Q5_1 => dequant_q5_1,
+        QuantType::Q8_0 => dequant_q8_0,
+        QuantType::Q4_K => dequant_q4_k,
+        QuantType::Q5_K => dequant_q5_k,
+        QuantType::Q6_K => dequant_q6_k,
+    };
+    for (bytes, values) in row_bytes
+        .chunks_exact(block_bytes)
+        .zip(out.chunks_exact_mut(block))
+    {
+        dequant_block(bytes, values);
+    }
+}
+
+/// `out[t, n] = sum_k x[t, k] * W[n, k]` with `W` given as raw GGUF rows; sums in f64.
+pub fn matmul_reference(
+    quant: QuantType,
+    w_bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    tokens: usize,
+) -> Vec<f32> {
+    let row_bytes = quant.row_bytes(cols as u64) as usize;
+    assert_eq!(w_bytes.len(), rows * row_bytes, "{quant:?}: weight bytes");
+    assert_eq!(x.len(), tokens * cols, "activation length");
+    let mut out = vec![0.0f32; tokens * rows];
+    let mut row = vec![0.0f32; cols];
+    for n in 0..rows {
+        dequant_row_reference(
+            quant,
+            &w_bytes[n * row_bytes..(n + 1) * row_bytes],
+            &mut row,
+        );
+        for t in 0..tokens {
+            let activations = &x[t * cols..(t + 1) * cols];
+            let sum: f64 = row
+                .iter()
+                .zip(activations)
+                .map(|(&w, &a)| f64::from(w) * f64::from(a))
+                .sum();
+            out[t * rows + n] = sum as f32;
+        }
+    }
+    out
+}
+
+fn dequant_f32(bytes: &[u8], out: &mut [f32]) {
+    out[0] = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+}
+
+fn dequant_f16(bytes: &[u8], out: &mut [f32]) {
+    out[0] = f16_at(bytes, 0);
+}
+
+fn dequant_bf16(bytes: &[u8], out: &mut [f32]) {
+    out[0] = half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f32();
+}
+
+/// block_q4_0: d (f16), qs[16]; element j is the low nibble of qs[j], element j + 16 the high.
+fn dequant_q4_0(bytes: &[u8], out: &mut [f32]) {
+    let d = f16_at(bytes, 0);
+    for j in 0..16 {
+        let q = bytes[2 + j];
+        out[j] = (f32::from(q & 0x0f) - 8.0) * d;
+        out[j + 16] = (f32::from(q >> 4) - 8.0) * d;
+    }
+}
+
+/// block_q4_1: d, m (f16), qs[16]; value = q * d + m.
+fn dequant_q4_1(bytes: &[u8], out: &mut [f32]) {
+    let (d, m) = (f16_at(bytes, 0), f16_at(bytes, 2));
+    for j in 0..16 {
+        let q = bytes[4 + j];
+        out[j] = f32::from(q & 0x0f) * d + m;
+        out[j + 16] = f32::from(q >> 4) * d + m;
+    }
+}
+
+/// The 5-bit quants of block j of Q5_0/Q5_1: bit j of qh is the fifth bit of element j,
+/// bit j + 16 that of element j + 16.
+fn q5_pair(qh: u32, qs: u8, j: usize) -> (u8, u8) {
+    let high_low = (((qh >> j) & 1) << 4) as u8;
+    let high_high = (((qh >> (j + 16)) & 1) << 4) as u8;
+    ((qs & 0x0f) | high_low, (qs >> 4) | high_high)
+}
+
+/// block_q5_0: d (f16), qh[4], qs[16]; value = (q - 16) * d.
+fn dequant_q5_0(bytes: &[u8], out: &mut [f32]) {
+    let d = f16_at(bytes, 0);
+    let qh = u32::from_le_bytes([bytes[2], bytes[3], bytes[4], bytes[5]]);
+    for j in 0..16 {
+        let (low, high) = q5_pair(qh, bytes[6 + j], j);
+        out[j] = (f32::from(low) - 16.0) * d;
+        out[j + 16] = (f32::from(high) - 16.0) * d;
+    }
+}
+
+/// block_q5_1: d, m (f16), qh[4], qs[16]; value = q * d + m.
+fn dequant_q5_1(bytes: &[u8], out: &mut [f32]) {
+    let (d, m) = (f16_at(bytes, 0), f16_at(bytes, 2));
+    let qh = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    for j in 0..16 {
+        let (low, high) = q5_pair(qh, bytes[8 + j], j);
+        out[j] = f32::from(low) * d + m;
+        out[j + 16] = f32::from(high) * d + m;
+    }
+}
+
+/// block_q8_0: d (f16), qs[32] signed bytes.
+fn dequant_q8_0(bytes: &[u8], out: &mut [f32]) {
+    let d = f16_at(bytes, 0);
+    for j in 0..32 {
+        out[j] = f32::from(bytes[2 + j] as i8) * d;
+    }
+}
+
+/// ggml's `get_scale_min_k4`: the 6-bit scale and min of sub-block `j` (0..8) packed in the
+/// 12 scale bytes of Q4_K/Q5_K.
+pub(crate) fn scale_min_k4(j: usize, scales: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (scales[j] & 63, scales[j + 4] & 63)
+    } else {
+        let scale = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
+        let min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+        (scale, min)
+    }
+}
+
+/// block_q4_K: d, dmin (f16), scales[12], qs[128]. Each 64 elements share 32 qs bytes: low
+/// nibbles are sub-block 2i, high nibbles sub-block 2i + 1; value = d * scale * q - dmin * min.
+fn dequant_q4_k(bytes: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(bytes, 0), f16_at(bytes, 2));
+    let scales = &bytes[4..16];
+    let qs = &bytes[16..144];
+    for pair in 0..4 {
+        let (scale_low, min_low) = scale_min_k4(2 * pair, scales);
+        let (scale_high, min_high) = scale_min_k4(2 * pair + 1, scales);
+        for l in 0..32 {
+            let q = qs[32 * pair + l];
+            out[64 * pair + l] =
+                d * f32::from(scale_low) * f32::from(q & 0x0f) - dmin * f32::from(min_low);
+            out[64 * pair + 32 + l] =
+                d * f32::from(scale_high) * f32::from(q >> 4) - dmin * f32::from(min_high);
+        }
+    }
+}
+
+/// block_q5_K: d, dmin (f16), scales[12], qh[32], qs[128]. Like Q4_K, with the fifth bit of
+/// element l of pair i in bit 2i (low nibbles) or 2i + 1 (high nibbles) of qh[l].
+fn dequant_q5_k(bytes: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(bytes, 0), f16_at(bytes, 2));
+    let scales = &bytes[4..16];
+    let qh = &bytes[16..48];
+    let qs = &bytes[48..176];
+    for pair in 0..4 {
+        let (scale_low, min_low) = scale_min_k4(2 * pair, scales);
+        let (scale_high, min_high) = scale_min_k4(2 * pair + 1, scales);
+        for l in 0..32 {
+            let q = qs[32 * pair + l];
+            let low = (q & 0x0f) | (((qh[l] >> (2 * pair)) & 1) << 4);
+            let high = (q >> 4) | (((qh[l] >> (2 * pair + 1)) & 1) << 4);
+            out[64 * pair + l] =
+                d * f32::from(scale_low) * f32::from(low) - dmin * f32::from(min_low);
+            out[64 * pair + 32 + l] =
+                d * f32::from(scale_high) * f32::from(high) - dmin * f32::from(min_high);
+        }
+    }
+}
+
+/// block_q6_K: ql[128], qh[64], scales[16] (i8), d (f16). Each half of 128 elements uses 64
+/// ql bytes, 32 qh bytes and 8 scales; value = d * scale * (q - 32).
+fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
+    let d = f16_at(bytes, 208);
+    for half in 0..2 {
+        let ql = &bytes[64 * half..64 * half + 64];
+        let qh = &bytes[128 + 32 * half..128 + 32 * half + 32];
+        let scales = &bytes[192 + 8 * half..192 + 8 * half + 8];
+        let out = &mut out[128 * half..128 * half + 128];
+        for l in 0..32 {
+            let is = l / 16;
+            let quants = [
+                (ql[l] & 0x0f) | ((qh[l] & 3) << 4),
+                (ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4),
+                (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4),
+                (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4),
+            ];
+            for (quarter, q) in quants.into_iter().enumerate() {
+                let scale = f32::from(scales[is + 2 * quarter] as i8);
+                out[l + 32 * quarter] = d * scale * (f32::from(q) - 32.0);
+            }
+        }
+    }
+}
