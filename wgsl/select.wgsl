@@ -43,10 +43,11 @@ fn better(value: f32, index: u32, other_value: f32, other_index: u32) -> bool {
     return value > other_value || (value == other_value && index < other_index);
 }
 
-// NaN would break the order of the lists, so it ranks as -inf.
+// NaN would break the order of the lists, so it ranks as -inf. Tested on the bits: drivers
+// may fold `v != v` away.
 fn insert(raw_value: f32, index: u32) {
     var value = raw_value;
-    if (value != value) {
+    if ((bitcast<u32>(value) & 0x7fffffffu) > 0x7f800000u) {
         value = negative_infinity();
     }
     if (top_count == K && !better(value, index, top_value[K - 1u], top_index[K - 1u])) {
