@@ -1,2 +1,6 @@
 //! Operators: one family per file, the Rust side of a WGSL kernel next to its CPU reference.
 pub mod quant;
+pub mod elementwise;
+pub mod norm;
+pub mod rope;
+pub mod select;

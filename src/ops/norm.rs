@@ -1,0 +1,73 @@
+//! RMSNorm over rows, with the weight as stored in the GGUF (multiplied as is: the converters
+//! already folded Gemma's `1 + w` into the stored tensor).
+
+use crate::gpu::{Kernel, Lib, Recorder};
+use crate::ops::elementwise::workgroup_grid;
+
+const RMS_NORM: Kernel = Kernel {
+    name: "rms_norm",
+    source: include_str!("../../wgsl/norm.wgsl"),
+    entry: "rms_norm",
+    libs: &[Lib::Reduce],
+};
+
+/// Rows are short (576..2048 here, 64..256 for per-head q/k norms) and barriers are costly on
+/// CPU adapters, so a small workgroup with several elements per lane.
+const WG: u32 = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct NormParams {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    groups_x: u32,
+}
+
+/// out[r, :] = x[r, :] / sqrt(mean(x[r, :]^2) + eps) * weight[:] for r < rows.
+/// `out` must be a different buffer from `x`.
+pub fn rms_norm(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    rows: u32,
+    cols: u32,
+    eps: f32,
+) {
+    assert!(cols > 0, "rms_norm needs at least one column");
+    if rows == 0 {
+        return;
+    }
+    let pipeline = rec.pipeline(&RMS_NORM, &[("WG", WG)]);
+    let grid = workgroup_grid(rec.gpu(), rows);
+    let params = NormParams {
+        rows,
+        cols,
+        eps,
+        groups_x: grid[0],
+    };
+    rec.dispatch(
+        &pipeline,
+        &params,
+        &[
+            x.as_entire_binding(),
+            weight.as_entire_binding(),
+            out.as_entire_binding(),
+        ],
+        grid,
+    );
+}
+
+/// ggml's rms_norm followed by mul: the sum of squares in f64, the rest in f32.
+pub fn rms_norm_reference(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+    let cols = weight.len();
+    x.chunks(cols)
+        .flat_map(|row| {
+            let squares: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            let mean = (squares / cols as f64) as f32;
+            let scale = 1.0 / (mean + eps).sqrt();
+            row.iter().zip(weight).map(move |(&v, &w)| (v * scale) * w)
+        })
+        .collect()
+}

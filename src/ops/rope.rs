@@ -1,0 +1,133 @@
+//! Rotary position embedding, as ggml's `rope_f32` without YaRN (ext_factor 0, attn_factor 1).
+//!
+//! llama.cpp's mode by architecture: LLAMA uses the normal layout, QWEN2 and GEMMA3 use NeoX.
+
+use crate::gpu::{Kernel, Recorder};
+use crate::ops::elementwise::workgroup_grid;
+
+const ROPE: Kernel = Kernel {
+    name: "rope",
+    source: include_str!("../../wgsl/rope.wgsl"),
+    entry: "rope",
+    libs: &[],
+};
+const WG: u32 = 64;
+
+/// How one model applies RoPE to each head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    pub head_dim: u32,
+    /// Leading dimensions of each head that rotate (`rope.dimension_count`); even, <= head_dim.
+    pub rope_dims: u32,
+    pub freq_base: f32,
+    /// Linear position scaling: angles use position * freq_scale.
+    pub freq_scale: f32,
+    /// NeoX layout: pairs (i, i + rope_dims/2) instead of (2i, 2i + 1).
+    pub neox: bool,
+}
+
+impl RopeParams {
+    /// base^(-2 / rope_dims) in f32 through powf, as ggml computes it.
+    fn theta_scale(&self) -> f32 {
+        self.freq_base.powf(-2.0 / self.rope_dims as f32)
+    }
+
+    fn check(&self) {
+        assert!(
+            self.rope_dims > 0 && self.rope_dims % 2 == 0 && self.rope_dims <= self.head_dim,
+            "rope_dims {} must be even, positive and at most head_dim {}",
+            self.rope_dims,
+            self.head_dim
+        );
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeUniform {
+    tokens: u32,
+    heads: u32,
+    head_dim: u32,
+    rope_dims: u32,
+    start_pos: u32,
+    neox: u32,
+    theta_scale: f32,
+    freq_scale: f32,
+    groups_x: u32,
+    pad: [u32; 3],
+}
+
+/// Rotates x, laid out [tokens, heads * head_dim], in place; token t is at position
+/// start_pos + t.
+pub fn rope(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    tokens: u32,
+    heads: u32,
+    start_pos: u32,
+    p: &RopeParams,
+) {
+    p.check();
+    let invocations = tokens
+        .checked_mul(heads)
+        .and_then(|n| n.checked_mul(p.rope_dims / 2))
+        .expect("rope: tokens * heads * rope_dims/2 overflows u32");
+    if invocations == 0 {
+        return;
+    }
+    let pipeline = rec.pipeline(&ROPE, &[("WG", WG)]);
+    let grid = workgroup_grid(rec.gpu(), invocations.div_ceil(WG));
+    let params = RopeUniform {
+        tokens,
+        heads,
+        head_dim: p.head_dim,
+        rope_dims: p.rope_dims,
+        start_pos,
+        neox: u32::from(p.neox),
+        theta_scale: p.theta_scale(),
+        freq_scale: p.freq_scale,
+        groups_x: grid[0],
+        pad: [0; 3],
+    };
+    rec.dispatch(&pipeline, &params, &[x.as_entire_binding()], grid);
+}
+
+/// ggml's rope in f32: theta accumulated by repeated multiplication, cos/sin of f32 angles.
+pub fn rope_reference(x: &mut [f32], tokens: u32, heads: u32, start_pos: u32, p: &RopeParams) {
+    p.check();
+    let head_dim = p.head_dim as usize;
+    let pairs = (p.rope_dims / 2) as usize;
+    let theta_scale = p.theta_scale();
+    for token in 0..tokens as usize {
+        let rotations = pair_rotations(start_pos + token as u32, pairs, theta_scale, p.freq_scale);
+        let row = &mut x[token * heads as usize * head_dim..][..heads as usize * head_dim];
+        for head in row.chunks_mut(head_dim) {
+            for (pair, &(cos, sin)) in rotations.iter().enumerate() {
+                let (a, b) = if p.neox {
+                    (pair, pair + pairs)
+                } else {
+                    (2 * pair, 2 * pair + 1)
+                };
+                let (x0, x1) = (head[a], head[b]);
+                head[a] = x0 * cos - x1 * sin;
+                head[b] = x0 * sin + x1 * cos;
+            }
+        }
+    }
+}
+
+fn pair_rotations(
+    position: u32,
+    pairs: usize,
+    theta_scale: f32,
+    freq_scale: f32,
+) -> Vec<(f32, f32)> {
+    let mut theta = position as f32;
+    (0..pairs)
+        .map(|_| {
+            let angle = freq_scale * theta;
+            theta *= theta_scale;
+            (angle.cos(), angle.sin())
+        })
+        .collect()
+}

@@ -1,0 +1,143 @@
+//! Greedy selection on the GPU (argmax, top-k), so decoding never copies logits to the host.
+//!
+//! Two passes: up to `MAX_GROUPS` workgroups each keep the best k of one chunk of the logits,
+//! then one workgroup merges their lists. Ties go to the lower index, as in a stable sort.
+
+use crate::gpu::{Kernel, Recorder};
+
+const SOURCE: &str = include_str!("../../wgsl/select.wgsl");
+const WG: u32 = 64;
+/// Enough workgroups to fill a GPU, few enough that one workgroup merges their lists quickly.
+const MAX_GROUPS: u32 = 256;
+/// Logits each lane of the first pass reads before another workgroup is worth starting.
+const PER_LANE: u32 = 64;
+/// Largest k of `top_k`: the lists live in registers.
+pub const MAX_TOP_K: u32 = 64;
+/// Indices travel through comparisons as u32 with one value reserved as "none".
+const MAX_N: u32 = u32::MAX / 2;
+
+const SELECT_PARTIAL: Kernel = Kernel {
+    name: "select_partial",
+    source: SOURCE,
+    entry: "select_partial",
+    libs: &[],
+};
+const SELECT_FINAL: Kernel = Kernel {
+    name: "select_final",
+    source: SOURCE,
+    entry: "select_final",
+    libs: &[],
+};
+const ARGMAX_FINAL: Kernel = Kernel {
+    name: "argmax_final",
+    source: SOURCE,
+    entry: "argmax_final",
+    libs: &[],
+};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct SelectParams {
+    n: u32,
+    chunk: u32,
+    pad: [u32; 2],
+}
+
+/// out[0] = the index of the largest of logits[0..n] (the lowest such index on ties).
+pub fn argmax(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, out: &wgpu::Buffer) {
+    let lists = partial_lists(rec, logits, n, 1);
+    let pipeline = rec.pipeline(&ARGMAX_FINAL, &[("WG", WG), ("K", 1)]);
+    rec.dispatch(
+        &pipeline,
+        &lists.params,
+        &[lists.buffer.as_entire_binding(), out.as_entire_binding()],
+        [1, 1, 1],
+    );
+}
+
+/// The k largest of logits[0..n], largest first (lower index first on ties): k u32 ids into
+/// `out_ids` and their k f32 values into `out_values`. Needs 1 <= k <= min(n, 64).
+pub fn top_k(
+    rec: &mut Recorder,
+    logits: &wgpu::Buffer,
+    n: u32,
+    k: u32,
+    out_ids: &wgpu::Buffer,
+    out_values: &wgpu::Buffer,
+) {
+    assert!(
+        (1..=MAX_TOP_K).contains(&k) && k <= n,
+        "top_k needs 1 <= k <= min(n, {MAX_TOP_K}), got k = {k}, n = {n}"
+    );
+    let lists = partial_lists(rec, logits, n, k);
+    let pipeline = rec.pipeline(&SELECT_FINAL, &[("WG", WG), ("K", k)]);
+    rec.dispatch(
+        &pipeline,
+        &lists.params,
+        &[
+            lists.buffer.as_entire_binding(),
+            out_ids.as_entire_binding(),
+            out_values.as_entire_binding(),
+        ],
+        [1, 1, 1],
+    );
+}
+
+/// The first pass's output: `params` describe it as the second pass's input.
+struct PartialLists {
+    buffer: wgpu::Buffer,
+    params: SelectParams,
+}
+
+fn partial_lists(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, k: u32) -> PartialLists {
+    assert!(
+        (1..=MAX_N).contains(&n),
+        "selection needs 1 <= n <= {MAX_N}, got {n}"
+    );
+    let groups = n.div_ceil(WG * PER_LANE).min(MAX_GROUPS);
+    let chunk = n.div_ceil(groups);
+    // A fresh scratch buffer per call: wgpu keeps it alive until the submit completes.
+    let buffer = rec.gpu().device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("select partial lists"),
+        size: u64::from(groups * k) * 8,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let pipeline = rec.pipeline(&SELECT_PARTIAL, &[("WG", WG), ("K", k)]);
+    let first = SelectParams {
+        n,
+        chunk,
+        pad: [0; 2],
+    };
+    rec.dispatch(
+        &pipeline,
+        &first,
+        &[logits.as_entire_binding(), buffer.as_entire_binding()],
+        [groups, 1, 1],
+    );
+    let params = SelectParams {
+        n: groups * k,
+        chunk: groups * k,
+        pad: [0; 2],
+    };
+    PartialLists { buffer, params }
+}
+
+/// Indices of the k largest values, largest first, lower index first on ties; NaN ranks as
+/// -inf, as on the GPU.
+pub fn top_k_reference(logits: &[f32], k: usize) -> Vec<u32> {
+    let key = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        key(logits[b as usize])
+            .partial_cmp(&key(logits[a as usize]))
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    order.truncate(k);
+    order
+}
+
+pub fn argmax_reference(logits: &[f32]) -> u32 {
+    top_k_reference(logits, 1)[0]
+}

@@ -1,0 +1,129 @@
+//! RMSNorm against its CPU reference on every device and variant.
+
+use std::sync::Arc;
+
+use webshard::gpu::{self, testing, Gpu, Recorder, Variant};
+use webshard::ops::norm;
+
+fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
+    let devices = pollster::block_on(testing::devices_under_test()).expect("gpu devices");
+    devices
+        .iter()
+        .flat_map(|g| {
+            g.caps
+                .all_variants()
+                .into_iter()
+                .map(move |v| (g.clone(), v))
+        })
+        .collect()
+}
+
+/// Runs rms_norm on fresh inputs; returns (gpu result, reference).
+fn run_case(
+    gpu: &Gpu,
+    variant: Variant,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+    seed: u64,
+) -> (Vec<f32>, Vec<f32>) {
+    // An offset and a spread of magnitudes, as hidden states have.
+    let x: Vec<f32> = testing::random_f32(rows * cols, seed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| v * (1.0 + (i % 7) as f32 * 3.0) + 0.25)
+        .collect();
+    let weight: Vec<f32> = testing::random_f32(cols, seed ^ 0x5eed)
+        .into_iter()
+        .map(|v| v * 2.0)
+        .collect();
+    let guard = 5;
+    let out = gpu::storage_buffer(gpu, "out", ((rows * cols + guard) * 4) as u64);
+    gpu::poison_f32(gpu, &out);
+    let mut rec = Recorder::with_variant(gpu, variant);
+    let (x_buf, w_buf) = (
+        gpu::upload_f32(gpu, "x", &x),
+        gpu::upload_f32(gpu, "w", &weight),
+    );
+    norm::rms_norm(
+        &mut rec,
+        &x_buf,
+        &w_buf,
+        &out,
+        rows as u32,
+        cols as u32,
+        eps,
+    );
+    rec.submit();
+    let all =
+        pollster::block_on(gpu::read_f32(gpu, &out, 0, (rows * cols + guard) as u64)).unwrap();
+    assert!(
+        all[rows * cols..]
+            .iter()
+            .all(|v| v.to_bits() == gpu::POISON),
+        "rms_norm wrote past rows * cols"
+    );
+    (
+        all[..rows * cols].to_vec(),
+        norm::rms_norm_reference(&x, &weight, eps),
+    )
+}
+
+#[test]
+fn rms_norm_matches_reference() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for rows in [1usize, 5, 33] {
+            for cols in [3usize, 64, 256, 576, 640, 896, 1000, 1152] {
+                for eps in [1e-6f32, 1e-5] {
+                    let case_seed = seed + (rows * 10_000 + cols) as u64;
+                    let (got, want) = run_case(&gpu, variant, rows, cols, eps, case_seed);
+                    let what = format!(
+                        "rms_norm {rows}x{cols} eps={eps} {} ({}) {variant} seed={case_seed}",
+                        gpu.caps.adapter, gpu.caps.backend
+                    );
+                    eprintln!(
+                        "{what}: relative error {:e}",
+                        testing::relative_error(&got, &want)
+                    );
+                    testing::assert_close(&got, &want, 2e-6, &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_of_many_short_rows() {
+    // Per-head q/k norms: tokens * heads rows of head_dim.
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        let (got, want) = run_case(&gpu, variant, 2 * 512 + 3, 256, 1e-6, seed);
+        let what = format!(
+            "rms_norm 1027x256 {} {variant} seed={seed}",
+            gpu.caps.backend
+        );
+        eprintln!(
+            "{what}: relative error {:e}",
+            testing::relative_error(&got, &want)
+        );
+        testing::assert_close(&got, &want, 2e-6, &what);
+    }
+}
+
+#[test]
+fn rms_norm_reference_normalises_to_unit_rms() {
+    let cols = 896;
+    let x: Vec<f32> = testing::random_f32(cols, testing::fresh_seed())
+        .into_iter()
+        .map(|v| v * 40.0)
+        .collect();
+    let out = norm::rms_norm_reference(&x, &vec![1.0; cols], 0.0);
+    let rms = (out.iter().map(|v| f64::from(*v).powi(2)).sum::<f64>() / cols as f64).sqrt();
+    assert!((rms - 1.0).abs() < 1e-5, "rms {rms}");
+    let ratio = f64::from(out[3]) / f64::from(x[3]);
+    assert!(out
+        .iter()
+        .zip(&x)
+        .all(|(o, v)| (f64::from(*o) - ratio * f64::from(*v)).abs() < 1e-5));
+}

@@ -1,0 +1,175 @@
+//! GPU argmax and top-k against the CPU references: exact ids and values, every device and
+//! variant, vocabulary sizes of the real models, and ties.
+
+use std::sync::Arc;
+
+use webshard::gpu::{self, testing, Gpu, Recorder, Variant};
+use webshard::ops::select;
+
+const SIZES: [usize; 5] = [1, 1000, 49_152, 151_936, 262_144];
+
+fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
+    let devices = pollster::block_on(testing::devices_under_test()).expect("gpu devices");
+    devices
+        .iter()
+        .flat_map(|g| {
+            g.caps
+                .all_variants()
+                .into_iter()
+                .map(move |v| (g.clone(), v))
+        })
+        .collect()
+}
+
+fn logits(n: usize, seed: u64) -> Vec<f32> {
+    testing::random_f32(n, seed)
+        .into_iter()
+        .map(|v| v * 20.0)
+        .collect()
+}
+
+fn random_index(n: usize, seed: u64) -> usize {
+    (seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 11) as usize % n
+}
+
+fn gpu_argmax(gpu: &Gpu, variant: Variant, values: &[f32]) -> u32 {
+    let out = gpu::storage_buffer(gpu, "argmax", 4);
+    gpu::poison_f32(gpu, &out);
+    let mut rec = Recorder::with_variant(gpu, variant);
+    select::argmax(
+        &mut rec,
+        &gpu::upload_f32(gpu, "logits", values),
+        values.len() as u32,
+        &out,
+    );
+    let bytes = pollster::block_on(rec.submit_and_read(&out, 0, 4)).unwrap();
+    u32::from_le_bytes(bytes[..4].try_into().unwrap())
+}
+
+fn gpu_top_k(gpu: &Gpu, variant: Variant, values: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
+    let ids = gpu::storage_buffer(gpu, "ids", (k * 4) as u64);
+    let out_values = gpu::storage_buffer(gpu, "values", (k * 4) as u64);
+    gpu::poison_f32(gpu, &ids);
+    gpu::poison_f32(gpu, &out_values);
+    let mut rec = Recorder::with_variant(gpu, variant);
+    let logits_buf = gpu::upload_f32(gpu, "logits", values);
+    select::top_k(
+        &mut rec,
+        &logits_buf,
+        values.len() as u32,
+        k as u32,
+        &ids,
+        &out_values,
+    );
+    rec.submit();
+    let id_bytes = pollster::block_on(gpu::read_back(gpu, &ids, 0, (k * 4) as u64)).unwrap();
+    let got_values = pollster::block_on(gpu::read_f32(gpu, &out_values, 0, k as u64)).unwrap();
+    (bytemuck::pod_collect_to_vec(&id_bytes), got_values)
+}
+
+/// Logits with their maximum raised above the rest at `at`, and again at `twin` if given.
+fn with_maximum(mut values: Vec<f32>, at: usize, twin: Option<usize>) -> Vec<f32> {
+    values[at] = 25.0;
+    if let Some(twin) = twin {
+        values[twin] = 25.0;
+    }
+    values
+}
+
+#[test]
+fn argmax_finds_the_first_maximum() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for n in SIZES {
+            let random = random_index(n, seed);
+            let mut cases = vec![
+                ("first", with_maximum(logits(n, seed), 0, None)),
+                ("last", with_maximum(logits(n, seed + 1), n - 1, None)),
+                ("random", with_maximum(logits(n, seed + 2), random, None)),
+                ("plain", logits(n, seed + 3)),
+            ];
+            if n > 1 {
+                let twin = (random + n / 2) % n;
+                cases.push((
+                    "duplicate",
+                    with_maximum(logits(n, seed + 4), random, Some(twin)),
+                ));
+                cases.push((
+                    "first and last",
+                    with_maximum(logits(n, seed + 5), n - 1, Some(0)),
+                ));
+            }
+            for (case, values) in cases {
+                let got = gpu_argmax(&gpu, variant, &values);
+                let want = select::argmax_reference(&values);
+                assert_eq!(
+                    got, want,
+                    "argmax n={n} {case} {} ({}) {variant} seed={seed}",
+                    gpu.caps.adapter, gpu.caps.backend
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn top_k_matches_a_stable_sort() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for n in SIZES {
+            for k in [1usize, 5, 40, 64].into_iter().filter(|&k| k <= n) {
+                let case_seed = seed + (n * 100 + k) as u64;
+                let mut values = logits(n, case_seed);
+                // Ties inside the top k, across chunks: copies of a high value far apart.
+                for copy in 0..3.min(n) {
+                    values[random_index(n, case_seed + copy as u64)] = 21.5;
+                }
+                let (ids, got_values) = gpu_top_k(&gpu, variant, &values, k);
+                let want = select::top_k_reference(&values, k);
+                let what = format!(
+                    "top_k n={n} k={k} {} ({}) {variant} seed={case_seed}",
+                    gpu.caps.adapter, gpu.caps.backend
+                );
+                assert_eq!(ids, want, "{what}: ids");
+                let want_values: Vec<f32> = want.iter().map(|&i| values[i as usize]).collect();
+                assert_eq!(got_values, want_values, "{what}: values");
+            }
+        }
+    }
+}
+
+#[test]
+fn top_k_orders_infinities_and_nan() {
+    let values = [
+        f32::NEG_INFINITY,
+        1.0,
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        -3.0,
+    ];
+    for (gpu, variant) in each_variant() {
+        let (ids, got_values) = gpu_top_k(&gpu, variant, &values, values.len());
+        let what = format!("{} {variant}", gpu.caps.backend);
+        // NaN ranks as -inf: after the real -inf at index 0, before the one at index 4.
+        assert_eq!(ids, vec![3, 1, 5, 0, 2, 4], "{what}: ids");
+        assert_eq!(
+            &got_values[..4],
+            &[f32::INFINITY, 1.0, -3.0, f32::NEG_INFINITY],
+            "{what}"
+        );
+        assert_eq!(gpu_argmax(&gpu, variant, &values[..3]), 1, "{what}: argmax");
+        assert_eq!(
+            gpu_argmax(&gpu, variant, &[f32::NEG_INFINITY; 9]),
+            0,
+            "{what}: all -inf"
+        );
+    }
+}
+
+#[test]
+fn top_k_reference_is_a_stable_descending_sort() {
+    let values = [2.0, 5.0, -1.0, 5.0, 0.0, 2.0];
+    assert_eq!(select::top_k_reference(&values, 6), vec![1, 3, 0, 5, 4, 2]);
+    assert_eq!(select::argmax_reference(&values), 1);
+}

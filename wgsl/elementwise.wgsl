@@ -1,0 +1,83 @@
+// Element-wise kernels over flat f32 buffers. They stay f32 in every variant: each element is
+// read and written once, so f16 arithmetic would only cost accuracy.
+// Large buffers are dispatched as a 2-D grid of `groups_x` columns (one dimension of a dispatch
+// is limited to 65535 workgroups); `element` recovers the flat index.
+
+struct Params {
+    n: u32,
+    cols: u32,
+    groups_x: u32,
+    // gated_activation only: 0 = SiLU, 1 = GELU (tanh approximation).
+    act: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+
+fn element(group: vec3<u32>, lane: u32) -> u32 {
+    return (group.y * params.groups_x + group.x) * WG + lane;
+}
+
+// add: out = a + b
+@group(0) @binding(1) var<storage, read> add_a: array<f32>;
+@group(0) @binding(2) var<storage, read> add_b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> add_out: array<f32>;
+
+@compute @workgroup_size(WG)
+fn add(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = element(group, lane);
+    if (i < params.n) {
+        add_out[i] = add_a[i] + add_b[i];
+    }
+}
+
+// add_in_place: acc += b; add_bias: acc[r, c] += b[c] for rows of `cols`.
+@group(0) @binding(1) var<storage, read_write> acc: array<f32>;
+@group(0) @binding(2) var<storage, read> addend: array<f32>;
+
+@compute @workgroup_size(WG)
+fn add_in_place(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = element(group, lane);
+    if (i < params.n) {
+        acc[i] = acc[i] + addend[i];
+    }
+}
+
+@compute @workgroup_size(WG)
+fn add_bias(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = element(group, lane);
+    if (i < params.n) {
+        acc[i] = acc[i] + addend[i % params.cols];
+    }
+}
+
+// gated_activation: out = act(gate) * up.
+@group(0) @binding(1) var<storage, read> gate: array<f32>;
+@group(0) @binding(2) var<storage, read> up: array<f32>;
+@group(0) @binding(3) var<storage, read_write> gated_out: array<f32>;
+
+fn silu(x: f32) -> f32 {
+    return x / (1.0 + exp(-x));
+}
+
+// tanh is clamped because some drivers evaluate it as a ratio of exponentials, which gives
+// inf/inf = NaN for large arguments; tanh(10) is already 1 in f32.
+fn gelu_tanh(x: f32) -> f32 {
+    let sqrt_2_over_pi = 0.7978845608028654;
+    let inner = sqrt_2_over_pi * x * (1.0 + 0.044715 * x * x);
+    return 0.5 * x * (1.0 + tanh(clamp(inner, -10.0, 10.0)));
+}
+
+@compute @workgroup_size(WG)
+fn gated_activation(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = element(group, lane);
+    if (i < params.n) {
+        let g = gate[i];
+        var activated: f32;
+        if (params.act == 0u) {
+            activated = silu(g);
+        } else {
+            activated = gelu_tanh(g);
+        }
+        gated_out[i] = activated * up[i];
+    }
+}

@@ -1,0 +1,35 @@
+// RMSNorm, one workgroup per row: out = x / sqrt(mean(x^2) + eps) * weight.
+// f32 in every variant: the sum of squares needs the range and the precision.
+// The weight multiplies the normalised value last, in ggml's order (rms_norm, then mul).
+
+struct Params {
+    rows: u32,
+    cols: u32,
+    eps: f32,
+    groups_x: u32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> weight: array<f32>;
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size(WG)
+fn rms_norm(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    // Uniform per workgroup, so every lane reaches the reduction below or none does.
+    let row = group.y * params.groups_x + group.x;
+    if (row >= params.rows) {
+        return;
+    }
+    let start = row * params.cols;
+    var squares = 0.0;
+    for (var c = lane; c < params.cols; c = c + WG) {
+        let value = x[start + c];
+        squares = squares + value * value;
+    }
+    let total = reduce_sum(squares, lane);
+    let scale = 1.0 / sqrt(total / f32(params.cols) + params.eps);
+    for (var c = lane; c < params.cols; c = c + WG) {
+        out[start + c] = (x[start + c] * scale) * weight[c];
+    }
+}
