@@ -1,1 +1,2 @@
 //! Operators: one family per file, the Rust side of a WGSL kernel next to its CPU reference.
+pub mod attention;
