@@ -4,3 +4,4 @@ pub mod elementwise;
 pub mod norm;
 pub mod rope;
 pub mod select;
+pub mod attention;

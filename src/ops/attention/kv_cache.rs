@@ -1,0 +1,242 @@
+//! The KV cache in GPU memory and `kv_write`, which fills it in place.
+//!
+//! Layout: [layer][pos][kv_head][head_dim] f32. Layers sit at `layer_stride` byte steps, the
+//! layer size rounded up to the storage offset alignment, so a kernel binds exactly one layer
+//! (buffer + offset) and never needs the whole cache in one binding. When the whole cache is
+//! larger than one binding allows, layers are spread over several buffers.
+
+use std::sync::Mutex;
+
+use crate::gpu::{Gpu, GpuError, Kernel, Recorder};
+
+const KV_WRITE: Kernel = Kernel {
+    name: "kv_write",
+    source: include_str!("../../../wgsl/kv_cache.wgsl"),
+    entry: "main",
+    libs: &[],
+};
+
+const KV_WRITE_WG: u32 = 256;
+
+/// Keys and values of every layer for up to `max_ctx` positions.
+#[derive(Debug)]
+pub struct KvCache {
+    /// Key buffers; buffer `i` holds layers `i * layers_per_buffer ..`.
+    pub k: Vec<wgpu::Buffer>,
+    /// Value buffers, laid out like `k`.
+    pub v: Vec<wgpu::Buffer>,
+    pub layers: u32,
+    pub max_ctx: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Layers stored in each buffer (the last buffer may hold fewer).
+    pub layers_per_buffer: u32,
+    /// Bytes from one layer to the next inside a buffer.
+    pub layer_stride: u64,
+    /// Partial results of split decode attention, reused by every call (grown on demand).
+    pub(super) scratch: Mutex<Option<DecodeScratch>>,
+}
+
+/// Partial (max, sum) statistics and weighted value sums of split decode attention.
+#[derive(Debug)]
+pub(super) struct DecodeScratch {
+    pub acc: wgpu::Buffer,
+    pub stats: wgpu::Buffer,
+    /// Number of (token, head, split) slots both buffers hold.
+    pub slots: u64,
+}
+
+impl KvCache {
+    /// Allocates the cache. Fails when one layer does not fit in a binding or the shape is one
+    /// the kernels cannot address (head_dim must be a positive multiple of 4).
+    pub fn new(
+        gpu: &Gpu,
+        layers: u32,
+        max_ctx: u32,
+        kv_heads: u32,
+        head_dim: u32,
+    ) -> Result<Self, GpuError> {
+        if layers == 0 || max_ctx == 0 || kv_heads == 0 || head_dim == 0 || head_dim % 4 != 0 {
+            return Err(shape_error(format!(
+                "layers {layers}, max_ctx {max_ctx}, kv_heads {kv_heads}, head_dim {head_dim}: \
+                 every size must be positive and head_dim a multiple of 4"
+            )));
+        }
+        let layer_bytes = u64::from(max_ctx) * u64::from(kv_heads) * u64::from(head_dim) * 4;
+        let alignment = u64::from(gpu.device.limits().min_storage_buffer_offset_alignment);
+        let layer_stride = layer_bytes.next_multiple_of(alignment);
+        let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
+        // Offsets inside the kernels are u32 vec4 indices.
+        if layer_bytes > limit || layer_bytes > u64::from(u32::MAX) {
+            return Err(GpuError::BindingTooSmall {
+                name: "kv_cache layer".into(),
+                needed: layer_bytes,
+                limit,
+            });
+        }
+        // A buffer of n layers needs (n - 1) strides plus one layer.
+        let layers_per_buffer = ((limit - layer_bytes) / layer_stride + 1).min(u64::from(layers));
+        let layers_per_buffer = layers_per_buffer as u32;
+        let buffers = layers.div_ceil(layers_per_buffer);
+        let mut k = Vec::with_capacity(buffers as usize);
+        let mut v = Vec::with_capacity(buffers as usize);
+        for index in 0..buffers {
+            let held = layers_per_buffer.min(layers - index * layers_per_buffer);
+            let bytes = u64::from(held - 1) * layer_stride + layer_bytes;
+            k.push(cache_buffer(gpu, &format!("kv_cache.k[{index}]"), bytes));
+            v.push(cache_buffer(gpu, &format!("kv_cache.v[{index}]"), bytes));
+        }
+        Ok(KvCache {
+            k,
+            v,
+            layers,
+            max_ctx,
+            kv_heads,
+            head_dim,
+            layers_per_buffer,
+            layer_stride,
+            scratch: Mutex::new(None),
+        })
+    }
+
+    /// Bytes of one layer's keys (or values).
+    pub fn layer_bytes(&self) -> u64 {
+        u64::from(self.max_ctx) * u64::from(self.kv_heads) * u64::from(self.head_dim) * 4
+    }
+
+    /// Which buffer holds `layer`, and the byte offset of the layer inside it.
+    pub fn layer_location(&self, layer: u32) -> (usize, u64) {
+        assert!(
+            layer < self.layers,
+            "layer {layer} out of range: the cache has {} layers",
+            self.layers
+        );
+        let index = layer / self.layers_per_buffer;
+        let offset = u64::from(layer % self.layers_per_buffer) * self.layer_stride;
+        (index as usize, offset)
+    }
+
+    /// The binding of `layer`'s keys: exactly that layer's slice.
+    pub fn k_layer(&self, layer: u32) -> wgpu::BindingResource<'_> {
+        self.layer_binding(&self.k, layer)
+    }
+
+    /// The binding of `layer`'s values.
+    pub fn v_layer(&self, layer: u32) -> wgpu::BindingResource<'_> {
+        self.layer_binding(&self.v, layer)
+    }
+
+    fn layer_binding<'a>(
+        &self,
+        buffers: &'a [wgpu::Buffer],
+        layer: u32,
+    ) -> wgpu::BindingResource<'a> {
+        let (index, offset) = self.layer_location(layer);
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &buffers[index],
+            offset,
+            size: std::num::NonZeroU64::new(self.layer_bytes()),
+        })
+    }
+
+    /// Scratch buffers with room for `slots` (token, head, split) partial results.
+    pub(super) fn decode_scratch(&self, gpu: &Gpu, slots: u64) -> (wgpu::Buffer, wgpu::Buffer) {
+        let mut scratch = self.scratch.lock().expect("kv cache scratch lock");
+        if scratch.as_ref().is_none_or(|s| s.slots < slots) {
+            let acc_bytes = slots * u64::from(self.head_dim) * 4;
+            *scratch = Some(DecodeScratch {
+                acc: crate::gpu::storage_buffer(gpu, "attention.partial_acc", acc_bytes),
+                stats: crate::gpu::storage_buffer(gpu, "attention.partial_stats", slots * 8),
+                slots,
+            });
+        }
+        let held = scratch.as_ref().expect("scratch was just allocated");
+        (held.acc.clone(), held.stats.clone())
+    }
+}
+
+fn cache_buffer(gpu: &Gpu, label: &str, bytes: u64) -> wgpu::Buffer {
+    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some(label),
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_DST
+            | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    })
+}
+
+fn shape_error(message: String) -> GpuError {
+    GpuError::Kernel {
+        kernel: "kv_cache".into(),
+        message,
+    }
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct KvWriteParams {
+    count: u32,
+    dst_offset: u32,
+    groups_x: u32,
+    pad0: u32,
+}
+
+/// Copies `tokens` rows of `k` and `v` (each [tokens, kv_heads * head_dim] f32) into `layer`
+/// at positions `start_pos .. start_pos + tokens`.
+///
+/// Panics when the layer or positions are outside the cache: the model code bounds them.
+pub fn kv_write(
+    rec: &mut Recorder,
+    cache: &KvCache,
+    layer: u32,
+    k: &wgpu::Buffer,
+    v: &wgpu::Buffer,
+    start_pos: u32,
+    tokens: u32,
+) {
+    assert!(
+        u64::from(start_pos) + u64::from(tokens) <= u64::from(cache.max_ctx),
+        "kv_write of positions {start_pos}..{} beyond the cache's {} positions",
+        u64::from(start_pos) + u64::from(tokens),
+        cache.max_ctx
+    );
+    if tokens == 0 {
+        return;
+    }
+    let row_vec4s = cache.kv_heads * cache.head_dim / 4;
+    let count = tokens * row_vec4s;
+    let needed = u64::from(count) * 16;
+    assert!(
+        k.size() >= needed && v.size() >= needed,
+        "kv_write of {tokens} tokens needs {needed}-byte k and v buffers, got {} and {}",
+        k.size(),
+        v.size()
+    );
+    let groups = count.div_ceil(KV_WRITE_WG);
+    let [groups_x, groups_y] = grid_2d(groups, rec.gpu().caps.max_workgroups_per_dim);
+    let params = KvWriteParams {
+        count,
+        dst_offset: start_pos * row_vec4s,
+        groups_x,
+        pad0: 0,
+    };
+    let pipeline = rec.pipeline(&KV_WRITE, &[("WG", KV_WRITE_WG)]);
+    rec.dispatch(
+        &pipeline,
+        &params,
+        &[
+            k.as_entire_binding(),
+            v.as_entire_binding(),
+            cache.k_layer(layer),
+            cache.v_layer(layer),
+        ],
+        [groups_x, groups_y, 1],
+    );
+}
+
+/// Spreads `groups` workgroups over x and y when x alone would exceed `max_per_dim`.
+pub(super) fn grid_2d(groups: u32, max_per_dim: u32) -> [u32; 2] {
+    let x = groups.clamp(1, max_per_dim.max(1));
+    [x, groups.div_ceil(x).max(1)]
+}

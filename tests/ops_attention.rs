@@ -1,0 +1,415 @@
+//! Attention, KV cache and softmax on every device and variant against the CPU references:
+//! the three model shapes (SmolLM2 9/3 heads of 64, Qwen2.5 14/2 of 64, Gemma 3 4/1 of 256),
+//! contexts from 1 to 1500, sliding windows inside and beyond the context, chunked prefill
+//! after start_pos > 0, both kernel paths for every token count, and a cache split over
+//! buffers under a forced small binding limit.
+
+use std::sync::Arc;
+
+use webshard::gpu::{self, testing, BackendChoice, Gpu, GpuOptions, Recorder, Variant};
+use webshard::ops::attention::{
+    attention, attention_decode, attention_prefill, attention_reference, decode_supported,
+    kv_write, softmax, softmax_reference, AttentionParams, KvCache,
+};
+
+#[derive(Debug, Clone, Copy)]
+struct Shape {
+    name: &'static str,
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+}
+
+const SMOLLM2: Shape = Shape {
+    name: "smollm2",
+    heads: 9,
+    kv_heads: 3,
+    head_dim: 64,
+};
+const QWEN25: Shape = Shape {
+    name: "qwen2.5",
+    heads: 14,
+    kv_heads: 2,
+    head_dim: 64,
+};
+const GEMMA3: Shape = Shape {
+    name: "gemma3",
+    heads: 4,
+    kv_heads: 1,
+    head_dim: 256,
+};
+const SHAPES: [Shape; 3] = [SMOLLM2, QWEN25, GEMMA3];
+
+/// Which entry point a case goes through.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Path {
+    Auto,
+    Decode,
+    Prefill,
+}
+
+/// The cache holds this layer's data; the layer before it holds different data, so a wrong
+/// layer offset cannot pass.
+const LAYER: u32 = 1;
+
+/// Inputs of one attention case, with the CPU reference computed once for every device.
+struct Case {
+    shape: Shape,
+    params: AttentionParams,
+    start_pos: u32,
+    tokens: u32,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    decoy_k: Vec<f32>,
+    want: Vec<f32>,
+}
+
+impl Case {
+    fn new(
+        shape: Shape,
+        start_pos: u32,
+        tokens: u32,
+        window: Option<u32>,
+        softcap: Option<f32>,
+        seed: u64,
+    ) -> Case {
+        let params = AttentionParams {
+            heads: shape.heads,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            scale: 1.0 / (shape.head_dim as f32).sqrt(),
+            window,
+            softcap,
+        };
+        let ctx = (start_pos + tokens) as usize;
+        let kv_len = ctx * (shape.kv_heads * shape.head_dim) as usize;
+        // Scaled queries make the softmax peaked, so masking or rescaling mistakes show.
+        let q: Vec<f32> =
+            testing::random_f32((tokens * shape.heads * shape.head_dim) as usize, seed)
+                .into_iter()
+                .map(|x| x * 4.0)
+                .collect();
+        let k = testing::random_f32(kv_len, seed + 1);
+        let v = testing::random_f32(kv_len, seed + 2);
+        let decoy_k = testing::random_f32(kv_len, seed + 3);
+        let want = attention_reference(&q, &k, &v, start_pos, tokens, &params);
+        Case {
+            shape,
+            params,
+            start_pos,
+            tokens,
+            q,
+            k,
+            v,
+            decoy_k,
+            want,
+        }
+    }
+
+    fn label(&self) -> String {
+        format!(
+            "{} start_pos {} tokens {} window {:?} softcap {:?}",
+            self.shape.name, self.start_pos, self.tokens, self.params.window, self.params.softcap
+        )
+    }
+
+    /// Fills a fresh (poisoned) cache with kv_write, the prefix and the new tokens in separate
+    /// writes as a chat does, runs attention through `path`, and reads the output.
+    fn run(&self, gpu: &Gpu, variant: Variant, path: Path) -> Vec<f32> {
+        let s = self.shape;
+        let ctx = self.start_pos + self.tokens;
+        let cache = KvCache::new(gpu, LAYER + 2, ctx + 3, s.kv_heads, s.head_dim).unwrap();
+        for buffer in cache.k.iter().chain(&cache.v) {
+            gpu::poison_f32(gpu, buffer);
+        }
+        let row = (s.kv_heads * s.head_dim) as usize;
+        let split = self.start_pos as usize * row;
+        let upload = |data: &[f32]| gpu::upload_f32(gpu, "kv", data);
+        let (k_old, v_old) = (upload(&self.k[..split]), upload(&self.v[..split]));
+        let (k_new, v_new) = (upload(&self.k[split..]), upload(&self.v[split..]));
+        let (decoy_k, decoy_v) = (upload(&self.decoy_k), upload(&self.decoy_k));
+        let q = gpu::upload_f32(gpu, "q", &self.q);
+        let out = gpu::storage_buffer(gpu, "out", (self.q.len() * 4) as u64);
+        gpu::poison_f32(gpu, &out);
+
+        let mut rec = Recorder::with_variant(gpu, variant);
+        kv_write(&mut rec, &cache, LAYER - 1, &decoy_k, &decoy_v, 0, ctx);
+        kv_write(&mut rec, &cache, LAYER, &k_old, &v_old, 0, self.start_pos);
+        kv_write(
+            &mut rec,
+            &cache,
+            LAYER,
+            &k_new,
+            &v_new,
+            self.start_pos,
+            self.tokens,
+        );
+        let call = match path {
+            Path::Auto => attention,
+            Path::Decode => attention_decode,
+            Path::Prefill => attention_prefill,
+        };
+        let (start, tokens, p) = (self.start_pos, self.tokens, &self.params);
+        call(&mut rec, &q, &cache, LAYER, &out, start, tokens, p);
+        let bytes = pollster::block_on(rec.submit_and_read(&out, 0, (self.q.len() * 4) as u64));
+        bytemuck::pod_collect_to_vec(&bytes.unwrap())
+    }
+}
+
+fn devices() -> Vec<Arc<Gpu>> {
+    pollster::block_on(testing::devices_under_test()).expect("devices under test")
+}
+
+fn device_variants(devices: &[Arc<Gpu>]) -> Vec<(&Arc<Gpu>, Variant)> {
+    devices
+        .iter()
+        .flat_map(|g| g.caps.all_variants().into_iter().map(move |v| (g, v)))
+        .collect()
+}
+
+/// f32 variants accumulate the same sums in another order; f16 variants also round the keys
+/// and values of prefill tiles to f16 (11-bit mantissa).
+fn tolerance(variant: Variant, path: Path) -> f32 {
+    match (variant.f16, path) {
+        (true, Path::Prefill) => 3e-3,
+        _ => 2e-5,
+    }
+}
+
+/// Runs every case on every device, variant and path; prints the worst relative error of each
+/// (device, variant, path) and fails on the first case beyond tolerance.
+fn check_cases(cases: &[Case], paths: &[Path], seed: u64) {
+    let devices = devices();
+    for (gpu, variant) in device_variants(&devices) {
+        for &path in paths {
+            let mut worst = 0.0f32;
+            for case in cases {
+                let got = case.run(gpu, variant, path);
+                let what = format!(
+                    "{} {variant} {path:?} {} seed {seed}",
+                    gpu.caps.backend,
+                    case.label()
+                );
+                testing::assert_close(&got, &case.want, tolerance(variant, path), &what);
+                worst = worst.max(testing::relative_error(&got, &case.want));
+            }
+            println!(
+                "{} ({}) {variant} {path:?}: worst relative error {worst:.2e} over {} cases",
+                gpu.caps.adapter,
+                gpu.caps.backend,
+                cases.len()
+            );
+        }
+    }
+}
+
+const WINDOWS: [Option<u32>; 3] = [None, Some(512), Some(5000)];
+
+#[test]
+fn decode_matches_reference() {
+    let seed = testing::fresh_seed();
+    let mut cases = Vec::new();
+    for shape in SHAPES {
+        for ctx in [1u32, 2, 17, 300, 1500] {
+            for window in WINDOWS {
+                let case_seed = seed.wrapping_add(cases.len() as u64 * 10);
+                cases.push(Case::new(shape, ctx - 1, 1, window, None, case_seed));
+            }
+        }
+    }
+    check_cases(&cases, &[Path::Auto, Path::Decode, Path::Prefill], seed);
+}
+
+#[test]
+fn prefill_matches_reference() {
+    let seed = testing::fresh_seed();
+    let mut cases = Vec::new();
+    for shape in SHAPES {
+        for (start_pos, tokens) in [
+            (0u32, 2u32),
+            (0, 5),
+            (12, 5),
+            (0, 64),
+            (236, 64),
+            (1436, 64),
+        ] {
+            for window in WINDOWS {
+                let case_seed = seed.wrapping_add(cases.len() as u64 * 10);
+                cases.push(Case::new(shape, start_pos, tokens, window, None, case_seed));
+            }
+        }
+    }
+    check_cases(&cases, &[Path::Auto, Path::Decode, Path::Prefill], seed);
+}
+
+#[test]
+fn small_window_and_softcap_match_reference() {
+    let seed = testing::fresh_seed();
+    let mut cases = Vec::new();
+    for shape in [QWEN25, GEMMA3] {
+        for (start_pos, tokens) in [(299u32, 1u32), (150, 64), (3, 5)] {
+            for (window, softcap) in [(Some(7), None), (Some(100), Some(5.0)), (None, Some(2.0))] {
+                let case_seed = seed.wrapping_add(cases.len() as u64 * 10);
+                cases.push(Case::new(
+                    shape, start_pos, tokens, window, softcap, case_seed,
+                ));
+            }
+        }
+    }
+    check_cases(&cases, &[Path::Decode, Path::Prefill], seed);
+}
+
+#[test]
+fn decode_handles_every_model_shape() {
+    for gpu in devices() {
+        for shape in SHAPES {
+            let params = AttentionParams {
+                heads: shape.heads,
+                kv_heads: shape.kv_heads,
+                head_dim: shape.head_dim,
+                scale: 1.0,
+                window: None,
+                softcap: None,
+            };
+            assert!(decode_supported(&gpu, &params), "{}", shape.name);
+        }
+    }
+}
+
+#[test]
+fn softmax_matches_reference() {
+    let seed = testing::fresh_seed();
+    let devices = devices();
+    for (gpu, variant) in device_variants(&devices) {
+        for (rows, cols) in [(7u32, 1u32), (3, 17), (5, 1000), (2, 1500), (300, 33)] {
+            let count = (rows * cols) as usize;
+            let input: Vec<f32> = testing::random_f32(count, seed + u64::from(cols))
+                .into_iter()
+                .map(|x| x * 8.0)
+                .collect();
+            let x = gpu::upload_f32(gpu, "x", &input);
+            let mut rec = Recorder::with_variant(gpu, variant);
+            softmax(&mut rec, &x, rows, cols);
+            let bytes = pollster::block_on(rec.submit_and_read(&x, 0, count as u64 * 4));
+            let got: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes.unwrap());
+            let want = softmax_reference(&input, cols as usize);
+            let what = format!(
+                "{} {variant} softmax {rows}x{cols} seed {seed}",
+                gpu.caps.backend
+            );
+            testing::assert_close(&got, &want, 1e-5, &what);
+            println!(
+                "{what}: relative error {:.2e}",
+                testing::relative_error(&got, &want)
+            );
+        }
+    }
+}
+
+#[test]
+fn kv_write_fills_exactly_its_rows_of_one_layer() {
+    let seed = testing::fresh_seed();
+    let (layers, max_ctx, kv_heads, head_dim) = (3u32, 37u32, 3u32, 12u32);
+    let (layer, start_pos, tokens) = (1u32, 5u32, 12u32);
+    let row = (kv_heads * head_dim) as usize;
+    for gpu in devices() {
+        let cache = KvCache::new(&gpu, layers, max_ctx, kv_heads, head_dim).unwrap();
+        assert_eq!(cache.k.len(), 1, "3 small layers fit one binding");
+        for buffer in cache.k.iter().chain(&cache.v) {
+            gpu::poison_f32(&gpu, buffer);
+        }
+        let k = testing::random_f32(tokens as usize * row, seed);
+        let v = testing::random_f32(tokens as usize * row, seed + 1);
+        let (k_buf, v_buf) = (
+            gpu::upload_f32(&gpu, "k", &k),
+            gpu::upload_f32(&gpu, "v", &v),
+        );
+        let mut rec = Recorder::new(&gpu);
+        kv_write(&mut rec, &cache, layer, &k_buf, &v_buf, start_pos, tokens);
+        rec.submit();
+        for (buffer, data) in [(&cache.k[0], &k), (&cache.v[0], &v)] {
+            let bytes = pollster::block_on(gpu::read_back(&gpu, buffer, 0, buffer.size())).unwrap();
+            let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
+            let layer_start = (cache.layer_stride / 4) as usize * layer as usize;
+            let first = layer_start + start_pos as usize * row;
+            for (i, word) in words.iter().enumerate() {
+                let expected = match i.checked_sub(first) {
+                    Some(offset) if offset < data.len() => data[offset].to_bits(),
+                    _ => gpu::POISON,
+                };
+                assert_eq!(*word, expected, "{} word {i} seed {seed}", gpu.caps.adapter);
+            }
+        }
+    }
+}
+
+#[test]
+fn split_kv_cache_gives_identical_results() {
+    let seed = testing::fresh_seed();
+    let cases = [
+        Case::new(QWEN25, 299, 1, Some(100), None, seed),
+        Case::new(QWEN25, 100, 64, None, None, seed + 10),
+        Case::new(GEMMA3, 40, 5, Some(17), None, seed + 20),
+    ];
+    for whole in devices() {
+        let backend = BackendChoice::parse(&whole.caps.backend).expect("backend name");
+        for case in &cases {
+            // One and a half layers per binding: every layer lands in a buffer of its own.
+            let layer_bytes = u64::from(case.start_pos + case.tokens + 3)
+                * u64::from(case.shape.kv_heads * case.shape.head_dim)
+                * 4;
+            let options = GpuOptions {
+                backend,
+                max_binding_override: Some(layer_bytes * 3 / 2),
+                ..Default::default()
+            };
+            let split = pollster::block_on(Gpu::new(&options)).expect("gpu with small bindings");
+            let s = case.shape;
+            let cache = KvCache::new(
+                &split,
+                LAYER + 2,
+                case.start_pos + case.tokens + 3,
+                s.kv_heads,
+                s.head_dim,
+            )
+            .unwrap();
+            assert_eq!(cache.k.len(), (LAYER + 2) as usize, "one buffer per layer");
+            for variant in whole.caps.all_variants() {
+                for path in [Path::Decode, Path::Prefill] {
+                    let want = case.run(&whole, variant, path);
+                    let got = case.run(&split, variant, path);
+                    let what = format!(
+                        "{} {variant} {path:?} {} seed {seed}",
+                        whole.caps.adapter,
+                        case.label()
+                    );
+                    assert!(
+                        got.iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: split cache differs from whole cache"
+                    );
+                    testing::assert_close(&got, &case.want, tolerance(variant, path), &what);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn impossible_cache_shapes_are_errors() {
+    let options = GpuOptions {
+        backend: BackendChoice::Vulkan,
+        max_binding_override: Some(4096),
+        ..Default::default()
+    };
+    let gpu = pollster::block_on(Gpu::new(&options)).expect("gpu");
+    let error = KvCache::new(&gpu, 2, 100, 1, 64).unwrap_err();
+    assert!(error.to_string().contains("kv_cache layer"), "{error}");
+    assert!(error.to_string().contains("25600"), "{error}");
+    let error = KvCache::new(&gpu, 2, 10, 1, 6).unwrap_err();
+    assert!(error.to_string().contains("head_dim 6"), "{error}");
+    let error = KvCache::new(&gpu, 0, 10, 1, 8).unwrap_err();
+    assert!(error.to_string().contains("layers 0"), "{error}");
+}

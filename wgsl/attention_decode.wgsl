@@ -1,0 +1,147 @@
+// Attention for a few query positions against a long KV cache, split over the keys
+// (flash-decoding). Workgroup (split, kv_group, token) scores the keys of its share of tiles
+// for the GQ query heads that share kv head `kv_group`, and leaves a partial result: the
+// running max, the sum of exponentials and the unnormalised weighted sum of values.
+// attention_combine.wgsl merges the splits.
+//
+// Per tile of WG keys: lane i scores key i against every query head (phase 1), every lane
+// turns its key's scores into probabilities against the tile's max (phase 2), then each lane
+// accumulates (head, vec4 of head_dim) items over the tile's values (phase 3). The three
+// phases need only two barriers per tile: phase 1 of the next tile writes `scores` after
+// everybody has read it in phase 2, and phase 2 writes `probs` after the barrier that
+// follows phase 1, by which time phase 3 of the previous tile is finished everywhere.
+//
+// Constants: WG (lanes = keys per tile), GQ (query heads per kv head), HD (head_dim),
+// ITEMS (output vec4s per lane: ceil(GQ * HD / 4 / WG)).
+
+struct Params {
+    kv_heads: u32,
+    heads: u32,
+    start_pos: u32,
+    tokens: u32,
+    // Keys j with pos - j < window are visible; u32 max when there is no sliding window.
+    window: u32,
+    splits: u32,
+    scale: f32,
+    // tanh logit soft-capping when > 0.
+    softcap: f32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> partial_acc: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> partial_stats: array<vec2<f32>>;
+
+const HD4: u32 = HD / 4u;
+// Stands for "no key yet": finite, so exp(NEG - NEG) is 1 rather than NaN.
+const NEG: f32 = -1.0e30;
+
+var<workgroup> q_tile: array<vec4<f32>, GQ * HD4>;
+var<workgroup> scores: array<f32, GQ * WG>;
+var<workgroup> probs: array<f32, GQ * WG>;
+
+fn first_visible(pos: u32) -> u32 {
+    return select(0u, pos + 1u - params.window, pos + 1u > params.window);
+}
+
+fn capped(score: f32) -> f32 {
+    if (params.softcap > 0.0) {
+        return params.softcap * tanh(score / params.softcap);
+    }
+    return score;
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let split = group.x;
+    let kv_group = group.y;
+    let token = group.z;
+    let pos = params.start_pos + token;
+    let lo = first_visible(pos);
+    let tiles = (pos - lo) / WG + 1u;
+    let first_tile = split * tiles / params.splits;
+    let end_tile = (split + 1u) * tiles / params.splits;
+
+    let q_base = (token * params.heads + kv_group * GQ) * HD4;
+    for (var i = lane; i < GQ * HD4; i = i + WG) {
+        q_tile[i] = q[q_base + i] * params.scale;
+    }
+    workgroupBarrier();
+
+    let row_stride = params.kv_heads * HD4;
+    let kv_offset = kv_group * HD4;
+    var run_max: array<f32, GQ>;
+    for (var h = 0u; h < GQ; h = h + 1u) {
+        run_max[h] = NEG;
+    }
+    var acc: array<vec4<f32>, ITEMS>;
+    var sums: array<f32, ITEMS>;
+
+    for (var tile = first_tile; tile < end_tile; tile = tile + 1u) {
+        let tile_start = lo + tile * WG;
+        let key = tile_start + lane;
+        let valid = key <= pos;
+        var dots: array<f32, GQ>;
+        if (valid) {
+            let base = key * row_stride + kv_offset;
+            for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+                let k4 = k_cache[base + d4];
+                for (var h = 0u; h < GQ; h = h + 1u) {
+                    dots[h] = dots[h] + dot(q_tile[h * HD4 + d4], k4);
+                }
+            }
+        }
+        for (var h = 0u; h < GQ; h = h + 1u) {
+            scores[h * WG + lane] = select(NEG, capped(dots[h]), valid);
+        }
+        workgroupBarrier();
+
+        var new_max: array<f32, GQ>;
+        for (var h = 0u; h < GQ; h = h + 1u) {
+            var m = run_max[h];
+            for (var u = 0u; u < WG; u = u + 1u) {
+                m = max(m, scores[h * WG + u]);
+            }
+            new_max[h] = m;
+            probs[h * WG + lane] = select(0.0, exp(scores[h * WG + lane] - m), valid);
+        }
+        workgroupBarrier();
+
+        let keys_in_tile = min(WG, pos + 1u - tile_start);
+        for (var k = 0u; k < ITEMS; k = k + 1u) {
+            let item = lane + k * WG;
+            if (item < GQ * HD4) {
+                let h = item / HD4;
+                let d4 = item % HD4;
+                let correction = exp(run_max[h] - new_max[h]);
+                var weighted = acc[k] * correction;
+                var total = sums[k] * correction;
+                var row = tile_start * row_stride + kv_offset + d4;
+                for (var u = 0u; u < keys_in_tile; u = u + 1u) {
+                    let p = probs[h * WG + u];
+                    total = total + p;
+                    weighted = weighted + p * v_cache[row];
+                    row = row + row_stride;
+                }
+                acc[k] = weighted;
+                sums[k] = total;
+            }
+        }
+        run_max = new_max;
+    }
+
+    for (var k = 0u; k < ITEMS; k = k + 1u) {
+        let item = lane + k * WG;
+        if (item < GQ * HD4) {
+            let h = item / HD4;
+            let d4 = item % HD4;
+            let slot = (token * params.heads + kv_group * GQ + h) * params.splits + split;
+            partial_acc[slot * HD4 + d4] = acc[k];
+            if (d4 == 0u) {
+                partial_stats[slot] = vec2<f32>(run_max[h], sums[k]);
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+// Causal attention for many query positions (prefill, chunked prefill after start_pos > 0).
+// Workgroup (row_block, kv_group): the rows are (token, head) pairs of the query heads that
+// share kv head `kv_group`, token-major, WG rows per workgroup, one row per lane. Keys and
+// values stream through workgroup memory in tiles of BK keys (half_t in f16 variants, which
+// doubles the tile); each lane keeps its query and output accumulator in registers and
+// applies the online softmax once per tile (rescale by the tile max, then accumulate).
+// Two barriers per tile and none elsewhere: CPU adapters pay dearly for each barrier.
+//
+// Constants: WG (rows per workgroup), HD (head_dim), BK (keys per tile).
+
+struct Params {
+    kv_heads: u32,
+    heads: u32,
+    start_pos: u32,
+    tokens: u32,
+    // Keys j with pos - j < window are visible; u32 max when there is no sliding window.
+    window: u32,
+    splits: u32,
+    scale: f32,
+    // tanh logit soft-capping when > 0.
+    softcap: f32,
+}
+
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+
+const HD4: u32 = HD / 4u;
+// Stands for "no key yet": finite, so exp(NEG - NEG) is 1 rather than NaN.
+const NEG: f32 = -1.0e30;
+
+var<workgroup> k_tile: array<half4_t, BK * HD4>;
+var<workgroup> v_tile: array<half4_t, BK * HD4>;
+
+fn first_visible(pos: u32) -> u32 {
+    return select(0u, pos + 1u - params.window, pos + 1u > params.window);
+}
+
+fn capped(score: f32) -> f32 {
+    if (params.softcap > 0.0) {
+        return params.softcap * tanh(score / params.softcap);
+    }
+    return score;
+}
+
+// Loads keys tile_start..tile_start + BK (those <= last_key) of `kv_group` into the tiles.
+fn load_tile(tile_start: u32, last_key: u32, kv_group: u32, lane: u32) {
+    let row_stride = params.kv_heads * HD4;
+    for (var i = lane; i < BK * HD4; i = i + WG) {
+        let key = tile_start + i / HD4;
+        if (key <= last_key) {
+            let index = key * row_stride + kv_group * HD4 + i % HD4;
+            k_tile[i] = half4_t(k_cache[index]);
+            v_tile[i] = half4_t(v_cache[index]);
+        }
+    }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let kv_group = group.y;
+    let group_size = params.heads / params.kv_heads;
+    let first_row = group.x * WG;
+    let row = first_row + lane;
+    let in_range = row < params.tokens * group_size;
+    let last_token = min(params.tokens - 1u, (first_row + WG - 1u) / group_size);
+    // Keys any row of this workgroup can see.
+    let lo = first_visible(params.start_pos + first_row / group_size);
+    let hi = params.start_pos + last_token;
+
+    let token = min(row / group_size, params.tokens - 1u);
+    let head = kv_group * group_size + row % group_size;
+    let pos = params.start_pos + token;
+    let row_lo = first_visible(pos);
+    let q_base = (token * params.heads + head) * HD4;
+    var query: array<vec4<f32>, HD4>;
+    if (in_range) {
+        for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+            query[d4] = q[q_base + d4] * params.scale;
+        }
+    }
+    var acc: array<vec4<f32>, HD4>;
+    var run_max = NEG;
+    var run_sum = 0.0;
+    var tile_scores: array<f32, BK>;
+
+    for (var tile_start = lo; tile_start <= hi; tile_start = tile_start + BK) {
+        load_tile(tile_start, hi, kv_group, lane);
+        workgroupBarrier();
+        let first_key = max(row_lo, tile_start);
+        let last_key = min(pos, tile_start + BK - 1u);
+        if (in_range && first_key <= last_key) {
+            var tile_max = run_max;
+            for (var key = first_key; key <= last_key; key = key + 1u) {
+                let t = (key - tile_start) * HD4;
+                var score = 0.0;
+                for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+                    score = score + dot(query[d4], vec4<f32>(k_tile[t + d4]));
+                }
+                score = capped(score);
+                tile_scores[key - tile_start] = score;
+                tile_max = max(tile_max, score);
+            }
+            let correction = exp(run_max - tile_max);
+            run_sum = run_sum * correction;
+            for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+                acc[d4] = acc[d4] * correction;
+            }
+            for (var key = first_key; key <= last_key; key = key + 1u) {
+                let p = exp(tile_scores[key - tile_start] - tile_max);
+                run_sum = run_sum + p;
+                let t = (key - tile_start) * HD4;
+                for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+                    acc[d4] = acc[d4] + p * vec4<f32>(v_tile[t + d4]);
+                }
+            }
+            run_max = tile_max;
+        }
+        workgroupBarrier();
+    }
+
+    if (in_range) {
+        let inverse = 1.0 / run_sum;
+        for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+            out[q_base + d4] = acc[d4] * inverse;
+        }
+    }
+}
