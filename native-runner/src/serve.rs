@@ -99,8 +99,14 @@ pub async fn serve(opts: &ServeOptions) -> io::Result<()> {
     let base = server.base_url();
     println!("serving {base}");
     println!("  web     {base}  <- {}", opts.root.join("web").display());
-    println!("  models  {base}models/  <- {}", opts.models_path().display());
-    println!("  pkg     {base}pkg/  <- {}", opts.root.join("pkg").display());
+    println!(
+        "  models  {base}models/  <- {}",
+        opts.models_path().display()
+    );
+    println!(
+        "  pkg     {base}pkg/  <- {}",
+        opts.root.join("pkg").display()
+    );
     server.run().await
 }
 
@@ -126,12 +132,18 @@ fn with_headers(app: Router) -> Router {
         "cross-origin-embedder-policy",
         "require-corp",
     ))
-    .layer(isolation_header("cross-origin-opener-policy", "same-origin"))
+    .layer(isolation_header(
+        "cross-origin-opener-policy",
+        "same-origin",
+    ))
     .layer(cors)
     .layer(TraceLayer::new_for_http())
 }
 
-fn isolation_header(name: &'static str, value: &'static str) -> SetResponseHeaderLayer<HeaderValue> {
+fn isolation_header(
+    name: &'static str,
+    value: &'static str,
+) -> SetResponseHeaderLayer<HeaderValue> {
     SetResponseHeaderLayer::overriding(
         HeaderName::from_static(name),
         HeaderValue::from_static(value),
@@ -159,7 +171,10 @@ fn static_dir(
 /// `ServeDir` ignores If-Range; without it a client resuming a changed file would splice
 /// bytes of two versions. Probe the current validators with a HEAD and drop the Range header
 /// when they no longer match (RFC 9110 §13.1.5: then the full representation is sent).
-async fn honor_if_range(files: ServeDir, mut req: Request<Body>) -> Result<FileResponse, Infallible> {
+async fn honor_if_range(
+    files: ServeDir,
+    mut req: Request<Body>,
+) -> Result<FileResponse, Infallible> {
     let if_range = req.headers().get(IF_RANGE).cloned();
     if let (Some(if_range), true) = (if_range, req.headers().contains_key(RANGE)) {
         let probe = Request::head(req.uri().clone())
