@@ -312,3 +312,24 @@ async fn serves_a_real_model_file() {
     );
     assert_eq!(resp.bytes().await.unwrap().as_ref(), b"GGUF");
 }
+
+/// The engine's HTTP source through this server must see exactly what the file source sees.
+#[tokio::test]
+async fn gguf_reader_over_http_matches_the_file() {
+    use webshard::gguf::{open_source, read_header};
+    let path = common::model_path(common::SMOLLM2);
+    let mut opts = ServeOptions::new(common::repo_root());
+    opts.models_dir = Some(common::models_dir());
+    let base = common::start_server(opts).await;
+
+    let file = open_source(path.to_str().unwrap()).await.unwrap();
+    let from_file = read_header(file.as_ref()).await.unwrap();
+    let http = open_source(&format!("{base}models/{}", common::SMOLLM2))
+        .await
+        .unwrap();
+    let from_http = read_header(http.as_ref()).await.unwrap();
+
+    assert_eq!(from_http, from_file);
+    assert_eq!(http.size(), Some(fs::metadata(&path).unwrap().len()));
+    assert!(http.stats().requests >= 1);
+}
