@@ -6,7 +6,7 @@
 //! this module adds only what it lacks (If-Range) and the headers.
 
 use std::convert::Infallible;
-use std::io;
+use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -96,18 +96,24 @@ impl Server {
 /// Binds, prints the URLs (the first line is `serving http://HOST:PORT/`), and serves.
 pub async fn serve(opts: &ServeOptions) -> io::Result<()> {
     let server = Server::bind(opts).await?;
-    let base = server.base_url();
-    println!("serving {base}");
-    println!("  web     {base}  <- {}", opts.root.join("web").display());
-    println!(
-        "  models  {base}models/  <- {}",
-        opts.models_path().display()
-    );
-    println!(
-        "  pkg     {base}pkg/  <- {}",
-        opts.root.join("pkg").display()
-    );
+    let mut stdout = io::stdout().lock();
+    stdout.write_all(banner(&server.base_url(), opts).as_bytes())?;
+    stdout.flush()?;
+    drop(stdout);
     server.run().await
+}
+
+/// One string, written at once: a reader that takes only the first line and closes the pipe
+/// must not make later lines fail.
+fn banner(base: &str, opts: &ServeOptions) -> String {
+    let web = opts.root.join("web");
+    let pkg = opts.root.join("pkg");
+    format!(
+        "serving {base}\n  web     {base}  <- {}\n  models  {base}models/  <- {}\n  pkg     {base}pkg/  <- {}\n",
+        web.display(),
+        opts.models_path().display(),
+        pkg.display()
+    )
 }
 
 fn static_routes(opts: &ServeOptions) -> Router {

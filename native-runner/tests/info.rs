@@ -72,10 +72,11 @@ impl ServeProcess {
             .stdout(Stdio::piped())
             .spawn()
             .expect("spawn runner serve");
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
         let mut first_line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut first_line)
-            .unwrap();
+        stdout.read_line(&mut first_line).unwrap();
+        // Keep the pipe open and drained for as long as the server runs.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         let base = first_line
             .strip_prefix("serving ")
             .unwrap_or_else(|| panic!("unexpected first line {first_line:?}"))
