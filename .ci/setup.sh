@@ -38,6 +38,8 @@ missing_packages() {
     esac
     deb_installed "$pkg" || echo "$pkg"
   done
+  # rustc links through cc, and crates such as ring compile C.
+  command -v cc >/dev/null || echo "gcc libc6-dev"
 }
 
 install_apt_packages() {

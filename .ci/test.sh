@@ -14,17 +14,24 @@ step() {
   echo "== $name: ok in $((SECONDS - start)) s"
 }
 
-has_wasm_tests() {
-  grep -rqs -E '#\[wasm_bindgen_test\]' src tests
+# Test targets holding #[wasm_bindgen_test]s: --lib for src/, --test NAME for tests/NAME.rs.
+wasm_test_targets() {
+  grep -rqs '#\[wasm_bindgen_test\]' src && echo --lib
+  local file
+  for file in $(grep -ls '#\[wasm_bindgen_test\]' tests/*.rs); do
+    echo --test "$(basename "$file" .rs)"
+  done
 }
 
 has_e2e_specs() {
   find e2e/tests -name '*.spec.*' -print -quit 2>/dev/null | grep -q .
 }
 
+# Runs in headless Chromium through chromedriver (webdriver.json in the crate root sets flags).
 wasm_tests() {
+  # shellcheck disable=SC2046 # one word per flag is intended
   CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
-    cargo test -p webshard --target wasm32-unknown-unknown
+    cargo test -p webshard --target wasm32-unknown-unknown $(wasm_test_targets)
 }
 
 e2e_tests() {
@@ -35,6 +42,6 @@ step "format" cargo fmt --all -- --check
 step "fetch script tests" python3 -m unittest discover -s .ci -p 'test_*.py'
 step "cargo test (workspace, debug)" cargo test --workspace
 step "wasm build" bash .ci/build-wasm.sh
-if has_wasm_tests; then step "wasm tests (headless Chromium)" wasm_tests; fi
+if [ -n "$(wasm_test_targets)" ]; then step "wasm tests (headless Chromium)" wasm_tests; fi
 if has_e2e_specs; then step "e2e (Playwright)" e2e_tests; fi
 echo "test.sh: all passed in $SECONDS s"
