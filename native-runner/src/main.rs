@@ -1,5 +1,126 @@
 //! `runner`: the native command-line face of webshard.
 
-fn main() {
-    println!("runner: not yet");
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use native_runner::info::{inspect, render_text};
+use native_runner::serve::{serve, ServeOptions};
+use tracing_subscriber::EnvFilter;
+use webshard::gguf::GgufError;
+
+#[derive(Parser)]
+#[command(name = "runner", version, about = "webshard native runner")]
+struct Cli {
+    /// Debug logging on stderr (otherwise RUST_LOG, default warn).
+    #[arg(short, long, global = true)]
+    verbose: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve web/ at /, models/ at /models/ and pkg/ at /pkg/ with Range and COOP/COEP support.
+    Serve {
+        /// Repository root holding web/, pkg/ and models/.
+        #[arg(long, default_value = ".")]
+        root: PathBuf,
+        /// Directory served at /models/ (default: ROOT/models).
+        #[arg(long)]
+        models: Option<PathBuf>,
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// 0 picks a free port.
+        #[arg(long, default_value_t = 8000)]
+        port: u16,
+    },
+    /// Describe a GGUF model (path or http(s) URL), reading only its header.
+    Info {
+        /// A file path or an http(s):// URL.
+        source: String,
+        /// Print one JSON object instead of tables.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(cli.verbose);
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {}", one_line(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, skipping causes a message already quotes.
+fn one_line(err: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+    }
+    line.replace('\n', " ")
+}
+
+fn init_logging(verbose: bool) {
+    let filter = if verbose {
+        EnvFilter::new("debug")
+    } else {
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"))
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
+/// Source errors already name the path or URL; parse errors get it prefixed.
+fn located(source: &str, err: GgufError) -> anyhow::Error {
+    match err {
+        GgufError::Source(_) => err.into(),
+        _ => anyhow::Error::new(err).context(source.to_string()),
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    match command {
+        Command::Serve {
+            root,
+            models,
+            host,
+            port,
+        } => {
+            let opts = ServeOptions {
+                root,
+                models_dir: models,
+                host,
+                port,
+            };
+            runtime.block_on(serve(&opts))?;
+        }
+        Command::Info { source, json } => {
+            let info = runtime
+                .block_on(inspect(&source))
+                .map_err(|err| located(&source, err))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&info)?);
+            } else {
+                print!("{}", render_text(&info));
+            }
+        }
+    }
+    Ok(())
 }

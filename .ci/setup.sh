@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a Debian 12 machine with rustup's toolchain: system packages, the wasm
+# target and wasm-bindgen-cli, the e2e node modules, and the models. Skips what is present.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+source .ci/env.sh
+
+APT_PACKAGES=(mesa-vulkan-drivers libvulkan1 chromium-headless-shell chromium-driver
+  python3 python3-pip nodejs npm ca-certificates)
+
+timed() {
+  local name=$1 start=$SECONDS
+  shift
+  "$@"
+  echo "setup: $name done in $((SECONDS - start)) s"
+}
+
+deb_installed() {
+  dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q 'install ok installed'
+}
+
+node_is_recent() {
+  command -v node >/dev/null && command -v npm >/dev/null \
+    && [ "$(node -p 'process.versions.node.split(".")[0]')" -ge 18 ]
+}
+
+python_is_usable() {
+  command -v python3 >/dev/null && python3 -c 'import tomllib' 2>/dev/null \
+    && python3 -m pip --version >/dev/null 2>&1
+}
+
+missing_packages() {
+  local pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    case $pkg in
+      nodejs | npm) node_is_recent && continue ;;
+      python3 | python3-pip) python_is_usable && continue ;;
+    esac
+    deb_installed "$pkg" || echo "$pkg"
+  done
+  # rustc links through cc, and crates such as ring compile C.
+  command -v cc >/dev/null || echo "gcc libc6-dev"
+}
+
+install_apt_packages() {
+  local missing
+  missing=$(missing_packages | tr '\n' ' ')
+  [ -z "$missing" ] && return
+  local sudo=()
+  if [ "$(id -u)" != 0 ]; then
+    command -v sudo >/dev/null || { echo "setup: need root or sudo to install: $missing" >&2; exit 1; }
+    sudo=(sudo)
+  fi
+  echo "setup: installing $missing"
+  "${sudo[@]}" apt-get update -q
+  # shellcheck disable=SC2086 # word splitting of the package list is intended
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q $missing
+}
+
+add_wasm_target() {
+  rustup target list --installed | grep -qx wasm32-unknown-unknown \
+    || rustup target add wasm32-unknown-unknown
+}
+
+# The CLI must match the wasm-bindgen crate exactly (schema check), so read Cargo.lock.
+locked_wasm_bindgen_version() {
+  [ -f Cargo.lock ] || cargo metadata --format-version 1 >/dev/null
+  awk '/^name = "wasm-bindgen"$/ { getline; gsub(/version = |"/, ""); print; exit }' Cargo.lock
+}
+
+install_wasm_bindgen_cli() {
+  local version
+  version=$(locked_wasm_bindgen_version)
+  [ -n "$version" ] || { echo "setup: wasm-bindgen not found in Cargo.lock" >&2; exit 1; }
+  if [ "$(wasm-bindgen --version 2>/dev/null)" = "wasm-bindgen $version" ]; then return; fi
+  # Not --locked: its lock pins a webpki-roots version the registry no longer has.
+  cargo install wasm-bindgen-cli --version "=$version"
+}
+
+# npm ci only when package-lock.json changed since the last install.
+install_node_modules() {
+  local stamp=e2e/node_modules/.installed-lock.sha256 want
+  want=$(sha256sum e2e/package.json e2e/package-lock.json | sha256sum | cut -d' ' -f1)
+  [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return
+  (cd e2e && npm ci --no-audit --no-fund)
+  echo "$want" >"$stamp"
+}
+
+timed "apt packages" install_apt_packages
+timed "wasm target" add_wasm_target
+timed "wasm-bindgen-cli" install_wasm_bindgen_cli
+timed "e2e node modules" install_node_modules
+timed "models" python3 .ci/fetch_models.py

@@ -1,0 +1,211 @@
+//! `runner serve`: a static HTTP server for the web demo, the wasm package and the models.
+//!
+//! Browsers read models with Range requests and run the wasm build with threads/WebGPU, so the
+//! server must get ranges right (206, 416, If-Range) and send the cross-origin isolation headers
+//! (COOP/COEP) that `SharedArrayBuffer` needs. File serving itself is tower-http's `ServeDir`;
+//! this module adds only what it lacks (If-Range) and the headers.
+
+use std::convert::Infallible;
+use std::io::{self, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use axum::body::Body;
+use axum::http::header::{
+    ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, ETAG, IF_RANGE, LAST_MODIFIED, RANGE,
+};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
+use axum::Router;
+use tokio::net::TcpListener;
+use tower::ServiceExt;
+use tower_http::cors::{Any, CorsLayer};
+use tower_http::services::fs::ServeFileSystemResponseBody;
+use tower_http::services::ServeDir;
+use tower_http::set_header::SetResponseHeaderLayer;
+use tower_http::trace::TraceLayer;
+
+/// Where the served directories are and where to listen.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// Repository root: `web/` is served at `/` and `pkg/` at `/pkg/`.
+    pub root: PathBuf,
+    /// Served at `/models/`; `<root>/models` when `None`.
+    pub models_dir: Option<PathBuf>,
+    pub host: String,
+    /// 0 picks a free port.
+    pub port: u16,
+}
+
+impl ServeOptions {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self {
+            root: root.into(),
+            models_dir: None,
+            host: "127.0.0.1".to_string(),
+            port: 0,
+        }
+    }
+
+    fn models_path(&self) -> PathBuf {
+        self.models_dir
+            .clone()
+            .unwrap_or_else(|| self.root.join("models"))
+    }
+}
+
+/// A bound, not yet running server. Routes can be added (e.g. `/signal`) before `run`.
+pub struct Server {
+    listener: TcpListener,
+    addr: SocketAddr,
+    app: Router,
+}
+
+impl Server {
+    /// Binds the listener, so the actual address (port 0 resolved) is known before serving.
+    pub async fn bind(opts: &ServeOptions) -> io::Result<Self> {
+        let listener = TcpListener::bind((opts.host.as_str(), opts.port)).await?;
+        let addr = listener.local_addr()?;
+        Ok(Self {
+            listener,
+            addr,
+            app: static_routes(opts),
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://HOST:PORT/`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}/", self.addr)
+    }
+
+    /// Adds routes next to the static ones; they get the same CORS and isolation headers.
+    pub fn merge(mut self, routes: Router) -> Self {
+        self.app = self.app.merge(routes);
+        self
+    }
+
+    /// Serves until the process ends.
+    pub async fn run(self) -> io::Result<()> {
+        axum::serve(self.listener, with_headers(self.app)).await
+    }
+}
+
+/// Binds, prints the URLs (the first line is `serving http://HOST:PORT/`), and serves.
+pub async fn serve(opts: &ServeOptions) -> io::Result<()> {
+    let server = Server::bind(opts).await?;
+    let mut stdout = io::stdout().lock();
+    stdout.write_all(banner(&server.base_url(), opts).as_bytes())?;
+    stdout.flush()?;
+    drop(stdout);
+    server.run().await
+}
+
+/// One string, written at once: a reader that takes only the first line and closes the pipe
+/// must not make later lines fail.
+fn banner(base: &str, opts: &ServeOptions) -> String {
+    let web = opts.root.join("web");
+    let pkg = opts.root.join("pkg");
+    format!(
+        "serving {base}\n  web     {base}  <- {}\n  models  {base}models/  <- {}\n  pkg     {base}pkg/  <- {}\n",
+        web.display(),
+        opts.models_path().display(),
+        pkg.display()
+    )
+}
+
+fn static_routes(opts: &ServeOptions) -> Router {
+    Router::new()
+        .nest_service("/models", static_dir(&opts.models_path()))
+        .nest_service("/pkg", static_dir(&opts.root.join("pkg")))
+        .fallback_service(static_dir(&opts.root.join("web")))
+}
+
+fn with_headers(app: Router) -> Router {
+    let expose = [CONTENT_RANGE, CONTENT_LENGTH, ETAG, ACCEPT_RANGES];
+    let cors = CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([Method::GET, Method::HEAD, Method::OPTIONS])
+        .allow_headers(Any)
+        .expose_headers(expose);
+    app.layer(isolation_header(
+        "cross-origin-resource-policy",
+        "cross-origin",
+    ))
+    .layer(isolation_header(
+        "cross-origin-embedder-policy",
+        "require-corp",
+    ))
+    .layer(isolation_header(
+        "cross-origin-opener-policy",
+        "same-origin",
+    ))
+    .layer(cors)
+    .layer(TraceLayer::new_for_http())
+}
+
+fn isolation_header(
+    name: &'static str,
+    value: &'static str,
+) -> SetResponseHeaderLayer<HeaderValue> {
+    SetResponseHeaderLayer::overriding(
+        HeaderName::from_static(name),
+        HeaderValue::from_static(value),
+    )
+}
+
+type FileResponse = Response<ServeFileSystemResponseBody>;
+
+/// `ServeDir` with multi-range requests answered by the full file (200) and If-Range honoured.
+fn static_dir(
+    dir: &Path,
+) -> impl tower::Service<
+    Request<Body>,
+    Response = FileResponse,
+    Error = Infallible,
+    Future = impl Send + 'static,
+> + Clone
+       + Send
+       + Sync
+       + 'static {
+    let files = ServeDir::new(dir).ignore_multi_range_requests(true);
+    tower::service_fn(move |req: Request<Body>| honor_if_range(files.clone(), req))
+}
+
+/// `ServeDir` ignores If-Range; without it a client resuming a changed file would splice
+/// bytes of two versions. Probe the current validators with a HEAD and drop the Range header
+/// when they no longer match (RFC 9110 §13.1.5: then the full representation is sent).
+async fn honor_if_range(
+    files: ServeDir,
+    mut req: Request<Body>,
+) -> Result<FileResponse, Infallible> {
+    let if_range = req.headers().get(IF_RANGE).cloned();
+    if let (Some(if_range), true) = (if_range, req.headers().contains_key(RANGE)) {
+        let probe = Request::head(req.uri().clone())
+            .body(Body::empty())
+            .expect("a HEAD request built from a valid URI is valid");
+        let current = files.clone().oneshot(probe).await?;
+        if !if_range_matches(&if_range, current.headers()) {
+            req.headers_mut().remove(RANGE);
+        }
+    }
+    files.oneshot(req).await
+}
+
+/// An entity tag matches only by strong comparison; a date matches the exact Last-Modified.
+fn if_range_matches(if_range: &HeaderValue, current: &HeaderMap) -> bool {
+    let wanted = if_range.as_bytes();
+    if wanted.starts_with(b"W/") {
+        return false;
+    }
+    let validator = if wanted.starts_with(b"\"") {
+        ETAG
+    } else {
+        LAST_MODIFIED
+    };
+    current
+        .get(validator)
+        .is_some_and(|value| value.as_bytes() == wanted && !value.as_bytes().starts_with(b"W/"))
+}

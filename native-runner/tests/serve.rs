@@ -1,0 +1,335 @@
+//! `runner serve` over real HTTP: ranges, validators, CORS and cross-origin isolation headers.
+
+mod common;
+
+use std::fs;
+use std::io::{Seek, SeekFrom, Write};
+use std::path::Path;
+
+use native_runner::serve::ServeOptions;
+use reqwest::header::{HeaderMap, CONTENT_LENGTH, CONTENT_RANGE};
+use reqwest::{Client, StatusCode};
+
+const PAGE: &str = "<!doctype html><title>t</title>";
+
+/// A root with web/index.html, pkg/demo.js and models/ holding `files` (name, contents).
+fn fixture_root(files: &[(&str, &[u8])]) -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    for dir in ["web", "pkg", "models"] {
+        fs::create_dir(root.path().join(dir)).unwrap();
+    }
+    fs::write(root.path().join("web/index.html"), PAGE).unwrap();
+    fs::write(root.path().join("pkg/demo.js"), "export {};").unwrap();
+    for (name, bytes) in files {
+        fs::write(root.path().join("models").join(name), bytes).unwrap();
+    }
+    root
+}
+
+async fn serve_root(root: &Path) -> String {
+    common::start_server(ServeOptions::new(root)).await
+}
+
+fn header<'a>(headers: &'a HeaderMap, name: &str) -> &'a str {
+    headers
+        .get(name)
+        .unwrap_or_else(|| panic!("header {name} missing in {headers:?}"))
+        .to_str()
+        .unwrap()
+}
+
+async fn get_range(client: &Client, url: &str, range: &str) -> reqwest::Response {
+    client.get(url).header("range", range).send().await.unwrap()
+}
+
+fn digits() -> Vec<u8> {
+    (0..100u8).map(|i| b'0' + i % 10).collect()
+}
+
+#[tokio::test]
+async fn single_range_gives_206_with_content_range() {
+    let data = digits();
+    let root = fixture_root(&[("d.bin", &data)]);
+    let base = serve_root(root.path()).await;
+    let resp = get_range(
+        &Client::new(),
+        &format!("{base}models/d.bin"),
+        "bytes=10-19",
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
+    assert_eq!(header(resp.headers(), "content-range"), "bytes 10-19/100");
+    assert_eq!(header(resp.headers(), "accept-ranges"), "bytes");
+    assert_eq!(header(resp.headers(), "content-length"), "10");
+    assert_eq!(resp.bytes().await.unwrap(), &data[10..20]);
+}
+
+#[tokio::test]
+async fn suffix_and_open_ranges() {
+    let data = digits();
+    let root = fixture_root(&[("d.bin", &data)]);
+    let base = serve_root(root.path()).await;
+    let url = format!("{base}models/d.bin");
+    let client = Client::new();
+    let suffix = get_range(&client, &url, "bytes=-5").await;
+    assert_eq!(header(suffix.headers(), "content-range"), "bytes 95-99/100");
+    assert_eq!(suffix.bytes().await.unwrap(), &data[95..]);
+    let open = get_range(&client, &url, "bytes=90-").await;
+    assert_eq!(header(open.headers(), "content-range"), "bytes 90-99/100");
+    assert_eq!(open.bytes().await.unwrap(), &data[90..]);
+}
+
+#[tokio::test]
+async fn unsatisfiable_range_gives_416() {
+    let root = fixture_root(&[("d.bin", &digits())]);
+    let base = serve_root(root.path()).await;
+    let resp = get_range(
+        &Client::new(),
+        &format!("{base}models/d.bin"),
+        "bytes=100-200",
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::RANGE_NOT_SATISFIABLE);
+    assert_eq!(header(resp.headers(), "content-range"), "bytes */100");
+}
+
+#[tokio::test]
+async fn multi_range_falls_back_to_the_full_file() {
+    let data = digits();
+    let root = fixture_root(&[("d.bin", &data)]);
+    let base = serve_root(root.path()).await;
+    let resp = get_range(
+        &Client::new(),
+        &format!("{base}models/d.bin"),
+        "bytes=0-1,5-6",
+    )
+    .await;
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(resp.headers().get(CONTENT_RANGE).is_none());
+    assert_eq!(resp.bytes().await.unwrap(), data);
+}
+
+#[tokio::test]
+async fn head_reports_length_without_body() {
+    let root = fixture_root(&[("d.bin", &digits())]);
+    let base = serve_root(root.path()).await;
+    let resp = Client::new()
+        .head(format!("{base}models/d.bin"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert_eq!(header(resp.headers(), "content-length"), "100");
+    assert_eq!(header(resp.headers(), "accept-ranges"), "bytes");
+    assert!(resp.headers().contains_key("etag"));
+    assert!(resp.bytes().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn etag_is_stable_and_changes_with_the_file() {
+    let root = fixture_root(&[("d.bin", &digits())]);
+    let base = serve_root(root.path()).await;
+    let url = format!("{base}models/d.bin");
+    let client = Client::new();
+    let first = client.get(&url).send().await.unwrap();
+    let second = client.get(&url).send().await.unwrap();
+    let etag = header(first.headers(), "etag").to_string();
+    assert_eq!(etag, header(second.headers(), "etag"));
+    fs::write(root.path().join("models/d.bin"), b"changed").unwrap();
+    let third = client.get(&url).send().await.unwrap();
+    assert_ne!(etag, header(third.headers(), "etag"));
+}
+
+#[tokio::test]
+async fn if_range_with_current_validators_gives_206() {
+    let data = digits();
+    let root = fixture_root(&[("d.bin", &data)]);
+    let base = serve_root(root.path()).await;
+    let url = format!("{base}models/d.bin");
+    let client = Client::new();
+    let full = client.get(&url).send().await.unwrap();
+    let etag = header(full.headers(), "etag").to_string();
+    let last_modified = header(full.headers(), "last-modified").to_string();
+    for validator in [etag, last_modified] {
+        let resp = client
+            .get(&url)
+            .header("range", "bytes=3-4")
+            .header("if-range", &validator)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(
+            resp.status(),
+            StatusCode::PARTIAL_CONTENT,
+            "If-Range {validator}"
+        );
+        assert_eq!(resp.bytes().await.unwrap(), &data[3..5]);
+    }
+}
+
+#[tokio::test]
+async fn if_range_with_stale_validators_gives_the_full_new_file() {
+    let root = fixture_root(&[("d.bin", &digits())]);
+    let base = serve_root(root.path()).await;
+    let url = format!("{base}models/d.bin");
+    let client = Client::new();
+    let old = client.get(&url).send().await.unwrap();
+    let old_etag = header(old.headers(), "etag").to_string();
+    let new_data = b"a different, longer file body".to_vec();
+    fs::write(root.path().join("models/d.bin"), &new_data).unwrap();
+    let weak_current = {
+        let now = client.head(&url).send().await.unwrap();
+        format!("W/{}", header(now.headers(), "etag"))
+    };
+    let stale = [
+        old_etag,
+        weak_current,
+        "Thu, 01 Jan 1970 00:00:00 GMT".to_string(),
+    ];
+    for validator in stale {
+        let resp = client
+            .get(&url)
+            .header("range", "bytes=0-3")
+            .header("if-range", &validator)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::OK, "If-Range {validator}");
+        assert_eq!(resp.bytes().await.unwrap(), new_data);
+    }
+}
+
+#[tokio::test]
+async fn cors_and_isolation_headers_on_every_tree() {
+    let root = fixture_root(&[("d.bin", &digits())]);
+    let base = serve_root(root.path()).await;
+    let client = Client::new();
+    for path in ["", "index.html", "pkg/demo.js", "models/d.bin"] {
+        let resp = client
+            .get(format!("{base}{path}"))
+            .header("origin", "http://elsewhere.example")
+            .header("range", "bytes=0-3")
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "{path}: {}", resp.status());
+        let headers = resp.headers();
+        assert_eq!(header(headers, "access-control-allow-origin"), "*");
+        let exposed = header(headers, "access-control-expose-headers").to_ascii_lowercase();
+        for name in ["content-range", "content-length", "etag", "accept-ranges"] {
+            assert!(exposed.contains(name), "{path}: {name} not in {exposed}");
+        }
+        assert_eq!(header(headers, "cross-origin-opener-policy"), "same-origin");
+        assert_eq!(
+            header(headers, "cross-origin-embedder-policy"),
+            "require-corp"
+        );
+        assert_eq!(
+            header(headers, "cross-origin-resource-policy"),
+            "cross-origin"
+        );
+    }
+    let index = client.get(&base).send().await.unwrap();
+    assert_eq!(index.text().await.unwrap(), PAGE);
+}
+
+#[tokio::test]
+async fn cors_preflight_allows_range_requests() {
+    let root = fixture_root(&[("d.bin", &digits())]);
+    let base = serve_root(root.path()).await;
+    let resp = Client::new()
+        .request(reqwest::Method::OPTIONS, format!("{base}models/d.bin"))
+        .header("origin", "http://elsewhere.example")
+        .header("access-control-request-method", "GET")
+        .header("access-control-request-headers", "range,if-range")
+        .send()
+        .await
+        .unwrap();
+    assert!(resp.status().is_success());
+    assert_eq!(header(resp.headers(), "access-control-allow-origin"), "*");
+    assert!(header(resp.headers(), "access-control-allow-methods").contains("GET"));
+    assert_eq!(header(resp.headers(), "access-control-allow-headers"), "*");
+}
+
+#[tokio::test]
+async fn missing_file_is_404() {
+    let root = fixture_root(&[]);
+    let base = serve_root(root.path()).await;
+    let resp = Client::new()
+        .get(format!("{base}models/nope.gguf"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::NOT_FOUND);
+}
+
+/// Offsets past 4 GiB must survive every layer (no 32-bit truncation anywhere).
+#[tokio::test]
+async fn ranges_past_4_gib_in_a_sparse_file() {
+    const SIZE: u64 = 5 << 30;
+    const MARK_AT: u64 = (4 << 30) + 12_345;
+    let root = fixture_root(&[]);
+    let mut file = fs::File::create(root.path().join("models/big.bin")).unwrap();
+    file.set_len(SIZE).unwrap();
+    file.seek(SeekFrom::Start(MARK_AT)).unwrap();
+    file.write_all(b"past-4GiB").unwrap();
+    drop(file);
+    let base = serve_root(root.path()).await;
+    let url = format!("{base}models/big.bin");
+    let client = Client::new();
+
+    let range = format!("bytes={}-{}", MARK_AT - 1, MARK_AT + 9);
+    let resp = get_range(&client, &url, &range).await;
+    assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
+    let expected_range = format!("bytes {}-{}/{SIZE}", MARK_AT - 1, MARK_AT + 9);
+    assert_eq!(header(resp.headers(), "content-range"), expected_range);
+    assert_eq!(resp.bytes().await.unwrap().as_ref(), b"\0past-4GiB\0");
+
+    let tail = get_range(&client, &url, "bytes=-4").await;
+    let expected_tail = format!("bytes {}-{}/{SIZE}", SIZE - 4, SIZE - 1);
+    assert_eq!(header(tail.headers(), "content-range"), expected_tail);
+
+    let head = client.head(&url).send().await.unwrap();
+    assert_eq!(
+        header(head.headers(), CONTENT_LENGTH.as_str()),
+        SIZE.to_string()
+    );
+}
+
+#[tokio::test]
+async fn serves_a_real_model_file() {
+    let path = common::model_path(common::SMOLLM2);
+    let mut opts = ServeOptions::new(common::repo_root());
+    opts.models_dir = Some(common::models_dir());
+    let base = common::start_server(opts).await;
+    let url = format!("{base}models/{}", common::SMOLLM2);
+    let resp = get_range(&Client::new(), &url, "bytes=0-3").await;
+    assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
+    let size = fs::metadata(&path).unwrap().len();
+    assert_eq!(
+        header(resp.headers(), "content-range"),
+        format!("bytes 0-3/{size}")
+    );
+    assert_eq!(resp.bytes().await.unwrap().as_ref(), b"GGUF");
+}
+
+/// The engine's HTTP source through this server must see exactly what the file source sees.
+#[tokio::test]
+async fn gguf_reader_over_http_matches_the_file() {
+    use webshard::gguf::{open_source, read_header};
+    let path = common::model_path(common::SMOLLM2);
+    let mut opts = ServeOptions::new(common::repo_root());
+    opts.models_dir = Some(common::models_dir());
+    let base = common::start_server(opts).await;
+
+    let file = open_source(path.to_str().unwrap()).await.unwrap();
+    let from_file = read_header(file.as_ref()).await.unwrap();
+    let http = open_source(&format!("{base}models/{}", common::SMOLLM2))
+        .await
+        .unwrap();
+    let from_http = read_header(http.as_ref()).await.unwrap();
+
+    assert_eq!(from_http, from_file);
+    assert_eq!(http.size(), Some(fs::metadata(&path).unwrap().len()));
+    assert!(http.stats().requests >= 1);
+}
