@@ -8,7 +8,7 @@ use crate::gguf::{read_header, Header, RangeSource};
 use crate::gpu::Gpu;
 use crate::model::{self, LoadOptions, LoadProgress, ModelConfig, ModelError, Stage, StageInput, StageSpec};
 use crate::sample::{Sampler, SamplerConfig, StopChecker};
-use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError, Utf8Stream};
+use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -140,15 +140,14 @@ impl Engine {
         self.check_ids(prompt_ids)?;
         let mut sampler = Sampler::new(options.sampler.clone());
         let mut stops = StopChecker::new(options.stop.clone());
-        let mut utf8 = Utf8Stream::new();
         let mut out = Generated {
             prompt_ids: prompt_ids.to_vec(),
             ..Default::default()
         };
         let started = now_seconds();
-        let reused = common_prefix(&self.cached, prompt_ids);
+        let reused = common_prefix(&self.cached, prompt_ids).min(prompt_ids.len() - 1);
         let mut logits = Some(self.prefill(prompt_ids).await?);
-        out.prefill_tokens = (prompt_ids.len() - reused.min(prompt_ids.len() - 1)) as u32;
+        out.prefill_tokens = (prompt_ids.len() - reused) as u32;
         out.prefill_seconds = now_seconds() - started;
         let decode_started = now_seconds();
         let mut history = prompt_ids.to_vec();
@@ -157,20 +156,22 @@ impl Engine {
                 Some(l) => sampler.sample(&l, &history),
                 None => self.decode_one(&mut sampler, &history).await?,
             };
-            if self.tokenizer.is_eog(next) {
+            let step = stops.push_token(&self.tokenizer, next);
+            out.text.push_str(&step.text);
+            if step.stop.is_some() {
+                if !self.tokenizer.is_eog(next) {
+                    out.ids.push(next);
+                }
+                on_text(&step.text);
                 break;
             }
             out.ids.push(next);
             history.push(next);
-            let piece = utf8.push(&self.tokenizer.token_bytes(next));
-            let (printable, stopped) = stops.push(&piece);
-            out.text.push_str(&printable);
-            if stopped || !on_text(&printable) {
+            if !on_text(&step.text) {
                 break;
             }
         }
-        let (rest, _) = stops.push(&utf8.finish());
-        let tail = rest + &stops.finish();
+        let tail = stops.flush();
         out.text.push_str(&tail);
         on_text(&tail);
         out.decode_seconds = now_seconds() - decode_started;
@@ -182,7 +183,9 @@ impl Engine {
         let last = *history.last().expect("history holds the prompt");
         let position = self.cached.len() as u32;
         let input = StageInput::Tokens(std::slice::from_ref(&last));
-        let next = if sampler.is_greedy() {
+        // Plain argmax runs on the GPU and reads back 4 bytes instead of the logits.
+        let config = sampler.config();
+        let next = if config.is_greedy() && config.repeat_penalty == 1.0 {
             self.stage.forward_argmax(&input, position).await?
         } else {
             let logits = self.stage.forward_logits(&input, position, 1).await?;

@@ -73,7 +73,8 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let (mut engine, load) = args.model.load().await?;
     // One warm-up of each test compiles every pipeline before timing.
     if args.prompt > 0 {
-        prompt_rate(&mut engine, args.prompt.min(engine.stage.spec.max_context), 7).await?;
+        let tokens = args.prompt.min(engine.stage.spec.max_context);
+        prompt_rate(&mut engine, tokens, 7).await?;
     }
     if args.n > 0 {
         generation_rate(&mut engine, 4).await?;

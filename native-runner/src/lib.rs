@@ -1,5 +1,10 @@
 //! The native side of webshard: the pieces behind the `runner` commands, kept in a library so
 //! integration tests and later commands (shard donors, `/signal`) can reuse them.
 
+pub mod bench;
+pub mod generate;
 pub mod info;
+pub mod memory;
+pub mod model_args;
+pub mod score;
 pub mod serve;

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use native_runner::bench::{bench, BenchArgs};
+use native_runner::generate::{chat, generate, ChatArgs, GenerateArgs};
 use native_runner::info::{inspect, render_text};
+use native_runner::score::{score, tokenize, ScoreArgs, TokenizeArgs};
 use native_runner::serve::{serve, ServeOptions};
 use tracing_subscriber::EnvFilter;
 use webshard::gguf::GgufError;
@@ -44,6 +47,16 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Generate text after a prompt, streaming it to stdout (timings on stderr).
+    Generate(GenerateArgs),
+    /// An interactive multi-turn chat in the terminal.
+    Chat(ChatArgs),
+    /// Token ids of a text, read from the model's header alone.
+    Tokenize(TokenizeArgs),
+    /// Teacher-forced top-k logits after every prefix of the given ids.
+    Score(ScoreArgs),
+    /// Prompt-processing and generation throughput, load time, peak host memory.
+    Bench(BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -121,6 +134,11 @@ fn run(command: Command) -> anyhow::Result<()> {
                 print!("{}", render_text(&info));
             }
         }
+        Command::Generate(args) => runtime.block_on(generate(&args))?,
+        Command::Chat(args) => runtime.block_on(chat(&args))?,
+        Command::Tokenize(args) => runtime.block_on(tokenize(&args))?,
+        Command::Score(args) => runtime.block_on(score(&args))?,
+        Command::Bench(args) => runtime.block_on(bench(&args))?,
     }
     Ok(())
 }

@@ -60,11 +60,11 @@ impl SamplerArgs {
     pub fn config(&self) -> SamplerConfig {
         SamplerConfig {
             temperature: self.temp,
-            top_k: self.top_k,
+            top_k: self.top_k as usize,
             top_p: self.top_p,
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n,
+            repeat_last_n: self.repeat_last_n as usize,
             seed: self.seed,
         }
     }
