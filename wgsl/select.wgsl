@@ -36,7 +36,9 @@ var<workgroup> winner_value: array<f32, K>;
 var<workgroup> winner_index: array<u32, K>;
 
 fn negative_infinity() -> f32 {
-    return bitcast<f32>(0xff800000u);
+    // Through a variable: WGSL forbids infinities in const-expressions (Tint enforces it).
+    var bits = 0xff800000u;
+    return bitcast<f32>(bits);
 }
 
 fn better(value: f32, index: u32, other_value: f32, other_index: u32) -> bool {
