@@ -42,9 +42,17 @@ async function load(id, url, settings) {
   engine = next;
   lastLoad = { url, settings };
   const info = engine.info();
+  info.adapter ||= await adapterName();
   info.wasmMemoryBefore = memoryBefore;
   info.wasmMemoryPeak = Math.max(peakMemory, wasmMemoryBytes());
   return info;
+}
+
+// wgpu leaves the adapter's name empty in browsers; ask WebGPU itself.
+async function adapterName() {
+  const adapter = await navigator.gpu?.requestAdapter();
+  const info = adapter?.info;
+  return (info && [info.vendor, info.architecture, info.description].filter(Boolean).join(' ')) || 'unknown';
 }
 
 // A lost device (driver reset, GPU process crash) takes the engine with it: build a new one

@@ -51,7 +51,35 @@ pub struct WebEngine {
     gpu: Arc<Gpu>,
     stop: Rc<Cell<bool>>,
     disposed: Rc<Cell<bool>>,
+    gpu_errors: GpuErrors,
     info: EngineInfo,
+}
+
+/// The first WebGPU error nobody caught (a kernel the browser rejects, an out-of-memory...).
+/// Browsers only log these, and the work they spoil reads back as zeros, so every load and
+/// generation checks here and fails with the browser's message instead of producing garbage.
+#[derive(Clone, Default)]
+struct GpuErrors(Arc<std::sync::Mutex<Option<String>>>);
+
+impl GpuErrors {
+    fn watch(gpu: &Gpu) -> GpuErrors {
+        let errors = GpuErrors::default();
+        let slot = errors.0.clone();
+        gpu.device
+            .on_uncaptured_error(Arc::new(move |err: wgpu::Error| {
+                if let Ok(mut first) = slot.lock() {
+                    first.get_or_insert_with(|| err.to_string());
+                }
+            }));
+        errors
+    }
+
+    fn check(&self) -> Result<(), WebError> {
+        match self.0.lock().ok().and_then(|first| first.clone()) {
+            Some(message) => Err(WebError::Validation(message)),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The callback and signal members of `Engine.load`'s options.
@@ -169,6 +197,7 @@ impl WebEngine {
         let gpu = open_gpu(&settings).await?;
         let disposed = Rc::new(Cell::new(false));
         watch_device(&gpu, hooks.on_device_lost.clone(), disposed.clone());
+        let gpu_errors = GpuErrors::watch(&gpu);
         let started = web_time::Instant::now();
         let source = open_model_source(&url, settings.cache, hooks.signal.clone()).await?;
         let abortable = Abortable::new(source.as_range_source(), hooks.signal.clone());
@@ -181,6 +210,7 @@ impl WebEngine {
         let engine = Engine::load(gpu.clone(), &abortable, &engine_options, &mut on_progress)
             .await
             .map_err(|e| abortable.explain(e.into()))?;
+        gpu_errors.check()?;
         let info = engine_info(
             &url,
             &engine,
@@ -193,6 +223,7 @@ impl WebEngine {
             gpu,
             stop: Rc::new(Cell::new(false)),
             disposed,
+            gpu_errors,
             info,
         })
     }
@@ -276,6 +307,7 @@ impl WebEngine {
         Run {
             engine: self.engine.clone(),
             stop: self.stop.clone(),
+            gpu_errors: self.gpu_errors.clone(),
             options,
             on_token,
         }
@@ -292,6 +324,7 @@ impl Drop for WebEngine {
 struct Run {
     engine: Rc<RefCell<Engine>>,
     stop: Rc<Cell<bool>>,
+    gpu_errors: GpuErrors,
     options: JsValue,
     on_token: Option<Function>,
 }
@@ -303,16 +336,18 @@ impl Run {
         let mut engine = self.engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
         let stop = self.stop.clone();
         let on_token = self.on_token.clone();
+        let errors = self.gpu_errors.clone();
         let mut on_text = |text: &str| {
             if let Some(callback) = &on_token {
                 let _ = callback.call1(&JsValue::NULL, &JsValue::from_str(text));
             }
-            !stop.get()
+            !stop.get() && errors.check().is_ok()
         };
         let out = engine
             .generate(&prompt_ids, &options, &mut on_text)
             .await
             .map_err(WebError::from)?;
+        self.gpu_errors.check()?;
         to_js(&GenerateResult::new(out, self.stop.get()))
     }
 }

@@ -32,6 +32,8 @@ pub enum WebError {
     Busy,
     #[error("the GPU device was lost ({0}); the engine is being re-initialised")]
     DeviceLost(String),
+    #[error("WebGPU reported an error, so results would be wrong: {0}")]
+    Validation(String),
     #[error("bad options: {0}")]
     Options(String),
     #[error("cache (OPFS) {operation} `{name}`: {message}")]
@@ -49,7 +51,7 @@ impl WebError {
         match self {
             WebError::Engine(e) => engine_kind(e),
             WebError::Source(e) => source_kind(e),
-            WebError::Gpu(_) => "gpu",
+            WebError::Gpu(_) | WebError::Validation(_) => "gpu",
             WebError::NoWebGpu(_) => "no-webgpu",
             WebError::Network { .. } => "network",
             WebError::Changed { .. } => "changed",
