@@ -10,6 +10,7 @@ const SAMPLER_FIELDS = ['n', 'temp', 'top_k', 'top_p', 'min_p', 'repeat_penalty'
 
 const state = { engine: null, loadController: null, messages: [], generating: false };
 window.__webshard_progress = [];
+window.__webshard_reinits = 0;
 window.__webshard = { state, load: loadModel, generate: (p, o) => state.engine.generate(p, o) };
 
 const NO_WEBGPU_HELP =
@@ -89,6 +90,7 @@ function setLoading(loading) {
 async function loadModel(url, settings = {}) {
   clearError();
   window.__webshard_progress = [];
+window.__webshard_reinits = 0;
   state.loadController = new AbortController();
   setLoading(true);
   try {
@@ -101,6 +103,7 @@ async function loadModel(url, settings = {}) {
       },
       onDeviceLost: () => showError(new EngineError('Re-initialising the engine…', 'device-lost')),
       onReinitialised: (info) => {
+        window.__webshard_reinits += 1;
         clearError();
         renderInfo(info);
         window.__webshard_info = info;

@@ -8,7 +8,7 @@ use js_sys::Uint8Array;
 use wasm_bindgen::prelude::*;
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
-use web_sys::{AbortSignal, Request, RequestInit, Response};
+use web_sys::{AbortSignal, Request, RequestCache, RequestInit, Response};
 
 use super::error::{as_source_error, WebError};
 use crate::gguf::source::range::{check_partial_response, parse_content_range, range_header};
@@ -41,6 +41,9 @@ async fn send(
 ) -> Result<Response, WebError> {
     let init = RequestInit::new();
     init.set_method(method);
+    // The OPFS cache is the cache: the HTTP cache would hide changed files from the HEAD
+    // and keep a second copy of every range.
+    init.set_cache(RequestCache::NoStore);
     if let Some(signal) = signal {
         init.set_signal(Some(signal));
     }
