@@ -29,8 +29,10 @@ has_e2e_specs() {
 
 # Runs in headless Chromium through chromedriver (webdriver.json in the crate root sets flags).
 wasm_tests() {
+  # SwiftShader compiles and runs every kernel on the CPU: allow minutes per test.
   # shellcheck disable=SC2046 # one word per flag is intended
-  CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+  WASM_BINDGEN_TEST_TIMEOUT="${WASM_BINDGEN_TEST_TIMEOUT:-900}" \
+    CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
     cargo test -p webshard --target wasm32-unknown-unknown $(wasm_test_targets)
 }
 

@@ -17,9 +17,11 @@ test.beforeAll(async ({ browser }) => {
   page = await browser.newPage();
   page.on('console', (message) => console.log(`[page ${message.type()}] ${message.text()}`));
   logMark = requestLog().length;
+  const started = Date.now();
   const query = new URLSearchParams({ model: MODEL_URL, prompt: PROMPT, n: String(TOKENS), temp: '0', seed: '0', autorun: '1' });
   await page.goto(`/?${query}`);
   last = await autorunResult(page);
+  console.log(`autorun (load, prefill, ${TOKENS} tokens) took ${((Date.now() - started) / 1000).toFixed(0)} s`);
 });
 
 test.afterAll(async () => page?.close());
@@ -70,6 +72,7 @@ test('load streams Range requests with monotonic progress to 100% in bounded was
 });
 
 test('the stop button ends a generation early', async () => {
+  await page.click('#settings summary');
   await page.fill('#n', '400');
   await page.fill('#temp', '0');
   await page.uncheck('#use-chat');

@@ -165,7 +165,14 @@ impl<R: RangeSource> CachedSource<R> {
             return Ok(None);
         };
         let name = range_name(start, entry);
-        let bytes = self.dir.read(&name, entry.len).await?.unwrap_or_default();
+        // Unreadable counts as corrupt: the range is fetched again either way.
+        let bytes = match self.dir.read(&name, entry.len).await {
+            Ok(bytes) => bytes.unwrap_or_default(),
+            Err(err) => {
+                tracing::warn!(%err, "cached range unreadable");
+                Vec::new()
+            }
+        };
         if bytes.len() as u64 != entry.len || xxh3_64(&bytes) != entry.hash {
             tracing::warn!(file = %self.dir.path(&name), got = bytes.len(), "corrupt cached range");
             self.index.borrow_mut().remove(&start);
