@@ -1,7 +1,7 @@
 // Decode speed of the demo page in headless Chromium, for docs/perf.md:
 //   node e2e/bench-decode.js http://127.0.0.1:8000/ [tokens]
-// Loads SmolLM2 through the page's worker, warms the kernels up with one short generation
-// (SwiftShader compiles each pipeline on first use), then times a greedy generation.
+// Loads SmolLM2 through the page's worker, warms the kernels up with the same generation
+// (SwiftShader compiles each pipeline on first use), then times it again from an empty cache.
 const { chromium } = require('playwright-core');
 
 async function main() {
@@ -15,8 +15,8 @@ async function main() {
     await page.goto(base);
     const result = await page.evaluate(async (n) => {
       const engine = await window.__webshard.load('/models/SmolLM2-135M-Instruct.Q4_1.gguf');
-      await engine.generate('Hello', { n: 4, temp: 0 });
-      engine.reset();
+      await engine.generate('The capital of France is', { n, temp: 0 });
+      await engine.reset();
       const out = await engine.generate('The capital of France is', { n, temp: 0 });
       return { info: engine.info, out };
     }, Number(tokens));
