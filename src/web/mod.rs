@@ -19,7 +19,7 @@ pub use error::WebError;
 
 /// Panics show up in the console with a Rust backtrace instead of `unreachable`.
 #[wasm_bindgen(start)]
-pub fn start() {
+fn start() {
     console_error_panic_hook::set_once();
 }
 
