@@ -6,7 +6,9 @@ use std::sync::Arc;
 
 use crate::gguf::{read_header, Header, RangeSource};
 use crate::gpu::Gpu;
-use crate::model::{self, LoadOptions, LoadProgress, ModelConfig, ModelError, Stage, StageInput, StageSpec};
+use crate::model::{
+    self, LoadOptions, LoadProgress, ModelConfig, ModelError, Stage, StageInput, StageSpec,
+};
 use crate::sample::{Sampler, SamplerConfig, StopChecker};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 
@@ -117,7 +119,10 @@ impl Engine {
             let start = self.cached.len() as u32;
             let is_last = self.cached.len() + chunk.len() == ids.len();
             if is_last {
-                let rows = self.stage.forward_logits(&StageInput::Tokens(chunk), start, 1).await?;
+                let rows = self
+                    .stage
+                    .forward_logits(&StageInput::Tokens(chunk), start, 1)
+                    .await?;
                 logits = rows.into_iter().next().unwrap_or_default();
             } else {
                 self.stage.forward(&StageInput::Tokens(chunk), start)?;
@@ -179,7 +184,11 @@ impl Engine {
     }
 
     /// One decode step after `history`, whose last token is not in the cache yet.
-    async fn decode_one(&mut self, sampler: &mut Sampler, history: &[u32]) -> Result<u32, EngineError> {
+    async fn decode_one(
+        &mut self,
+        sampler: &mut Sampler,
+        history: &[u32],
+    ) -> Result<u32, EngineError> {
         let last = *history.last().expect("history holds the prompt");
         let position = self.cached.len() as u32;
         let input = StageInput::Tokens(std::slice::from_ref(&last));
@@ -204,7 +213,11 @@ impl Engine {
         for (index, chunk) in ids.chunks(max_batch).enumerate() {
             let start = (index * max_batch) as u32;
             let input = StageInput::Tokens(chunk);
-            all.extend(self.stage.forward_logits(&input, start, chunk.len() as u32).await?);
+            all.extend(
+                self.stage
+                    .forward_logits(&input, start, chunk.len() as u32)
+                    .await?,
+            );
             self.cached.extend_from_slice(chunk);
         }
         Ok(all)
@@ -245,5 +258,8 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 fn now_seconds() -> f64 {
     use std::sync::OnceLock;
     static START: OnceLock<web_time::Instant> = OnceLock::new();
-    START.get_or_init(web_time::Instant::now).elapsed().as_secs_f64()
+    START
+        .get_or_init(web_time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
 }

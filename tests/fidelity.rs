@@ -30,7 +30,12 @@ fn steps(record: &Value) -> Vec<Step> {
                 .as_array()
                 .expect("top5")
                 .iter()
-                .map(|p| (p[0].as_u64().expect("id") as u32, p[1].as_f64().expect("logit")))
+                .map(|p| {
+                    (
+                        p[0].as_u64().expect("id") as u32,
+                        p[1].as_f64().expect("logit"),
+                    )
+                })
                 .collect(),
         })
         .collect()
@@ -72,13 +77,18 @@ async fn teacher_forced(engine: &mut Engine, record: &Value, label: &str) -> Vec
         let ours = argmax(row);
         if margin(step) > MARGIN {
             assert_eq!(
-                ours, step.top5[0].0,
+                ours,
+                step.top5[0].0,
                 "{label} step {i}: top-1 {ours} vs golden {} (margin {:.3})",
                 step.top5[0].0,
                 margin(step)
             );
         }
-        errors.extend(step.top5.iter().map(|(id, logit)| (f64::from(row[*id as usize]) - logit).abs()));
+        errors.extend(
+            step.top5
+                .iter()
+                .map(|(id, logit)| (f64::from(row[*id as usize]) - logit).abs()),
+        );
     }
     errors
 }
@@ -100,29 +110,57 @@ async fn free_running(engine: &mut Engine, record: &Value, label: &str) {
     let trusted = steps.iter().take_while(|s| margin(s) > MARGIN).count();
     let golden: Vec<u32> = steps.iter().map(|s| s.id).collect();
     let n = trusted.min(out.ids.len());
-    assert!(out.ids.len() >= trusted.min(golden.len()), "{label}: stopped early: {:?}", out.ids);
-    assert_eq!(&out.ids[..n], &golden[..n], "{label}: greedy ids diverge before the first near-tie (step {trusted})");
+    assert!(
+        out.ids.len() >= trusted.min(golden.len()),
+        "{label}: stopped early: {:?}",
+        out.ids
+    );
+    assert_eq!(
+        &out.ids[..n],
+        &golden[..n],
+        "{label}: greedy ids diverge before the first near-tie (step {trusted})"
+    );
 }
 
 async fn check_model(model: (&str, &str)) {
     let goldens = support::read_goldens(model.0);
     for backend in support::backends() {
-        let options = GpuOptions { backend, ..Default::default() };
+        let options = GpuOptions {
+            backend,
+            ..Default::default()
+        };
         let mut engine = support::load_engine(model.1, options).await;
         let adapter = engine.stage.gpu.caps.adapter.clone();
         let mut errors = Vec::new();
-        for (r, record) in goldens["records"].as_array().expect("records").iter().enumerate() {
+        for (r, record) in goldens["records"]
+            .as_array()
+            .expect("records")
+            .iter()
+            .enumerate()
+        {
             let label = format!("{} on {adapter} ({backend:?}) record {r}", model.0);
             let prompt = record["prompt"].as_str().expect("prompt");
-            assert_eq!(engine.tokenize_prompt(prompt), ids(&record["prompt_ids"]), "{label}: prompt ids");
+            assert_eq!(
+                engine.tokenize_prompt(prompt),
+                ids(&record["prompt_ids"]),
+                "{label}: prompt ids"
+            );
             errors.extend(teacher_forced(&mut engine, record, &label).await);
             free_running(&mut engine, record, &label).await;
         }
         let mean = errors.iter().sum::<f64>() / errors.len() as f64;
         let max = errors.iter().cloned().fold(0.0, f64::max);
         println!("fidelity {} on {adapter} ({backend:?}): top-5 logit error mean {mean:.4} max {max:.4} over {} values", model.0, errors.len());
-        assert!(mean <= MEAN_LIMIT, "{}: mean error {mean} > {MEAN_LIMIT}", model.0);
-        assert!(max <= MAX_LIMIT, "{}: max error {max} > {MAX_LIMIT}", model.0);
+        assert!(
+            mean <= MEAN_LIMIT,
+            "{}: mean error {mean} > {MEAN_LIMIT}",
+            model.0
+        );
+        assert!(
+            max <= MAX_LIMIT,
+            "{}: max error {max} > {MAX_LIMIT}",
+            model.0
+        );
     }
 }
 

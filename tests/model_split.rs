@@ -19,8 +19,15 @@ fn forced_small_bindings_give_the_same_logits() {
         let want = whole.score(&ids).await.expect("score");
         let got = split.score(&ids).await.expect("score split");
         for (position, (a, b)) in want.iter().zip(&got).enumerate() {
-            let worst = a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
-            assert!(worst <= 1e-4, "position {position}: logits differ by {worst}");
+            let worst = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(
+                worst <= 1e-4,
+                "position {position}: logits differ by {worst}"
+            );
         }
     });
 }

@@ -98,12 +98,17 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     if let Some(system) = &args.system {
         messages.push(ChatMessage::new("system", system.as_str()));
     }
-    eprintln!("chatting with {} (empty line or Ctrl-D ends)", args.model.model);
+    eprintln!(
+        "chatting with {} (empty line or Ctrl-D ends)",
+        args.model.model
+    );
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
         let mut line = String::new();
-        if stdin.lock().read_line(&mut line).context("reading stdin")? == 0 || line.trim().is_empty() {
+        if stdin.lock().read_line(&mut line).context("reading stdin")? == 0
+            || line.trim().is_empty()
+        {
             return Ok(());
         }
         messages.push(ChatMessage::new("user", line.trim_end()));

@@ -80,8 +80,12 @@ pub struct LoadReport {
 
 impl ModelArgs {
     pub fn gpu_options(&self) -> anyhow::Result<GpuOptions> {
-        let backend = BackendChoice::parse(&self.backend)
-            .ok_or_else(|| anyhow!("unknown backend `{}` (auto, vulkan, gl, metal, dx12)", self.backend))?;
+        let backend = BackendChoice::parse(&self.backend).ok_or_else(|| {
+            anyhow!(
+                "unknown backend `{}` (auto, vulkan, gl, metal, dx12)",
+                self.backend
+            )
+        })?;
         Ok(GpuOptions {
             backend,
             disable_f16: self.no_f16,

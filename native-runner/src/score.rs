@@ -42,7 +42,11 @@ pub async fn score(args: &ScoreArgs) -> anyhow::Result<()> {
 
 /// The `k` largest `(id, logit)` pairs, highest first, ties by lower id.
 fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut indexed: Vec<(u32, f32)> = row.iter().enumerate().map(|(i, v)| (i as u32, *v)).collect();
+    let mut indexed: Vec<(u32, f32)> = row
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (i as u32, *v))
+        .collect();
     indexed.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     indexed.truncate(k);
     indexed
@@ -68,8 +72,9 @@ pub struct TokenizeArgs {
 pub async fn tokenize(args: &TokenizeArgs) -> anyhow::Result<()> {
     let text = match (&args.text, &args.file) {
         (Some(text), None) => text.clone(),
-        (None, Some(path)) => std::fs::read_to_string(path)
-            .with_context(|| format!("reading {}", path.display()))?,
+        (None, Some(path)) => {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?
+        }
         _ => bail!("give the text either as an argument or with --file, not both"),
     };
     let source = open_source(&args.model).await?;

@@ -83,7 +83,9 @@ impl ModelConfig {
         let vocab = vocab_size(header)?;
         let rope = RopeParams {
             head_dim,
-            rope_dims: meta.opt_u32(&key("rope.dimension_count"))?.unwrap_or(head_dim),
+            rope_dims: meta
+                .opt_u32(&key("rope.dimension_count"))?
+                .unwrap_or(head_dim),
             freq_base: meta.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
             freq_scale: rope_freq_scale(meta, name)?,
             neox: arch != Arch::Llama,
@@ -93,7 +95,9 @@ impl ModelConfig {
             n_layers: positive(meta, &key("block_count"))?,
             d_model,
             n_heads,
-            n_kv_heads: meta.opt_u32(&key("attention.head_count_kv"))?.unwrap_or(n_heads),
+            n_kv_heads: meta
+                .opt_u32(&key("attention.head_count_kv"))?
+                .unwrap_or(n_heads),
             head_dim,
             ff_dim: positive(meta, &key("feed_forward_length"))?,
             vocab,
@@ -115,19 +119,28 @@ impl ModelConfig {
         if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
             return Err(invalid(
                 "attention.head_count_kv",
-                format!("{} does not divide head_count {}", self.n_kv_heads, self.n_heads),
+                format!(
+                    "{} does not divide head_count {}",
+                    self.n_kv_heads, self.n_heads
+                ),
             ));
         }
         if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 1024 {
             return Err(invalid(
                 "attention.key_length",
-                format!("head dimension {} must be even and at most 1024", self.head_dim),
+                format!(
+                    "head dimension {} must be even and at most 1024",
+                    self.head_dim
+                ),
             ));
         }
         if self.rope.rope_dims > self.head_dim || self.rope.rope_dims % 2 != 0 {
             return Err(invalid(
                 "rope.dimension_count",
-                format!("{} must be even and at most the head dimension", self.rope.rope_dims),
+                format!(
+                    "{} must be even and at most the head dimension",
+                    self.rope.rope_dims
+                ),
             ));
         }
         Ok(self)

@@ -37,26 +37,70 @@ pub fn configure(meta: &Metadata, mut cfg: ModelConfig) -> Result<ModelConfig, C
 }
 
 pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
-    let LayerStep { cfg, weights: w, scratch: s, tokens, layer, .. } = *step;
+    let LayerStep {
+        cfg,
+        weights: w,
+        scratch: s,
+        tokens,
+        layer,
+        ..
+    } = *step;
     let (d, eps) = (cfg.d_model, cfg.rms_eps);
     let local = cfg.is_local_layer(layer);
     let rope_params = match (local, &cfg.rope_local) {
         (true, Some(local_rope)) => local_rope,
         _ => &cfg.rope,
     };
-    norm::rms_norm(rec, &s.hidden, &w.attn_norm.buffer, &s.normed, tokens, d, eps);
+    norm::rms_norm(
+        rec,
+        &s.hidden,
+        &w.attn_norm.buffer,
+        &s.normed,
+        tokens,
+        d,
+        eps,
+    );
     project(rec, &w.wq, None, &s.normed, &s.q, tokens);
     project(rec, &w.wk, None, &s.normed, &s.k, tokens);
     project(rec, &w.wv, None, &s.normed, &s.v, tokens);
-    head_norm(rec, &s.q, w.q_norm.as_ref(), &s.attn, tokens * cfg.n_heads, step);
-    head_norm(rec, &s.k, w.k_norm.as_ref(), &s.attn, tokens * cfg.n_kv_heads, step);
+    head_norm(
+        rec,
+        &s.q,
+        w.q_norm.as_ref(),
+        &s.attn,
+        tokens * cfg.n_heads,
+        step,
+    );
+    head_norm(
+        rec,
+        &s.k,
+        w.k_norm.as_ref(),
+        &s.attn,
+        tokens * cfg.n_kv_heads,
+        step,
+    );
     rope::rope(rec, &s.q, tokens, cfg.n_heads, step.start_pos, rope_params);
-    rope::rope(rec, &s.k, tokens, cfg.n_kv_heads, step.start_pos, rope_params);
+    rope::rope(
+        rec,
+        &s.k,
+        tokens,
+        cfg.n_kv_heads,
+        step.start_pos,
+        rope_params,
+    );
     let window = cfg.sliding_window.filter(|_| local).map(|sw| sw.window);
     attend(rec, step, window);
     quant::matmul(rec, &w.wo.view(), &s.attn, &s.normed, tokens);
     post_norm(rec, w.post_attn_norm.as_ref(), &s.normed, &s.delta, step);
-    norm::rms_norm(rec, &s.hidden, &w.ffn_norm.buffer, &s.normed, tokens, d, eps);
+    norm::rms_norm(
+        rec,
+        &s.hidden,
+        &w.ffn_norm.buffer,
+        &s.normed,
+        tokens,
+        d,
+        eps,
+    );
     feed_forward(rec, step, Activation::GeluTanh);
     post_norm(rec, w.post_ffn_norm.as_ref(), &s.delta, &s.normed, step);
 }
@@ -88,7 +132,15 @@ fn post_norm(
     let n = tokens * cfg.d_model;
     match weight {
         Some(weight) => {
-            norm::rms_norm(rec, output, &weight.buffer, tmp, tokens, cfg.d_model, cfg.rms_eps);
+            norm::rms_norm(
+                rec,
+                output,
+                &weight.buffer,
+                tmp,
+                tokens,
+                cfg.d_model,
+                cfg.rms_eps,
+            );
             elementwise::add_in_place(rec, &s.hidden, tmp, n);
         }
         None => elementwise::add_in_place(rec, &s.hidden, output, n),

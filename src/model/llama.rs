@@ -14,8 +14,22 @@ use super::loader::{Matrix, Vector};
 use super::LayerStep;
 
 pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
-    let LayerStep { cfg, weights: w, scratch: s, tokens, .. } = *step;
-    norm::rms_norm(rec, &s.hidden, &w.attn_norm.buffer, &s.normed, tokens, cfg.d_model, cfg.rms_eps);
+    let LayerStep {
+        cfg,
+        weights: w,
+        scratch: s,
+        tokens,
+        ..
+    } = *step;
+    norm::rms_norm(
+        rec,
+        &s.hidden,
+        &w.attn_norm.buffer,
+        &s.normed,
+        tokens,
+        cfg.d_model,
+        cfg.rms_eps,
+    );
     project(rec, &w.wq, w.bq.as_ref(), &s.normed, &s.q, tokens);
     project(rec, &w.wk, w.bk.as_ref(), &s.normed, &s.k, tokens);
     project(rec, &w.wv, w.bv.as_ref(), &s.normed, &s.v, tokens);
@@ -24,7 +38,15 @@ pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
     attend(rec, step, None);
     quant::matmul(rec, &w.wo.view(), &s.attn, &s.delta, tokens);
     elementwise::add_in_place(rec, &s.hidden, &s.delta, tokens * cfg.d_model);
-    norm::rms_norm(rec, &s.hidden, &w.ffn_norm.buffer, &s.normed, tokens, cfg.d_model, cfg.rms_eps);
+    norm::rms_norm(
+        rec,
+        &s.hidden,
+        &w.ffn_norm.buffer,
+        &s.normed,
+        tokens,
+        cfg.d_model,
+        cfg.rms_eps,
+    );
     feed_forward(rec, step, Activation::Silu);
     elementwise::add_in_place(rec, &s.hidden, &s.delta, tokens * cfg.d_model);
 }
@@ -47,7 +69,15 @@ pub(super) fn project(
 /// Writes this step's k and v into the cache and attends from q, leaving the result in `attn`.
 pub(super) fn attend(rec: &mut Recorder, step: &LayerStep, window: Option<u32>) {
     let (cfg, s) = (step.cfg, step.scratch);
-    attention::kv_write(rec, step.cache, step.cache_layer, &s.k, &s.v, step.start_pos, step.tokens);
+    attention::kv_write(
+        rec,
+        step.cache,
+        step.cache_layer,
+        &s.k,
+        &s.v,
+        step.start_pos,
+        step.tokens,
+    );
     let params = AttentionParams {
         heads: cfg.n_heads,
         kv_heads: cfg.n_kv_heads,
@@ -56,7 +86,16 @@ pub(super) fn attend(rec: &mut Recorder, step: &LayerStep, window: Option<u32>) 
         window,
         softcap: None,
     };
-    attention::attention(rec, &s.q, step.cache, step.cache_layer, &s.attn, step.start_pos, step.tokens, &params);
+    attention::attention(
+        rec,
+        &s.q,
+        step.cache,
+        step.cache_layer,
+        &s.attn,
+        step.start_pos,
+        step.tokens,
+        &params,
+    );
 }
 
 /// The gated MLP from `normed` into `delta`.
@@ -64,6 +103,13 @@ pub(super) fn feed_forward(rec: &mut Recorder, step: &LayerStep, activation: Act
     let (w, s, tokens) = (step.weights, step.scratch, step.tokens);
     quant::matmul(rec, &w.w_gate.view(), &s.normed, &s.gate, tokens);
     quant::matmul(rec, &w.w_up.view(), &s.normed, &s.up, tokens);
-    elementwise::gated_activation(rec, &s.gate, &s.up, &s.act, tokens * step.cfg.ff_dim, activation);
+    elementwise::gated_activation(
+        rec,
+        &s.gate,
+        &s.up,
+        &s.act,
+        tokens * step.cfg.ff_dim,
+        activation,
+    );
     quant::matmul(rec, &w.w_down.view(), &s.act, &s.delta, tokens);
 }

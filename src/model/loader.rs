@@ -158,7 +158,11 @@ impl<'a> Loader<'a> {
         })
     }
 
-    async fn stream(&mut self, info: &TensorInfo, weights: &WeightTensor) -> Result<(), ModelError> {
+    async fn stream(
+        &mut self,
+        info: &TensorInfo,
+        weights: &WeightTensor,
+    ) -> Result<(), ModelError> {
         let source = self.source;
         let reads = futures::stream::iter(weights.upload_pieces(self.options.chunk_bytes))
             .map(|piece| async move {

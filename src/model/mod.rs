@@ -40,7 +40,10 @@ impl ModelError {
     pub(crate) fn unsupported(tensor: &str, ggml_type: GgmlType) -> ModelError {
         ModelError::Tensor {
             tensor: tensor.into(),
-            message: format!("type {} cannot be computed by this engine yet", ggml_type.name()),
+            message: format!(
+                "type {} cannot be computed by this engine yet",
+                ggml_type.name()
+            ),
         }
     }
 }

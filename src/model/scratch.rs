@@ -30,7 +30,8 @@ pub struct Scratch {
 impl Scratch {
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: u32) -> Scratch {
         let rows = u64::from(max_batch);
-        let f32s = |label: &str, per_row: u32| storage_buffer(gpu, label, rows * u64::from(per_row) * 4);
+        let f32s =
+            |label: &str, per_row: u32| storage_buffer(gpu, label, rows * u64::from(per_row) * 4);
         let head = u64::from(HEAD_ROWS);
         Scratch {
             ids: storage_buffer(gpu, "ids", rows * 4),

@@ -134,7 +134,14 @@ impl Stage {
                 self.gpu
                     .queue
                     .write_buffer(&s.ids, 0, bytemuck::cast_slice(ids));
-                quant::embed(rec, &embedding.view(), &s.ids, &s.hidden, tokens, self.embed_scale());
+                quant::embed(
+                    rec,
+                    &embedding.view(),
+                    &s.ids,
+                    &s.hidden,
+                    tokens,
+                    self.embed_scale(),
+                );
             }
             StageInput::Hidden(hidden) => {
                 self.gpu
@@ -170,9 +177,11 @@ impl Stage {
             .edges
             .head()
             .ok_or_else(|| ModelError::Plan("this stage holds no output head".into()))?;
-        let norm_weight = self.edges.output_norm.as_ref().ok_or_else(|| {
-            ModelError::Plan("this stage holds no output norm".into())
-        })?;
+        let norm_weight = self
+            .edges
+            .output_norm
+            .as_ref()
+            .ok_or_else(|| ModelError::Plan("this stage holds no output norm".into()))?;
         let s = &self.scratch;
         let count = rows.len() as u32;
         if count == 0 || count > super::scratch::HEAD_ROWS {
@@ -186,7 +195,15 @@ impl Stage {
             0,
             u64::from(count) * row_bytes,
         );
-        norm::rms_norm(rec, &s.head_in, &norm_weight.buffer, &s.head_normed, count, self.cfg.d_model, self.cfg.rms_eps);
+        norm::rms_norm(
+            rec,
+            &s.head_in,
+            &norm_weight.buffer,
+            &s.head_normed,
+            count,
+            self.cfg.d_model,
+            self.cfg.rms_eps,
+        );
         quant::matmul(rec, &head.view(), &s.head_normed, &s.logits, count);
         Ok(())
     }
@@ -209,7 +226,12 @@ impl Stage {
         let mut rec = Recorder::new(&self.gpu);
         let tokens = self.record_layers(&mut rec, input, start_pos)?;
         self.record_head(&mut rec, tokens - 1..tokens)?;
-        select::argmax(&mut rec, &self.scratch.logits, self.cfg.vocab, &self.scratch.argmax);
+        select::argmax(
+            &mut rec,
+            &self.scratch.logits,
+            self.cfg.vocab,
+            &self.scratch.argmax,
+        );
         let bytes = rec.submit_and_read(&self.scratch.argmax, 0, 4).await?;
         Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
     }

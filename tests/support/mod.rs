@@ -9,7 +9,10 @@ use webshard::gguf::open_source;
 use webshard::gpu::{BackendChoice, Gpu, GpuOptions};
 
 /// The real models, by their `models.toml` names.
-pub const SMOLLM2: (&str, &str) = ("smollm2-135m-instruct-q4_1", "SmolLM2-135M-Instruct.Q4_1.gguf");
+pub const SMOLLM2: (&str, &str) = (
+    "smollm2-135m-instruct-q4_1",
+    "SmolLM2-135M-Instruct.Q4_1.gguf",
+);
 pub const QWEN25: (&str, &str) = (
     "qwen2.5-coder-0.5b-instruct-q4_k_m",
     "qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf",
