@@ -211,6 +211,16 @@ pub struct InProcessTransport {
 }
 
 impl InProcessTransport {
+    /// Puts raw bytes on the wire to `to` as one chunk, bypassing slicing: for tests that
+    /// play a misbehaving peer.
+    pub async fn send_raw_chunk(&self, to: PeerId, chunk: Vec<u8>) -> Result<(), TransportError> {
+        let mut inbox = self.inbox_of(to)?;
+        inbox
+            .feed(Inbound::Chunk(self.id, chunk))
+            .await
+            .map_err(|_| TransportError::PeerGone(to))
+    }
+
     fn inbox_of(&self, peer: PeerId) -> Result<mpsc::Sender<Inbound>, TransportError> {
         lock(&self.directory)
             .inboxes
@@ -289,8 +299,10 @@ impl Transport for InProcessTransport {
         let mut inbox = self.inbox_of(to)?;
         for chunk in chunks {
             let len = chunk.len() as u64;
+            // `feed` returns once the chunk is queued; `send` would also wait for room for
+            // the next one, which the next chunk's `feed` waits for anyway.
             inbox
-                .send(Inbound::Chunk(self.id, chunk))
+                .feed(Inbound::Chunk(self.id, chunk))
                 .await
                 .map_err(|_| TransportError::PeerGone(to))?;
             self.counters.bytes_sent.fetch_add(len, Ordering::Relaxed);

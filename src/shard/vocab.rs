@@ -89,26 +89,43 @@ impl ByteVocab {
     pub fn from_tokenizer(tokenizer: &Tokenizer) -> Result<ByteVocab, VocabError> {
         let n_tokens = tokenizer.vocab_size();
         check_counts(n_tokens, 0)?;
-        let mut offsets = Vec::with_capacity(n_tokens + 1);
+        let pieces = (0..n_tokens as u32).map(|id| tokenizer.token_bytes(id));
+        ByteVocab::from_pieces(pieces, tokenizer.eog_ids())
+    }
+
+    /// Builds from each token's bytes, in id order, and the end-of-generation ids.
+    pub fn from_pieces<P: AsRef<[u8]>>(
+        pieces: impl IntoIterator<Item = P>,
+        eog: impl IntoIterator<Item = u32>,
+    ) -> Result<ByteVocab, VocabError> {
+        let mut offsets = vec![0u32];
         let mut bytes = Vec::new();
-        offsets.push(0);
-        for id in 0..n_tokens as u32 {
-            let piece = tokenizer.token_bytes(id);
+        for (id, piece) in pieces.into_iter().enumerate() {
+            let piece = piece.as_ref();
             if piece.len() > MAX_TOKEN_BYTES {
                 return Err(VocabError::TokenTooLong {
-                    id,
+                    id: id as u32,
                     len: piece.len(),
                 });
             }
-            bytes.extend_from_slice(&piece);
-            if bytes.len() > MAX_TOTAL_BYTES {
-                return Err(VocabError::TooManyBytes { count: bytes.len() });
-            }
+            bytes.extend_from_slice(piece);
+            check_counts(offsets.len(), bytes.len())?;
             offsets.push(bytes.len() as u32);
         }
-        let eog: Vec<u32> = tokenizer.eog_ids().collect();
+        let n_tokens = offsets.len() - 1;
+        check_counts(n_tokens, bytes.len())?;
+        let mut eog: Vec<u32> = eog.into_iter().collect();
         if eog.len() > MAX_EOG {
             return Err(VocabError::TooManyEog { count: eog.len() });
+        }
+        eog.sort_unstable();
+        eog.dedup();
+        if let Some(index) = eog.iter().position(|&id| id as usize >= n_tokens) {
+            return Err(VocabError::EogOutOfRange {
+                index,
+                id: eog[index],
+                n_tokens,
+            });
         }
         Ok(ByteVocab {
             offsets,
