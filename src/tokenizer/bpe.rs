@@ -5,11 +5,13 @@
 //! loop never allocates a string.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use rustc_hash::FxHashMap;
 
 use super::pretokenize::{PreTokenizer, PreTokenizerKind};
 use super::unicode::byte_to_char_table;
-use super::TokenizerError;
+use super::{TokenMap, TokenizerError};
 
 /// A merge rule: its rank (lower merges first) and the id of the merged string.
 #[derive(Clone, Copy, Debug)]
@@ -24,8 +26,8 @@ pub(crate) struct BpeModel {
     /// Whole words found in the vocab skip merging (Llama 3).
     ignore_merges: bool,
     /// Strings that appear in merges but are not vocab tokens, with ids from `n_vocab` up.
-    extra: HashMap<Box<str>, u32>,
-    merges: HashMap<(u32, u32), Merge>,
+    extra: TokenMap,
+    merges: FxHashMap<(u32, u32), Merge>,
 }
 
 /// One symbol of a word being merged: a byte range of the word and its interned id.
@@ -40,7 +42,7 @@ struct Symbol {
 
 impl BpeModel {
     pub(crate) fn new(
-        token_to_id: &HashMap<Box<str>, u32>,
+        token_to_id: &TokenMap,
         n_vocab: u32,
         merges: &[String],
         pre: PreTokenizerKind,
@@ -48,9 +50,10 @@ impl BpeModel {
         let mut model = BpeModel {
             pretokenizer: PreTokenizer::new(pre),
             ignore_merges: pre == PreTokenizerKind::Llama3,
-            extra: HashMap::new(),
-            merges: HashMap::with_capacity(merges.len()),
+            extra: TokenMap::default(),
+            merges: FxHashMap::with_capacity_and_hasher(merges.len(), Default::default()),
         };
+        let mut joined = String::new();
         for (rank, rule) in merges.iter().enumerate() {
             // llama.cpp splits at the first space after the first byte; rules without one
             // merge two empty strings and can never apply.
@@ -61,7 +64,10 @@ impl BpeModel {
             let (left, right) = (&rule[..split], &rule[split + 1..]);
             let left_id = model.intern(token_to_id, n_vocab, left);
             let right_id = model.intern(token_to_id, n_vocab, right);
-            let merged_id = model.intern(token_to_id, n_vocab, &format!("{left}{right}"));
+            joined.clear();
+            joined.push_str(left);
+            joined.push_str(right);
+            let merged_id = model.intern(token_to_id, n_vocab, &joined);
             // The first (lowest-ranked) rule for a pair wins, like `bpe_ranks.emplace`.
             model.merges.entry((left_id, right_id)).or_insert(Merge {
                 rank: rank as u32,
@@ -71,7 +77,7 @@ impl BpeModel {
         Ok(model)
     }
 
-    fn intern(&mut self, token_to_id: &HashMap<Box<str>, u32>, n_vocab: u32, text: &str) -> u32 {
+    fn intern(&mut self, token_to_id: &TokenMap, n_vocab: u32, text: &str) -> u32 {
         if let Some(&id) = token_to_id.get(text) {
             return id;
         }
@@ -79,7 +85,7 @@ impl BpeModel {
         *self.extra.entry(text.into()).or_insert(next)
     }
 
-    fn lookup(&self, token_to_id: &HashMap<Box<str>, u32>, text: &str) -> Option<u32> {
+    fn lookup(&self, token_to_id: &TokenMap, text: &str) -> Option<u32> {
         token_to_id
             .get(text)
             .or_else(|| self.extra.get(text))
@@ -89,7 +95,7 @@ impl BpeModel {
     /// Tokenizes plain text (no special tokens), appending ids to `out`.
     pub(crate) fn encode(
         &self,
-        token_to_id: &HashMap<Box<str>, u32>,
+        token_to_id: &TokenMap,
         n_vocab: u32,
         text: &str,
         out: &mut Vec<u32>,
@@ -109,13 +115,7 @@ impl BpeModel {
         }
     }
 
-    fn encode_word(
-        &self,
-        token_to_id: &HashMap<Box<str>, u32>,
-        n_vocab: u32,
-        word: &str,
-        out: &mut Vec<u32>,
-    ) {
+    fn encode_word(&self, token_to_id: &TokenMap, n_vocab: u32, word: &str, out: &mut Vec<u32>) {
         let mut symbols: Vec<Symbol> = Vec::with_capacity(word.len());
         for (start, c) in word.char_indices() {
             let len = c.len_utf8();
@@ -193,8 +193,8 @@ impl BpeModel {
 mod tests {
     use super::*;
 
-    fn model(tokens: &[&str], merges: &[&str]) -> (BpeModel, HashMap<Box<str>, u32>) {
-        let map: HashMap<Box<str>, u32> = tokens
+    fn model(tokens: &[&str], merges: &[&str]) -> (BpeModel, TokenMap) {
+        let map: TokenMap = tokens
             .iter()
             .enumerate()
             .map(|(i, t)| (Box::<str>::from(*t), i as u32))

@@ -6,6 +6,7 @@
 
 mod bpe;
 pub mod chat;
+mod metadata;
 pub mod pretokenize;
 mod special;
 mod spm;
@@ -13,7 +14,9 @@ pub mod stream;
 mod unicode;
 pub mod vocab;
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
+
+use rustc_hash::FxHashMap;
 
 pub use chat::{ChatMessage, ChatTemplate};
 pub use pretokenize::PreTokenizerKind;
@@ -60,6 +63,9 @@ pub enum TokenizerError {
     Template(String),
 }
 
+/// Token text → id. FxHash: fast on short keys; a crafted vocabulary could only slow its own load.
+pub(crate) type TokenMap = FxHashMap<Box<str>, u32>;
+
 enum Model {
     Bpe(BpeModel),
     Spm(SpmModel),
@@ -71,7 +77,7 @@ pub struct Tokenizer {
     tokens: Vec<String>,
     attrs: Vec<u32>,
     scores: Vec<f32>,
-    token_to_id: HashMap<Box<str>, u32>,
+    token_to_id: TokenMap,
     special: SpecialTokens,
     model: Model,
     bos: Option<u32>,
@@ -105,7 +111,8 @@ impl Tokenizer {
         vocab.validate()?;
         let resolved = vocab.resolve(kind)?;
         let n_vocab = vocab.tokens.len() as u32;
-        let mut token_to_id: HashMap<Box<str>, u32> = HashMap::with_capacity(vocab.tokens.len());
+        let mut token_to_id =
+            TokenMap::with_capacity_and_hasher(vocab.tokens.len(), Default::default());
         for (id, text) in vocab.tokens.iter().enumerate() {
             if let Some(&first) = token_to_id.get(text.as_str()) {
                 return Err(TokenizerError::DuplicateToken {

@@ -3,7 +3,9 @@
 //! token, and emit `<0xNN>` byte tokens for whatever is left that is not a token.
 
 use std::cmp::Ordering;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
+use super::TokenMap;
 
 /// Escaped space, as SentencePiece writes it.
 pub(crate) const SPACE_MARK: char = '\u{2581}';
@@ -51,7 +53,7 @@ impl Ord for Bigram {
 }
 
 impl SpmModel {
-    pub(crate) fn new(token_to_id: &HashMap<Box<str>, u32>, unk: Option<u32>) -> SpmModel {
+    pub(crate) fn new(token_to_id: &TokenMap, unk: Option<u32>) -> SpmModel {
         let mut byte_tokens = [None; 256];
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             let hex = format!("<0x{b:02X}>");
@@ -68,7 +70,7 @@ impl SpmModel {
     /// Tokenizes already-escaped text (spaces as U+2581), appending ids to `out`.
     pub(crate) fn encode(
         &self,
-        token_to_id: &HashMap<Box<str>, u32>,
+        token_to_id: &TokenMap,
         scores: &[f32],
         text: &str,
         out: &mut Vec<u32>,
@@ -137,7 +139,7 @@ impl SpmModel {
 mod tests {
     use super::*;
 
-    fn vocab(tokens: &[(&str, f32)]) -> (HashMap<Box<str>, u32>, Vec<f32>) {
+    fn vocab(tokens: &[(&str, f32)]) -> (TokenMap, Vec<f32>) {
         let map = tokens
             .iter()
             .enumerate()

@@ -1,0 +1,868 @@
+//! Malformed GGUF files, each with one defect, must fail with the specific error that names
+//! what and where. Also: truncation at every byte, and well-formed files of every value type.
+
+mod gguf_writer;
+
+use gguf_writer::*;
+use webshard::gguf::{parse_file, parse_header, read_header, GgmlType, GgufError, MemorySource};
+use webshard::gguf::{RangeSource, SourceError, SourceStats, Value, MAX_HEADER_BYTES};
+
+fn fail(bytes: &[u8]) -> GgufError {
+    match parse_file(bytes) {
+        Ok(header) => panic!("parsed a malformed file: {header:?}"),
+        Err(err) => err,
+    }
+}
+
+fn assert_mentions(err: &GgufError, parts: &[&str]) {
+    let message = err.to_string();
+    for part in parts {
+        assert!(
+            message.contains(part),
+            "{message:?} does not mention {part:?}"
+        );
+    }
+}
+
+/// Asserts the error variant (with an optional guard) and that the message names each part.
+macro_rules! defect {
+    ($name:ident, $bytes:expr, $pattern:pat $(if $guard:expr)?, [$($part:expr),* $(,)?]) => {
+        #[test]
+        fn $name() {
+            let err = fail(&$bytes);
+            assert!(matches!(err, $pattern $(if $guard)?), "unexpected error: {err:?}");
+            assert_mentions(&err, &[$($part),*]);
+        }
+    };
+}
+
+fn with_magic(magic: [u8; 4]) -> Vec<u8> {
+    let mut b = GgufBuilder::valid();
+    b.magic = magic;
+    b.bytes()
+}
+
+fn with_version(version: u32) -> Vec<u8> {
+    let mut b = GgufBuilder::valid();
+    b.version = version;
+    b.bytes()
+}
+
+fn with_counts(n_tensors: Option<u64>, n_kv: Option<u64>) -> Vec<u8> {
+    let mut b = GgufBuilder::valid();
+    b.n_tensors = n_tensors;
+    b.n_kv = n_kv;
+    b.bytes()
+}
+
+/// Magic, version 3 and counts, then `rest` verbatim: for fields the builder always writes well.
+fn preamble(n_tensors: u64, n_kv: u64, rest: &[u8]) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    out.extend_from_slice(&3u32.to_le_bytes());
+    out.extend_from_slice(&n_tensors.to_le_bytes());
+    out.extend_from_slice(&n_kv.to_le_bytes());
+    out.extend_from_slice(rest);
+    out
+}
+
+/// One key `k` (value type at byte 33, value at byte 37) and nothing else.
+fn single_kv(raw: Raw) -> Vec<u8> {
+    GgufBuilder::empty().kv("k", raw).bytes()
+}
+
+fn with_alignment(raw: Raw) -> Vec<u8> {
+    GgufBuilder::valid().kv("general.alignment", raw).bytes()
+}
+
+fn single_tensor(dims: &[u64], type_id: u32) -> Vec<u8> {
+    GgufBuilder::empty().tensor("t", dims, type_id, 0).bytes()
+}
+
+fn nested_arrays(depth: usize) -> Raw {
+    let mut raw = v_array(vec![v_u8(1)]);
+    for _ in 1..depth {
+        raw = v_array(vec![raw]);
+    }
+    raw
+}
+
+// --- Preamble ---
+
+defect!(bad_magic, with_magic(*b"GGUX"), GgufError::BadMagic { found } if found == *b"GGUX", ["magic", "byte 0"]);
+defect!(
+    lowercase_magic,
+    with_magic(*b"gguf"),
+    GgufError::BadMagic { .. },
+    ["GGUF"]
+);
+defect!(
+    version_1_unsupported,
+    with_version(1),
+    GgufError::UnsupportedVersion { version: 1 },
+    ["unsupported GGUF version 1", "byte 4"]
+);
+defect!(
+    version_0_unsupported,
+    with_version(0),
+    GgufError::UnsupportedVersion { version: 0 },
+    ["version 0"]
+);
+defect!(
+    version_4_unsupported,
+    with_version(4),
+    GgufError::UnsupportedVersion { version: 4 },
+    ["version 4"]
+);
+defect!(
+    big_endian_version,
+    with_version(0x0300_0000),
+    GgufError::UnsupportedVersion {
+        version: 0x0300_0000
+    },
+    ["little-endian"]
+);
+defect!(empty_file, Vec::<u8>::new(), GgufError::Truncated { ref context, offset: 0, .. } if context == "magic", ["magic"]);
+
+// --- Counts ---
+
+defect!(
+    kv_count_absurd,
+    with_counts(None, Some(u64::MAX)),
+    GgufError::CountTooLarge {
+        count: u64::MAX,
+        offset: 16,
+        ..
+    },
+    ["metadata key count", "byte 16"]
+);
+defect!(
+    kv_count_beyond_file,
+    with_counts(None, Some(1_000_000)),
+    GgufError::CountTooLarge {
+        count: 1_000_000,
+        ..
+    },
+    ["metadata key count"]
+);
+defect!(
+    tensor_count_absurd,
+    with_counts(Some(u64::MAX), None),
+    GgufError::CountTooLarge {
+        count: u64::MAX,
+        offset: 8,
+        ..
+    },
+    ["tensor count", "byte 8"]
+);
+defect!(
+    tensor_count_beyond_infos,
+    {
+        let mut b = GgufBuilder::valid();
+        b.n_tensors = Some(3);
+        b.alignment = 1;
+        b.data_len = Some(0);
+        b.bytes()
+    },
+    GgufError::CountTooLarge {
+        count: 3,
+        offset: 8,
+        ..
+    },
+    ["tensor count"]
+);
+defect!(
+    kv_count_one_more_than_present,
+    {
+        let mut b = GgufBuilder::empty().kv("k", v_str(&"x".repeat(40)));
+        b.n_kv = Some(2);
+        b.alignment = 1;
+        b.bytes()
+    },
+    GgufError::Truncated { offset: 85, .. },
+    ["metadata entry #1", "byte 85"]
+);
+
+// --- Keys and values ---
+
+defect!(
+    key_length_absurd,
+    preamble(
+        0,
+        1,
+        &[u64::MAX.to_le_bytes().as_slice(), &[0; 16]].concat()
+    ),
+    GgufError::CountTooLarge {
+        count: u64::MAX,
+        offset: 24,
+        ..
+    },
+    ["key of metadata entry #0", "byte 24"]
+);
+defect!(
+    key_invalid_utf8,
+    GgufBuilder::empty().kv_raw_key(b"ab\xff", v_u8(1)).bytes(),
+    GgufError::InvalidUtf8 { offset: 32, .. },
+    ["key of metadata entry #0", "UTF-8", "byte 32"]
+);
+defect!(
+    string_value_invalid_utf8,
+    single_kv((T_STRING, string_bytes(b"ok\xc3"))),
+    GgufError::InvalidUtf8 { offset: 45, .. },
+    ["`k`", "byte 45"]
+);
+defect!(
+    string_value_length_past_end,
+    single_kv((
+        T_STRING,
+        [1000u64.to_le_bytes().as_slice(), b"abc"].concat()
+    )),
+    GgufError::CountTooLarge {
+        count: 1000,
+        offset: 37,
+        ..
+    },
+    ["`k`", "byte 37"]
+);
+defect!(unknown_value_type, single_kv((13, vec![0; 8])),
+    GgufError::UnknownValueType { ref key, type_id: 13, offset: 33 } if key == "k", ["`k`", "type 13", "byte 33"]);
+defect!(
+    unknown_value_type_max,
+    single_kv((u32::MAX, vec![0; 8])),
+    GgufError::UnknownValueType {
+        type_id: u32::MAX,
+        ..
+    },
+    ["`k`"]
+);
+defect!(
+    unknown_array_element_type,
+    single_kv(v_array_raw(99, 1, &[vec![0; 8]])),
+    GgufError::UnknownValueType {
+        type_id: 99,
+        offset: 37,
+        ..
+    },
+    ["`k`", "type 99", "byte 37"]
+);
+defect!(
+    array_count_absurd,
+    single_kv(v_array_raw(T_U64, u64::MAX, &[])),
+    GgufError::CountTooLarge {
+        count: u64::MAX,
+        offset: 41,
+        ..
+    },
+    ["`k`", "byte 41"]
+);
+defect!(
+    array_count_beyond_file,
+    single_kv(v_array_raw(T_U32, 1000, &[vec![0; 4]])),
+    GgufError::CountTooLarge { count: 1000, .. },
+    ["`k`"]
+);
+defect!(
+    string_array_bad_element,
+    single_kv(v_array_raw(
+        T_STRING,
+        2,
+        &[string_bytes(b"fine"), string_bytes(b"\xc0\x80")]
+    )),
+    GgufError::InvalidUtf8 { offset: 69, .. },
+    ["`k`", "byte 69"]
+);
+defect!(nesting_nine_deep, single_kv(nested_arrays(9)),
+    GgufError::NestingTooDeep { ref key, max: 8, .. } if key == "k", ["`k`", "8 levels"]);
+defect!(
+    nesting_ten_thousand_deep,
+    single_kv((
+        T_ARRAY,
+        [T_ARRAY.to_le_bytes().as_slice(), &1u64.to_le_bytes()]
+            .concat()
+            .repeat(10_000)
+    )),
+    GgufError::NestingTooDeep { .. },
+    ["`k`"]
+);
+defect!(
+    bool_value_two,
+    single_kv(v_bool_byte(2)),
+    GgufError::InvalidBool {
+        value: 2,
+        offset: 37,
+        ..
+    },
+    ["`k`", "byte 37"]
+);
+defect!(
+    bool_array_element_seven,
+    single_kv(v_array_raw(T_BOOL, 3, &[vec![1], vec![0], vec![7]])),
+    GgufError::InvalidBool {
+        value: 7,
+        offset: 51,
+        ..
+    },
+    ["`k`", "byte 51"]
+);
+defect!(
+    duplicate_key,
+    GgufBuilder::valid().kv("test.block_count", v_u32(3)).bytes(),
+    GgufError::DuplicateKey { ref key, offset: 100 } if key == "test.block_count",
+    ["`test.block_count`", "byte 100"]
+);
+
+// --- Alignment ---
+
+defect!(
+    alignment_zero,
+    with_alignment(v_u32(0)),
+    GgufError::BadAlignment { .. },
+    ["general.alignment", "0 is not"]
+);
+defect!(
+    alignment_three,
+    with_alignment(v_u32(3)),
+    GgufError::BadAlignment { .. },
+    ["3 is not"]
+);
+defect!(
+    alignment_forty_eight,
+    with_alignment(v_u32(48)),
+    GgufError::BadAlignment { .. },
+    ["48"]
+);
+defect!(
+    alignment_as_u64,
+    with_alignment(v_u64(32)),
+    GgufError::BadAlignment { .. },
+    ["u64", "must be u32"]
+);
+defect!(
+    alignment_as_string,
+    with_alignment(v_str("32")),
+    GgufError::BadAlignment { .. },
+    ["string"]
+);
+
+// --- Tensor infos ---
+
+defect!(
+    tensor_name_invalid_utf8,
+    GgufBuilder::empty()
+        .tensor_raw_name(b"w\xff", &[4], 0, 0)
+        .bytes(),
+    GgufError::InvalidUtf8 { offset: 32, .. },
+    ["name of tensor info #0", "byte 32"]
+);
+defect!(
+    tensor_name_length_absurd,
+    preamble(
+        1,
+        0,
+        &[u64::MAX.to_le_bytes().as_slice(), &[0; 40]].concat()
+    ),
+    GgufError::CountTooLarge {
+        count: u64::MAX,
+        offset: 24,
+        ..
+    },
+    ["name of tensor info #0"]
+);
+defect!(
+    duplicate_tensor_name,
+    GgufBuilder::valid().tensor("a", &[4], 0, 128).bytes(),
+    GgufError::DuplicateTensor { ref name, offset: 182 } if name == "a",
+    ["`a`", "byte 182"]
+);
+defect!(
+    zero_dimensions,
+    {
+        let mut b = GgufBuilder::empty().tensor("t", &[], 0, 0);
+        b.data_len = Some(64);
+        b.bytes()
+    },
+    GgufError::BadDimCount {
+        n_dims: 0,
+        offset: 33,
+        ..
+    },
+    ["`t`", "0 dimensions", "byte 33"]
+);
+defect!(
+    five_dimensions,
+    single_tensor(&[1, 1, 1, 1, 1], 0),
+    GgufError::BadDimCount { n_dims: 5, .. },
+    ["`t`", "5 dimensions"]
+);
+defect!(
+    dimension_count_max,
+    {
+        let mut b = GgufBuilder::empty().tensor("t", &[4], 0, 0);
+        b.tensors[0].n_dims = Some(u32::MAX);
+        b.bytes()
+    },
+    GgufError::BadDimCount {
+        n_dims: u32::MAX,
+        ..
+    },
+    ["`t`"]
+);
+defect!(zero_length_dimension, single_tensor(&[4, 0], 0),
+    GgufError::ZeroDim { ref tensor, index: 1, offset: 45 } if tensor == "t", ["`t`", "dimension 1", "byte 45"]);
+defect!(
+    element_count_overflow,
+    single_tensor(&[1 << 32, 1 << 32], 0),
+    GgufError::ShapeOverflow { .. },
+    ["`t`", "overflows"]
+);
+defect!(
+    byte_count_overflow,
+    single_tensor(&[1 << 62], GgmlType::F32.id()),
+    GgufError::ShapeOverflow { .. },
+    ["`t`"]
+);
+defect!(
+    removed_type_q4_2,
+    single_tensor(&[32], 4),
+    GgufError::UnknownTensorType {
+        type_id: 4,
+        offset: 45,
+        ..
+    },
+    ["`t`", "type id 4", "byte 45"]
+);
+defect!(
+    removed_type_q4_0_4_4,
+    single_tensor(&[32], 31),
+    GgufError::UnknownTensorType { type_id: 31, .. },
+    ["`t`", "31"]
+);
+defect!(
+    removed_type_iq4_nl_4_4,
+    single_tensor(&[32], 36),
+    GgufError::UnknownTensorType { type_id: 36, .. },
+    ["`t`"]
+);
+defect!(
+    unknown_type_1000,
+    single_tensor(&[32], 1000),
+    GgufError::UnknownTensorType { type_id: 1000, .. },
+    ["`t`"]
+);
+defect!(
+    q8_0_row_not_block_multiple,
+    single_tensor(&[33, 1], GgmlType::Q8_0.id()),
+    GgufError::RowNotBlockMultiple {
+        row_len: 33,
+        block_size: 32,
+        ..
+    },
+    ["`t`", "Q8_0", "33"]
+);
+defect!(
+    q4_k_row_not_block_multiple,
+    single_tensor(&[128, 2], GgmlType::Q4_K.id()),
+    GgufError::RowNotBlockMultiple {
+        block_size: 256,
+        ..
+    },
+    ["`t`", "Q4_K", "256"]
+);
+defect!(
+    misaligned_offset,
+    { let mut b = GgufBuilder::valid(); b.tensors[1].offset = 68; b.bytes() },
+    GgufError::MisalignedTensor { ref tensor, offset: 68, alignment: 32 } if tensor == "b",
+    ["`b`", "68", "32"]
+);
+defect!(
+    misaligned_for_custom_alignment,
+    {
+        let mut b = GgufBuilder::valid().kv("general.alignment", v_u32(64));
+        b.alignment = 64;
+        b.tensors[1].offset = 96;
+        b.bytes()
+    },
+    GgufError::MisalignedTensor {
+        offset: 96,
+        alignment: 64,
+        ..
+    },
+    ["`b`", "64"]
+);
+defect!(
+    tensors_at_same_offset,
+    { let mut b = GgufBuilder::valid(); b.tensors[1].offset = 0; b.bytes() },
+    GgufError::TensorOverlap { ref tensor, ref other, .. } if tensor == "b" && other == "a",
+    ["`a`", "`b`", "overlaps"]
+);
+defect!(
+    tensors_partially_overlapping,
+    {
+        let mut b = GgufBuilder::valid();
+        b.tensors[1].offset = 32;
+        b.bytes()
+    },
+    GgufError::TensorOverlap { .. },
+    ["`a`", "`b`"]
+);
+defect!(
+    tensor_past_end_of_file,
+    { let mut b = GgufBuilder::valid(); b.data_len = Some(64 + 33); b.bytes() },
+    GgufError::TensorPastEnd { ref tensor, .. } if tensor == "b",
+    ["`b`", "past the end"]
+);
+defect!(
+    tensor_offset_overflow,
+    {
+        let mut b = GgufBuilder::valid();
+        b.tensors[1].offset = u64::MAX - 31;
+        b.data_len = Some(64);
+        b.bytes()
+    },
+    GgufError::TensorPastEnd { end: u64::MAX, .. },
+    ["`b`"]
+);
+
+// --- Metadata the caller requires ---
+
+#[test]
+fn missing_architecture() {
+    let header = parse_file(&GgufBuilder::empty().kv("x", v_u8(1)).bytes()).unwrap();
+    let err = header.architecture().unwrap_err();
+    assert!(matches!(err, GgufError::MissingKey { ref key } if key == "general.architecture"));
+    assert_mentions(&err, &["`general.architecture`", "missing"]);
+}
+
+#[test]
+fn architecture_of_wrong_type() {
+    let bytes = GgufBuilder::empty()
+        .kv("general.architecture", v_u32(7))
+        .bytes();
+    let err = parse_file(&bytes).unwrap().architecture().unwrap_err();
+    assert!(matches!(err, GgufError::WrongType { found: "u32", .. }));
+    assert_mentions(&err, &["`general.architecture`", "string", "u32"]);
+}
+
+// --- Truncation at every byte ---
+
+/// A file with every section kind: several kvs (including a nested array) and tensors.
+fn rich() -> Built {
+    GgufBuilder::valid()
+        .kv(
+            "tokenizer.tokens",
+            v_array(vec![v_str("<s>"), v_str("hello"), v_str("")]),
+        )
+        .kv(
+            "nested",
+            v_array(vec![
+                v_array(vec![v_u32(1), v_u32(2)]),
+                v_array(vec![v_u32(3)]),
+            ]),
+        )
+        .kv("flag", v_bool_byte(1))
+        .tensor("c", &[256, 2], GgmlType::Q4_K.id(), 128)
+        .build()
+}
+
+/// Words an error's context may use for a cut inside `section`.
+fn section_words(
+    section: &Section,
+    kv_index: Option<usize>,
+    tensor_index: Option<usize>,
+) -> Vec<String> {
+    let name = section.name.as_str();
+    if name.ends_with(" count") {
+        vec![name.to_string()]
+    } else if let Some(key) = name.strip_prefix("kv ") {
+        vec![
+            format!("`{key}`"),
+            format!("metadata entry #{}", kv_index.unwrap()),
+        ]
+    } else if let Some(tensor) = name.strip_prefix("tensor ") {
+        vec![
+            format!("`{tensor}`"),
+            format!("tensor info #{}", tensor_index.unwrap()),
+        ]
+    } else {
+        vec![name.to_string()]
+    }
+}
+
+fn indexed_sections(built: &Built) -> Vec<(Section, Option<usize>, Option<usize>)> {
+    let (mut kvs, mut tensors) = (0, 0);
+    built
+        .sections
+        .iter()
+        .map(|s| {
+            let kv = s.name.starts_with("kv ").then(|| {
+                kvs += 1;
+                kvs - 1
+            });
+            let tensor = (s.name.starts_with("tensor ") && s.name != "tensor count").then(|| {
+                tensors += 1;
+                tensors - 1
+            });
+            (s.clone(), kv, tensor)
+        })
+        .collect()
+}
+
+#[test]
+fn truncation_inside_header_names_the_section() {
+    let built = rich();
+    let sections = indexed_sections(&built);
+    for cut in 0..built.header_end {
+        let (section, kv, tensor) = sections
+            .iter()
+            .find(|(s, _, _)| s.start <= cut && cut < s.end)
+            .unwrap();
+        let err = fail(&built.bytes[..cut]);
+        let message = err.to_string();
+        assert!(
+            matches!(
+                err,
+                GgufError::Truncated { .. } | GgufError::CountTooLarge { .. }
+            ),
+            "cut {cut}: {err:?}"
+        );
+        let words = section_words(section, *kv, *tensor);
+        let named = words.iter().any(|w| message.contains(w.as_str()))
+            || (matches!(err, GgufError::CountTooLarge { .. }) && message.contains("count"));
+        assert!(named, "cut {cut} in {}: {message}", section.name);
+    }
+}
+
+#[test]
+fn truncation_in_padding_or_data_reports_tensor_past_end() {
+    let built = rich();
+    assert!(built.data_offset > built.header_end, "test needs padding");
+    for cut in built.header_end..built.bytes.len() {
+        let err = fail(&built.bytes[..cut]);
+        assert!(
+            matches!(err, GgufError::TensorPastEnd { .. }),
+            "cut {cut}: {err:?}"
+        );
+    }
+    assert!(parse_file(&built.bytes).is_ok());
+}
+
+/// The incremental reader relies on this: a prefix that ends early reports a `needed` length
+/// beyond the prefix but never beyond the header's end.
+#[test]
+fn prefix_truncation_gives_a_tight_lower_bound() {
+    let built = rich();
+    for cut in 0..built.header_end {
+        match parse_header(&built.bytes[..cut]) {
+            Err(GgufError::Truncated {
+                needed, available, ..
+            }) => {
+                assert!(
+                    needed > cut as u64 && needed <= built.header_end as u64,
+                    "cut {cut}: {needed}"
+                );
+                assert_eq!(available, cut as u64);
+            }
+            other => panic!("cut {cut}: {other:?}"),
+        }
+    }
+    let header = parse_header(&built.bytes[..built.header_end]).unwrap();
+    assert_eq!(header.data_offset, built.data_offset as u64);
+}
+
+// --- Well-formed files ---
+
+#[test]
+fn every_value_type_round_trips() {
+    let bytes = GgufBuilder::empty()
+        .kv("u8", v_u8(200))
+        .kv("i8", (T_I8, vec![0x80]))
+        .kv("u16", (T_U16, 65535u16.to_le_bytes().to_vec()))
+        .kv("i16", (T_I16, (-2i16).to_le_bytes().to_vec()))
+        .kv("u32", v_u32(4_000_000_000))
+        .kv("i32", (T_I32, (-5i32).to_le_bytes().to_vec()))
+        .kv("u64", v_u64(u64::MAX))
+        .kv("i64", (T_I64, i64::MIN.to_le_bytes().to_vec()))
+        .kv("f32", (T_F32, 1.5f32.to_le_bytes().to_vec()))
+        .kv("f64", (T_F64, (-0.25f64).to_le_bytes().to_vec()))
+        .kv("true", v_bool_byte(1))
+        .kv("false", v_bool_byte(0))
+        .kv("string", v_str("héllo"))
+        .kv("empty", v_str(""))
+        .kv("no items", v_array_raw(T_STRING, 0, &[]))
+        .kv(
+            "nested",
+            v_array(vec![v_array(vec![(T_I16, 7i16.to_le_bytes().to_vec())])]),
+        )
+        .kv("deepest", nested_arrays(8))
+        .bytes();
+    let m = parse_file(&bytes).unwrap().metadata;
+    let expected = [
+        ("u8", Value::U8(200)),
+        ("i8", Value::I8(-128)),
+        ("u16", Value::U16(65535)),
+        ("i16", Value::I16(-2)),
+        ("u32", Value::U32(4_000_000_000)),
+        ("i32", Value::I32(-5)),
+        ("u64", Value::U64(u64::MAX)),
+        ("i64", Value::I64(i64::MIN)),
+        ("f32", Value::F32(1.5)),
+        ("f64", Value::F64(-0.25)),
+        ("true", Value::Bool(true)),
+        ("false", Value::Bool(false)),
+        ("string", Value::String("héllo".into())),
+        ("empty", Value::String(String::new())),
+        ("no items", Value::Array(vec![])),
+        (
+            "nested",
+            Value::Array(vec![Value::Array(vec![Value::I16(7)])]),
+        ),
+    ];
+    for (key, value) in &expected {
+        assert_eq!(m.get(key), Some(value), "{key}");
+    }
+    let mut deepest = m.get("deepest").unwrap();
+    for _ in 0..7 {
+        deepest = &deepest.as_array().unwrap()[0];
+    }
+    assert_eq!(deepest, &Value::Array(vec![Value::U8(1)]));
+    assert_eq!(m.keys().count(), expected.len() + 1);
+    assert_eq!(m.get_u32("u8").unwrap(), 200);
+    assert_eq!(m.get_f32("f64").unwrap(), -0.25);
+}
+
+#[test]
+fn version_2_and_custom_alignment() {
+    let mut b = GgufBuilder::valid().kv("general.alignment", v_u32(64));
+    b.version = 2;
+    b.alignment = 64;
+    b.tensors[1].offset = 64;
+    let built = b.tensor("c", &[32, 3, 2], GgmlType::Q8_0.id(), 128).build();
+    let header = parse_file(&built.bytes).unwrap();
+    assert_eq!((header.version, header.alignment), (2, 64));
+    assert_eq!(header.data_offset, built.data_offset as u64);
+    assert_eq!(header.data_offset % 64, 0);
+    let c = header.tensor("c").unwrap();
+    assert_eq!(c.offset, header.data_offset + 128);
+    assert_eq!(
+        (c.n_elements(), c.rows(), c.row_bytes(), c.bytes),
+        (192, 6, 34, 204)
+    );
+    assert_eq!(header.tensor("a").unwrap().shape, [8, 2]);
+    assert_eq!(header.architecture().unwrap(), "test");
+}
+
+// --- The incremental reader on in-memory sources ---
+
+/// A header with a vocabulary large enough to need several fetches.
+fn big_vocab_file(n: usize) -> Built {
+    let tokens: Vec<Raw> = (0..n).map(|i| v_str(&format!("token{i}"))).collect();
+    let scores: Vec<Raw> = (0..n)
+        .map(|i| (T_F32, (i as f32).to_le_bytes().to_vec()))
+        .collect();
+    GgufBuilder::valid()
+        .kv("tokenizer.ggml.tokens", v_array(tokens))
+        .kv("tokenizer.ggml.scores", v_array(scores))
+        .build()
+}
+
+#[tokio::test]
+async fn read_header_fetches_little_beyond_the_header() {
+    let built = big_vocab_file(200_000);
+    let source = MemorySource::new(built.bytes.clone(), "memory:vocab");
+    let header = read_header(&source).await.unwrap();
+    assert_eq!(header, parse_file(&built.bytes).unwrap());
+    let stats = source.stats();
+    let bound = header.data_offset + header.data_offset / 4 + 256 * 1024;
+    assert!(
+        stats.bytes_fetched <= bound,
+        "{stats:?} for {}",
+        header.data_offset
+    );
+    assert!(stats.requests <= 10, "{stats:?}");
+    assert_eq!(
+        header
+            .metadata
+            .get_str_array("tokenizer.ggml.tokens")
+            .unwrap()[199_999],
+        "token199999"
+    );
+}
+
+#[tokio::test]
+async fn read_header_of_a_file_smaller_than_the_first_read() {
+    let bytes = GgufBuilder::valid().bytes();
+    let source = MemorySource::new(bytes.clone(), "memory:small");
+    assert_eq!(
+        read_header(&source).await.unwrap(),
+        parse_file(&bytes).unwrap()
+    );
+    assert_eq!(
+        source.stats(),
+        SourceStats {
+            bytes_fetched: bytes.len() as u64,
+            requests: 1
+        }
+    );
+}
+
+#[tokio::test]
+async fn read_header_reports_defects_like_parse_file() {
+    let mut b = GgufBuilder::valid();
+    b.data_len = Some(10);
+    let source = MemorySource::new(b.bytes(), "memory:short");
+    let err = read_header(&source).await.unwrap_err();
+    assert!(
+        matches!(err, GgufError::TensorPastEnd { ref tensor, .. } if tensor == "a"),
+        "{err:?}"
+    );
+}
+
+/// A source of unknown size that never ends: the reader must refuse, not fetch gigabytes.
+struct Endless {
+    prefix: Vec<u8>,
+    stats: std::sync::Mutex<SourceStats>,
+}
+
+#[async_trait::async_trait]
+impl RangeSource for Endless {
+    async fn read_range(&self, offset: u64, len: u64) -> Result<Vec<u8>, SourceError> {
+        let mut stats = self.stats.lock().unwrap();
+        stats.requests += 1;
+        stats.bytes_fetched += len;
+        Ok((offset..offset + len)
+            .map(|i| self.prefix.get(i as usize).copied().unwrap_or(0))
+            .collect())
+    }
+    fn size(&self) -> Option<u64> {
+        None
+    }
+    fn location(&self) -> &str {
+        "endless"
+    }
+    fn stats(&self) -> SourceStats {
+        *self.stats.lock().unwrap()
+    }
+}
+
+#[tokio::test]
+async fn header_larger_than_the_limit_is_refused() {
+    let count = MAX_HEADER_BYTES / 8 + 1;
+    let prefix = GgufBuilder::empty()
+        .kv("huge", v_array_raw(T_U64, count, &[]))
+        .bytes();
+    let source = Endless {
+        prefix,
+        stats: Default::default(),
+    };
+    let err = read_header(&source).await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            GgufError::HeaderTooLarge {
+                limit: MAX_HEADER_BYTES,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(source.stats().requests, 1, "refused before fetching more");
+}
