@@ -11,7 +11,11 @@ fn frame(len: usize, seed: u64) -> Vec<u8> {
     (0..len).map(|_| rng.random()).collect()
 }
 
-fn limits(max_frame_bytes: usize, max_partial_frames: usize, max_buffered_bytes: usize) -> ReassemblyLimits {
+fn limits(
+    max_frame_bytes: usize,
+    max_partial_frames: usize,
+    max_buffered_bytes: usize,
+) -> ReassemblyLimits {
     ReassemblyLimits {
         max_frame_bytes,
         max_partial_frames,
@@ -126,7 +130,10 @@ fn malformed_chunks_are_rejected() {
             found: 2
         })
     );
-    assert_eq!(r.push(&raw_chunk(0, 1, 3, b"abc")), Ok(Some(b"abc".to_vec())));
+    assert_eq!(
+        r.push(&raw_chunk(0, 1, 3, b"abc")),
+        Ok(Some(b"abc".to_vec()))
+    );
     let mut small = Reassembler::new(limits(100, 8, 1000));
     assert_eq!(
         small.push(&raw_chunk(0, 5, 101, &[0; 101])),
@@ -168,7 +175,12 @@ fn out_of_order_duplicate_and_changed_chunks_drop_the_frame() {
     // The broken frame is gone, and its bytes with it.
     assert_eq!((r.partial_frames(), r.buffered_bytes()), (0, 0));
     r.push(&chunks[0]).unwrap();
-    let changed = raw_chunk(1, 4, 3 * CHUNK_PAYLOAD as u32 + 1, &chunks[1][CHUNK_HEADER_LEN..]);
+    let changed = raw_chunk(
+        1,
+        4,
+        3 * CHUNK_PAYLOAD as u32 + 1,
+        &chunks[1][CHUNK_HEADER_LEN..],
+    );
     assert_eq!(
         r.push(&changed),
         Err(ChunkError::FrameLengthChanged {
@@ -211,7 +223,10 @@ fn partial_frames_and_buffered_bytes_are_bounded() {
     assert!(matches!(r.push(&a[3]), Err(ChunkError::BufferFull { .. })));
     assert_eq!((r.partial_frames(), r.buffered_bytes()), (0, 0));
     // A single-chunk frame needs no buffering at all.
-    assert_eq!(r.push(&raw_chunk(0, 9, 5, b"hello")), Ok(Some(b"hello".to_vec())));
+    assert_eq!(
+        r.push(&raw_chunk(0, 9, 5, b"hello")),
+        Ok(Some(b"hello".to_vec()))
+    );
 }
 
 /// Random chunk streams never panic and never hold more than the limits allow.

@@ -8,8 +8,8 @@ use webshard::shard::frame::{
     StageInput, StageOutput, StageResult, TokenEvent, FRAME_HEADER_LEN, MAX_FRAME_BYTES,
 };
 use webshard::shard::{
-    decode_frame, encode_frame, f16_round_trip_error, Activations, ByteVocab, Encoding,
-    FrameError, FrameLimits, FrameValidator, InputKind, Kind, Message, ModelShape, PeerId,
+    decode_frame, encode_frame, f16_round_trip_error, Activations, ByteVocab, Encoding, FrameError,
+    FrameLimits, FrameValidator, InputKind, Kind, Message, ModelShape, PeerId,
 };
 
 const D_MODEL: u32 = 8;
@@ -223,10 +223,16 @@ fn valid_frame() -> Vec<u8> {
 fn envelope_rejections() {
     let frame = valid_frame();
     assert_eq!(decode_frame(&[]), Err(FrameError::Truncated { len: 0 }));
-    assert_eq!(decode_frame(&frame[..7]), Err(FrameError::Truncated { len: 7 }));
+    assert_eq!(
+        decode_frame(&frame[..7]),
+        Err(FrameError::Truncated { len: 7 })
+    );
     let mut bad = frame.clone();
     bad[1] = b'X';
-    assert_eq!(decode_frame(&bad), Err(FrameError::BadMagic { found: *b"WX" }));
+    assert_eq!(
+        decode_frame(&bad),
+        Err(FrameError::BadMagic { found: *b"WX" })
+    );
     let mut bad = frame.clone();
     bad[2] = 2;
     assert_eq!(
@@ -341,9 +347,12 @@ fn join_and_assign_rejections() {
             },
         })
     };
-    assert_rejects(hello("", 1.0), FrameError::Empty {
-        field: "fleet_token",
-    });
+    assert_rejects(
+        hello("", 1.0),
+        FrameError::Empty {
+            field: "fleet_token",
+        },
+    );
     assert_rejects(
         hello(&"t".repeat(4097), 1.0),
         FrameError::TextTooLong {
@@ -445,7 +454,9 @@ fn join_and_assign_rejections() {
     corrupt.vocab[0] = b'X';
     assert!(matches!(
         checked(&Message::Assign(corrupt)),
-        Err(FrameError::Vocab(webshard::shard::VocabError::BadMagic { .. }))
+        Err(FrameError::Vocab(
+            webshard::shard::VocabError::BadMagic { .. }
+        ))
     ));
 }
 
@@ -848,5 +859,8 @@ fn random_frames_never_panic() {
             assert_eq!(decode_frame(&again).unwrap(), message);
         }
     }
-    assert!(accepted > 0, "no mutated frame was valid: mutations too coarse");
+    assert!(
+        accepted > 0,
+        "no mutated frame was valid: mutations too coarse"
+    );
 }

@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use webshard::gguf::{read_header, FileSource, Header};
-use webshard::shard::{plan, replan, DonorCapacity, FleetChange, ModelSizes, PeerId, Plan, PlanError};
+use webshard::shard::{
+    plan, replan, DonorCapacity, FleetChange, ModelSizes, PeerId, Plan, PlanError,
+};
 
 const MODEL_FILES: [&str; 3] = [
     "SmolLM2-135M-Instruct.Q4_1.gguf",
@@ -117,7 +119,11 @@ fn assert_valid(model: &ModelSizes, donors: &[DonorCapacity], plan: &Plan) {
     assert_eq!(plan.donors, donors);
 }
 
-fn random_case(rng: &mut StdRng, max_layers: usize, max_donors: usize) -> (ModelSizes, Vec<DonorCapacity>) {
+fn random_case(
+    rng: &mut StdRng,
+    max_layers: usize,
+    max_donors: usize,
+) -> (ModelSizes, Vec<DonorCapacity>) {
     let n = rng.random_range(1..=max_layers);
     let embedding_bytes = rng.random_range(0..400);
     let tied = rng.random_bool(0.5);
@@ -165,7 +171,10 @@ fn random_fleets_get_valid_optimal_plans() {
             }
         }
     }
-    assert!(planned > 300 && refused > 100, "{planned} planned, {refused} refused");
+    assert!(
+        planned > 300 && refused > 100,
+        "{planned} planned, {refused} refused"
+    );
 }
 
 #[test]
@@ -191,7 +200,11 @@ fn equal_donors_split_evenly_and_the_fast_one_gets_more() {
         shared_edge_bytes: 0,
         runtime_bytes_per_layer: 0,
     };
-    let equal = [donor(1, 10_000, 1.0), donor(2, 10_000, 1.0), donor(3, 10_000, 1.0)];
+    let equal = [
+        donor(1, 10_000, 1.0),
+        donor(2, 10_000, 1.0),
+        donor(3, 10_000, 1.0),
+    ];
     let even = plan(&model, &equal).unwrap();
     let ranges: Vec<_> = even.stages.iter().map(|s| s.layers.clone()).collect();
     assert_eq!(ranges, [0..4, 4..8, 8..12]);
@@ -236,7 +249,10 @@ fn impossible_fleets_get_clear_errors() {
     );
     // Enough memory in total, but no contiguous split fits.
     assert!(matches!(
-        plan(&model, &[donor(1, 300, 1.0), donor(2, 150, 1.0), donor(3, 300, 1.0)]),
+        plan(
+            &model,
+            &[donor(1, 300, 1.0), donor(2, 150, 1.0), donor(3, 300, 1.0)]
+        ),
         Err(PlanError::CannotHold { .. })
     ));
     assert_eq!(plan(&model, &[]), Err(PlanError::NoDonors));
@@ -244,7 +260,10 @@ fn impossible_fleets_get_clear_errors() {
         layer_bytes: vec![],
         ..model.clone()
     };
-    assert_eq!(plan(&no_layers, &[donor(1, 1, 1.0)]), Err(PlanError::NoLayers));
+    assert_eq!(
+        plan(&no_layers, &[donor(1, 1, 1.0)]),
+        Err(PlanError::NoLayers)
+    );
     for bad in [0.0, -1.0, f32::NAN, f32::INFINITY] {
         assert!(matches!(
             plan(&model, &[donor(1, 1000, bad)]),
@@ -275,7 +294,10 @@ fn replanning_follows_joins_and_leaves() {
     let left = replan(&model, &joined, FleetChange::Leave(PeerId(2))).unwrap();
     let donors: Vec<_> = left.stages.iter().map(|s| s.donor).collect();
     assert_eq!(donors, [PeerId(1), PeerId(3)]);
-    assert_eq!(left, plan(&model, &[donor(1, 2000, 1.0), donor(3, 2000, 1.0)]).unwrap());
+    assert_eq!(
+        left,
+        plan(&model, &[donor(1, 2000, 1.0), donor(3, 2000, 1.0)]).unwrap()
+    );
     assert_eq!(
         replan(&model, &left, FleetChange::Leave(PeerId(2))),
         Err(PlanError::UnknownDonor { donor: PeerId(2) })
@@ -291,7 +313,10 @@ fn real_model_sizes_come_from_their_headers() {
         let header = read_model_header(file);
         let sizes = ModelSizes::from_header(&header).unwrap();
         let arch = header.architecture().unwrap();
-        let n_layers = header.metadata.get_u32(&format!("{arch}.block_count")).unwrap();
+        let n_layers = header
+            .metadata
+            .get_u32(&format!("{arch}.block_count"))
+            .unwrap();
         assert_eq!(sizes.layer_bytes.len(), n_layers as usize, "{file}");
         let tensor = |name: &str| header.tensor(name).map_or(0, |t| t.bytes);
         let layer_total: u64 = header
@@ -309,14 +334,20 @@ fn real_model_sizes_come_from_their_headers() {
             tensor("output.weight")
         };
         assert_eq!(sizes.head_bytes, tensor("output_norm.weight") + head_matrix);
-        assert_eq!(sizes.shared_edge_bytes, if tied { sizes.embedding_bytes } else { 0 });
+        assert_eq!(
+            sizes.shared_edge_bytes,
+            if tied { sizes.embedding_bytes } else { 0 }
+        );
         // A single donor holds all: every tensor of the stage parts exactly once.
         let one = plan(&sizes, &[donor(1, u64::MAX, 1.0)]).unwrap();
-        let all_parts = layer_total + tensor("token_embd.weight") + tensor("output_norm.weight")
+        let all_parts = layer_total
+            + tensor("token_embd.weight")
+            + tensor("output_norm.weight")
             + tensor("output.weight");
         assert_eq!(one.stages[0].bytes, all_parts, "{file}");
-        // Three equal donors, each able to hold half the model: optimal and valid.
-        let donors: Vec<_> = (1..=3).map(|i| donor(i, all_parts / 2, 1.0)).collect();
+        // Three equal donors, each able to hold three quarters of the model (Gemma's tied
+        // 262k-token embedding sits on both ends): optimal and valid.
+        let donors: Vec<_> = (1..=3).map(|i| donor(i, all_parts / 4 * 3, 1.0)).collect();
         let three = plan(&sizes, &donors).unwrap();
         assert_valid(&sizes, &donors, &three);
         let (best_ms, _) = brute_force(&sizes, &donors).unwrap();
@@ -327,7 +358,11 @@ fn real_model_sizes_come_from_their_headers() {
             three
                 .stages
                 .iter()
-                .map(|s| (s.layers.clone(), s.bytes, (s.est_ms * 100.0).round() / 100.0))
+                .map(|s| (
+                    s.layers.clone(),
+                    s.bytes,
+                    (s.est_ms * 100.0).round() / 100.0
+                ))
                 .collect::<Vec<_>>()
         );
     }

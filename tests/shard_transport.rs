@@ -14,7 +14,9 @@ use webshard::shard::{
 };
 
 fn payload(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
 }
 
 async fn next_frame(transport: &dyn Transport) -> (PeerId, Vec<u8>) {
@@ -94,7 +96,9 @@ fn messages_round_trip_through_a_boxed_transport() {
         sent_ms: 99,
     });
     block_on(async {
-        send_message(a.as_ref(), b.local_id(), &message).await.unwrap();
+        send_message(a.as_ref(), b.local_id(), &message)
+            .await
+            .unwrap();
         let (_, frame) = next_frame(b.as_ref()).await;
         assert_eq!(decode_frame(&frame).unwrap(), message);
     });
@@ -122,13 +126,19 @@ fn send_waits_when_the_buffer_is_full() {
             Poll::Ready(())
         })
         .await;
-        assert_eq!(pending_polls, 1, "a 1 MiB send completed into a 64 KiB buffer");
+        assert_eq!(
+            pending_polls, 1,
+            "a 1 MiB send completed into a 64 KiB buffer"
+        );
         let in_flight = a.stats().bytes_sent - b.stats().bytes_received;
         assert!(
             in_flight as usize <= buffer + 2 * MAX_CHUNK_BYTES,
             "{in_flight} bytes in flight"
         );
-        assert!(in_flight as usize >= MAX_CHUNK_BYTES, "{in_flight} bytes in flight");
+        assert!(
+            in_flight as usize >= MAX_CHUNK_BYTES,
+            "{in_flight} bytes in flight"
+        );
         let (sent, (_, frame)) = join(send, next_frame(&b)).await;
         sent.unwrap();
         assert_eq!(frame, big);
@@ -192,7 +202,9 @@ fn garbage_chunks_are_reported_and_the_link_recovers() {
     let b = network.join();
     block_on(async {
         assert_eq!(b.recv().await, Ok(TransportEvent::PeerJoined(a.local_id())));
-        a.send_raw_chunk(b.local_id(), vec![0xAB; 40]).await.unwrap();
+        a.send_raw_chunk(b.local_id(), vec![0xAB; 40])
+            .await
+            .unwrap();
         assert_eq!(
             b.recv().await,
             Ok(TransportEvent::BadChunk {
@@ -218,6 +230,8 @@ fn sending_to_a_peer_that_left_fails() {
     );
     assert_eq!(
         block_on(a.send(b_id, b"")),
-        Err(TransportError::Chunk(ChunkError::EmptyFrame { frame_id: 1 }))
+        Err(TransportError::Chunk(ChunkError::EmptyFrame {
+            frame_id: 1
+        }))
     );
 }

@@ -62,11 +62,7 @@ fn every_id_of_every_model_survives_a_blob_round_trip() {
             assert_eq!(vocab.is_eog(id), tokenizer.is_eog(id), "{file}: token {id}");
         }
         assert_eq!(vocab.token_bytes(tokenizer.vocab_size() as u32), None);
-        println!(
-            "{file}: {} tokens, blob {} bytes",
-            vocab.len(),
-            blob.len()
-        );
+        println!("{file}: {} tokens, blob {} bytes", vocab.len(), blob.len());
     }
 }
 
@@ -97,7 +93,11 @@ fn golden_continuations_stream_to_their_text() {
                 text += &decoder.push(id).unwrap();
             }
             text += &decoder.finish();
-            assert_eq!(text, record["text"].as_str().unwrap(), "{model} record {index}");
+            assert_eq!(
+                text,
+                record["text"].as_str().unwrap(),
+                "{model} record {index}"
+            );
             let stops_early = ids[..ids.len() - 1].iter().any(|&id| vocab.is_eog(id));
             assert!(!stops_early, "{model} record {index}: EOG before the end");
         }
@@ -147,12 +147,9 @@ const EOG_AT: usize = 20;
 
 /// Three tokens ("he", "", "llo\u{e9}"), EOG = [1].
 fn small_blob() -> Vec<u8> {
-    ByteVocab::from_pieces(
-        [b"he".as_slice(), b"", "llo\u{e9}".as_bytes()],
-        [1],
-    )
-    .unwrap()
-    .to_bytes()
+    ByteVocab::from_pieces([b"he".as_slice(), b"", "llo\u{e9}".as_bytes()], [1])
+        .unwrap()
+        .to_bytes()
 }
 
 /// Recomputes the trailing CRC-32 after an edit, to reach the checks behind it.
@@ -229,7 +226,10 @@ fn structural_errors_are_specific() {
         edited(|b| b[6] = 1),
         Err(VocabError::ReservedFlags { flags: 1 })
     );
-    assert_eq!(edited(|b| put_u32(b, N_TOKENS_AT, 0)), Err(VocabError::Empty));
+    assert_eq!(
+        edited(|b| put_u32(b, N_TOKENS_AT, 0)),
+        Err(VocabError::Empty)
+    );
     assert_eq!(
         edited(|b| put_u32(b, N_TOKENS_AT, MAX_TOKENS as u32 + 1)),
         Err(VocabError::TooManyTokens {

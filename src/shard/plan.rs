@@ -219,63 +219,72 @@ impl Costs<'_> {
     }
 }
 
-/// The best way found to cover the first `j` layers with the first `i` donors.
+/// The best value found for covering the first `j` layers with the first `i` donors.
 #[derive(Clone, Copy)]
-struct Best {
-    max_ms: f64,
-    stages: usize,
+struct Cell {
+    value: f64,
     /// Layers covered before donor `i - 1`'s stage; equal to `j` when that donor was skipped.
     from: usize,
 }
 
-fn better(candidate: (f64, usize), current: Option<Best>) -> bool {
-    current.is_none_or(|best| candidate < (best.max_ms, best.stages))
-}
+type Table = Vec<Vec<Option<Cell>>>;
 
-/// Plans `model` over `donors`, in that order.
-pub fn plan(model: &ModelSizes, donors: &[DonorCapacity]) -> Result<Plan, PlanError> {
-    check_inputs(model, donors)?;
-    let costs = Costs::new(model);
+/// Dynamic programme over (donors used, layers covered). `extend(value, stage_ms)` is the
+/// value after adding a stage, or `None` when the stage is not allowed; lower is better.
+fn solve(
+    costs: &Costs<'_>,
+    donors: &[DonorCapacity],
+    extend: impl Fn(f64, f64) -> Option<f64>,
+) -> Table {
     let n = costs.n_layers();
-    // table[i][j]: donors 0..i cover layers 0..j.
-    let mut table: Vec<Vec<Option<Best>>> = vec![vec![None; n + 1]; donors.len() + 1];
-    table[0][0] = Some(Best {
-        max_ms: 0.0,
-        stages: 0,
+    let mut table: Table = vec![vec![None; n + 1]; donors.len() + 1];
+    table[0][0] = Some(Cell {
+        value: 0.0,
         from: 0,
     });
     for (i, donor) in donors.iter().enumerate() {
         for j in 0..=n {
             let Some(here) = table[i][j] else { continue };
-            let skip = (here.max_ms, here.stages);
-            if better(skip, table[i + 1][j]) {
-                table[i + 1][j] = Some(Best { from: j, ..here });
-            }
+            relax(&mut table[i + 1][j], here.value, j);
             for k in j + 1..=n {
-                // Weights only grow with k; the head term is checked exactly below.
+                // Weights only grow with k; the edge tensors are checked exactly below.
                 if costs.weight_bytes(j..k) > donor.usable_bytes {
                     break;
                 }
                 if costs.memory(j..k) > donor.usable_bytes {
                     continue;
                 }
-                let max_ms = here.max_ms.max(costs.time_ms(donor, j..k));
-                let candidate = (max_ms, here.stages + 1);
-                if better(candidate, table[i + 1][k]) {
-                    table[i + 1][k] = Some(Best {
-                        max_ms,
-                        stages: here.stages + 1,
-                        from: j,
-                    });
+                if let Some(value) = extend(here.value, costs.time_ms(donor, j..k)) {
+                    relax(&mut table[i + 1][k], value, j);
                 }
             }
         }
     }
-    if table[donors.len()][n].is_none() {
-        return Err(infeasible(&costs, donors));
+    table
+}
+
+fn relax(cell: &mut Option<Cell>, value: f64, from: usize) {
+    if cell.is_none_or(|current| value < current.value) {
+        *cell = Some(Cell { value, from });
     }
+}
+
+/// Plans `model` over `donors`, in that order: first the smallest possible slowest stage,
+/// then, among plans that achieve it, the fewest stages.
+pub fn plan(model: &ModelSizes, donors: &[DonorCapacity]) -> Result<Plan, PlanError> {
+    check_inputs(model, donors)?;
+    let costs = Costs::new(model);
+    let n = costs.n_layers();
+    let fastest = solve(&costs, donors, |max_ms, ms| Some(max_ms.max(ms)));
+    let Some(best) = fastest[donors.len()][n] else {
+        return Err(infeasible(&costs, donors));
+    };
+    // Stage times are computed the same way in both passes, so the optimum passes `<=`.
+    let fewest = solve(&costs, donors, |stages, ms| {
+        (ms <= best.value).then_some(stages + 1.0)
+    });
     Ok(Plan {
-        stages: stages_from_table(&table, &costs, donors),
+        stages: stages_from_table(&fewest, &costs, donors),
         donors: donors.to_vec(),
     })
 }
@@ -305,20 +314,16 @@ fn check_inputs(model: &ModelSizes, donors: &[DonorCapacity]) -> Result<(), Plan
     Ok(())
 }
 
-fn stages_from_table(
-    table: &[Vec<Option<Best>>],
-    costs: &Costs<'_>,
-    donors: &[DonorCapacity],
-) -> Vec<StagePlan> {
+fn stages_from_table(table: &Table, costs: &Costs<'_>, donors: &[DonorCapacity]) -> Vec<StagePlan> {
     let mut ranges = Vec::new();
     let mut j = costs.n_layers();
     for i in (0..donors.len()).rev() {
         // Every cell on the path back from a filled final cell is filled.
-        let Some(best) = table[i + 1][j] else { break };
-        if best.from < j {
-            ranges.push((i, best.from..j));
+        let Some(cell) = table[i + 1][j] else { break };
+        if cell.from < j {
+            ranges.push((i, cell.from..j));
         }
-        j = best.from;
+        j = cell.from;
     }
     ranges.reverse();
     ranges
