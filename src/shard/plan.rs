@@ -245,8 +245,9 @@ fn solve(
     for (i, donor) in donors.iter().enumerate() {
         for j in 0..=n {
             let Some(here) = table[i][j] else { continue };
-            relax(&mut table[i + 1][j], here.value, j);
-            for k in j + 1..=n {
+            let next = &mut table[i + 1];
+            relax(&mut next[j], here.value, j);
+            for (k, cell) in next.iter_mut().enumerate().skip(j + 1) {
                 // Weights only grow with k; the edge tensors are checked exactly below.
                 if costs.weight_bytes(j..k) > donor.usable_bytes {
                     break;
@@ -255,7 +256,7 @@ fn solve(
                     continue;
                 }
                 if let Some(value) = extend(here.value, costs.time_ms(donor, j..k)) {
-                    relax(&mut table[i + 1][k], value, j);
+                    relax(cell, value, j);
                 }
             }
         }
