@@ -261,6 +261,14 @@ fn envelope_rejections() {
             found: body + 1
         })
     );
+    let oversized = Message::Assign(Assign {
+        vocab: vec![0; MAX_FRAME_BYTES],
+        ..assign()
+    });
+    assert!(matches!(
+        encode_frame(&oversized),
+        Err(FrameError::TooLarge { len, max: MAX_FRAME_BYTES }) if len > MAX_FRAME_BYTES
+    ));
     let huge = vec![0u8; MAX_FRAME_BYTES + 1];
     assert_eq!(
         decode_frame(&huge),

@@ -233,6 +233,24 @@ impl Message {
             Message::Error(_) => Kind::Error,
         }
     }
+
+    /// Roughly the body's size, so encoding allocates once.
+    fn body_size_hint(&self) -> usize {
+        let bulk = match self {
+            Message::Assign(assign) => assign.vocab.len(),
+            Message::Forward(forward) => match &forward.input {
+                StageInput::Tokens(ids) => 5 * ids.len(),
+                StageInput::Hidden(hidden) => hidden.data.len(),
+            },
+            Message::Result(result) => match &result.output {
+                StageOutput::Hidden(hidden) => hidden.data.len(),
+                StageOutput::TopK { ids, .. } => 9 * ids.len(),
+                StageOutput::Sampled(_) => 0,
+            },
+            _ => 0,
+        };
+        bulk + 128
+    }
 }
 
 /// Why a frame was refused.
@@ -363,35 +381,36 @@ pub enum FrameError {
 
 /// Writes a message as one frame.
 pub fn encode_frame(message: &Message) -> Result<Vec<u8>, FrameError> {
-    let body = match message {
-        Message::Hello(m) => to_body(m),
-        Message::Assign(m) => to_body(m),
-        Message::Ready(m) => to_body(m),
-        Message::Forward(m) => to_body(m),
-        Message::Result(m) => to_body(m),
-        Message::Token(m) => to_body(m),
-        Message::Heartbeat(m) => to_body(m),
-        Message::Leave(m) => to_body(m),
-        Message::Error(m) => to_body(m),
-    }?;
-    let len = FRAME_HEADER_LEN + body.len();
-    if len > MAX_FRAME_BYTES {
-        return Err(FrameError::TooLarge {
-            len,
-            max: MAX_FRAME_BYTES,
-        });
-    }
-    let mut frame = Vec::with_capacity(len);
+    let mut frame = Vec::with_capacity(FRAME_HEADER_LEN + message.body_size_hint());
     frame.extend_from_slice(&FRAME_MAGIC);
     frame.push(PROTOCOL_VERSION);
     frame.push(message.kind() as u8);
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    frame.extend_from_slice(&body);
+    frame.extend_from_slice(&[0; 4]);
+    // The body is serialized straight after the header: no copy of large activations.
+    let mut frame = match message {
+        Message::Hello(m) => append_body(m, frame),
+        Message::Assign(m) => append_body(m, frame),
+        Message::Ready(m) => append_body(m, frame),
+        Message::Forward(m) => append_body(m, frame),
+        Message::Result(m) => append_body(m, frame),
+        Message::Token(m) => append_body(m, frame),
+        Message::Heartbeat(m) => append_body(m, frame),
+        Message::Leave(m) => append_body(m, frame),
+        Message::Error(m) => append_body(m, frame),
+    }?;
+    if frame.len() > MAX_FRAME_BYTES {
+        return Err(FrameError::TooLarge {
+            len: frame.len(),
+            max: MAX_FRAME_BYTES,
+        });
+    }
+    let body_len = (frame.len() - FRAME_HEADER_LEN) as u32;
+    frame[4..FRAME_HEADER_LEN].copy_from_slice(&body_len.to_le_bytes());
     Ok(frame)
 }
 
-fn to_body<T: Serialize>(value: &T) -> Result<Vec<u8>, FrameError> {
-    postcard::to_allocvec(value).map_err(|err| FrameError::Encode(err.to_string()))
+fn append_body<T: Serialize>(value: &T, frame: Vec<u8>) -> Result<Vec<u8>, FrameError> {
+    postcard::to_extend(value, frame).map_err(|err| FrameError::Encode(err.to_string()))
 }
 
 /// Reads one frame's envelope and body. Field values are not checked here: see
