@@ -156,9 +156,8 @@ pub fn attention_decode(
     let last_pos = start_pos + tokens - 1;
     let visible = last_pos - first_visible(last_pos, p.window) + 1;
     let tiles = visible.div_ceil(DECODE_WG);
-    let splits = tiles
-        .min(PARALLEL_SPLITS)
-        .max(tiles.div_ceil(DECODE_MAX_TILES_PER_SPLIT));
+    let needed = tiles.div_ceil(DECODE_MAX_TILES_PER_SPLIT);
+    let splits = choose_splits(rec.gpu(), p, tokens, needed, tiles.min(PARALLEL_SPLITS));
     let (partial_acc, partial_stats) = partials(rec, cache, tokens, p, splits);
     let params = KernelParams::new(p, start_pos, tokens, splits);
     let items = (group * p.head_dim / 4).div_ceil(DECODE_WG);
@@ -245,7 +244,9 @@ pub fn attention_prefill(
     let row_blocks = (tokens * (p.heads / p.kv_heads)).div_ceil(PREFILL_WG);
     let tile = prefill_tile(rec.gpu(), rec.variant(), p.head_dim);
     let splits = prefill_splits(rec.gpu(), p, start_pos, tokens, tile);
-    let (partial_acc, partial_stats) = partials(rec, cache, tokens, p, splits);
+    // With one split the kernel writes `out` directly and leaves the partials alone.
+    let partial_tokens = if splits > 1 { tokens } else { 1 };
+    let (partial_acc, partial_stats) = partials(rec, cache, partial_tokens, p, splits);
     let params = KernelParams::new(p, start_pos, tokens, splits);
     let pipeline = rec.pipeline(
         &PREFILL,
@@ -286,11 +287,17 @@ fn prefill_splits(gpu: &Gpu, p: &AttentionParams, start_pos: u32, tokens: u32, t
     let per_key = 2 * p.head_dim / 16 + 2;
     let per_tile = tile * p.head_dim / 4 / PREFILL_WG + p.head_dim / 16 + 1;
     let tiles_per_split = (PREFILL_LOOP_BUDGET / (per_key * tile + per_tile)).max(1);
-    let needed = tiles.div_ceil(tiles_per_split).max(1);
+    let needed = tiles.div_ceil(tiles_per_split);
+    let parallel = PARALLEL_SPLITS.div_ceil(workgroups).min(tiles);
+    choose_splits(gpu, p, tokens, needed, parallel)
+}
+
+/// The splits the loop budget needs, raised towards `parallel` as far as the partial results
+/// of every (token, head) still fit one binding.
+fn choose_splits(gpu: &Gpu, p: &AttentionParams, tokens: u32, needed: u32, parallel: u32) -> u32 {
     let split_bytes = u64::from(tokens) * u64::from(p.heads) * u64::from(p.head_dim) * 4;
-    let affordable = (gpu.caps.max_binding / split_bytes).min(u64::from(tiles)) as u32;
-    let parallel = PARALLEL_SPLITS.div_ceil(workgroups).min(affordable);
-    needed.max(parallel)
+    let affordable = (gpu.caps.max_binding / split_bytes).min(u64::from(parallel)) as u32;
+    needed.max(affordable).max(1)
 }
 
 /// Keys per prefill tile: as many as fit twice (keys and values) in workgroup memory.
