@@ -6,10 +6,11 @@
 //
 // Per tile of WG keys: lane i scores key i against every query head (phase 1); lane h < GQ
 // finds head h's new running max and turns its scores into probabilities (phase 2); then each
-// lane accumulates (head, vec4 of head_dim) items over the tile's values (phase 3). Scores are double-buffered by tile parity, so two barriers per tile suffice:
-// phase 1 of tile n + 2 rewrites a buffer only after both barriers of tile n + 1, which every
-// lane passes after finishing phase 3 of tile n. On CPU adapters every loop iteration is
-// costly, which is why the max is one lane's loop rather than every lane's.
+// lane accumulates (head, vec4 of head_dim) items over the tile's values (phase 3). Scores are
+// double-buffered by tile parity, so two barriers per tile suffice: phase 1 of tile n + 2
+// rewrites a buffer only after both barriers of tile n + 1, which every lane passes after
+// finishing phase 3 of tile n. On CPU adapters every loop iteration is costly, which is why
+// the max is one lane's loop rather than every lane's.
 //
 // Constants: WG (lanes = keys per tile), GQ (query heads per kv head), HD (head_dim),
 // ITEMS (output vec4s per lane: ceil(GQ * HD / 4 / WG)).

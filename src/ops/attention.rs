@@ -125,7 +125,8 @@ pub fn attention(
 /// Whether the split decode kernels can run this shape on this device (else use prefill).
 pub fn decode_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
     let group = p.heads / p.kv_heads.max(1);
-    let shared_floats = group * p.head_dim + 2 * group * DECODE_WG;
+    // The query heads, two tiles of scores (double-buffered), the tile maxima.
+    let shared_floats = group * p.head_dim + 2 * group * DECODE_WG + group;
     group <= DECODE_MAX_GROUP
         && shared_floats * 4 <= gpu.device.limits().max_compute_workgroup_storage_size
 }
