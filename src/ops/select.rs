@@ -35,6 +35,7 @@ fn constants(k: u32) -> [(&'static str, u32); 5] {
         ("PARTNER_SLOTS", wg / 2 * k),
     ]
 }
+
 /// Largest k of `top_k`: the lists live in registers.
 pub const MAX_TOP_K: u32 = 64;
 /// Indices travel through comparisons as u32 with one value reserved as "none".
