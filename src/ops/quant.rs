@@ -307,13 +307,7 @@ fn product_params(w: &QuantMatrix, part: &WeightPart, groups_x: u32, tokens: u32
 fn matvec(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgpu::Buffer) {
     let caps = &rec.gpu().caps;
     let max_per_dim = caps.max_workgroups_per_dim;
-    let env = |name: &str, default: u32| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let rows_per_thread = env("RPT", MATVEC_ROWS_PER_THREAD);
+    let rows_per_thread = MATVEC_ROWS_PER_THREAD;
     // The shuffle reduction needs all of a row group's threads in one subgroup.
     let (kernel, threads_per_row) = if rec.variant().subgroups && caps.subgroup_min >= 1 {
         let fitting = MATVEC_THREADS_PER_ROW.min(caps.subgroup_min);
