@@ -441,7 +441,7 @@ fn type_table_matches_the_gguf_reader() {
     use webshard::gguf::{GgmlType, ENGINE_SUPPORTED};
     assert_eq!(ENGINE_SUPPORTED.len(), QuantType::ALL.len());
     for ggml in ENGINE_SUPPORTED {
-        let quant = QuantType::from_ggml_name(ggml.name()).expect(ggml.name());
+        let quant = QuantType::from_ggml_name(ggml.name()).unwrap_or_else(|| panic!("{ggml}"));
         let lower = QuantType::from_ggml_name(&ggml.name().to_lowercase());
         assert_eq!(lower, Some(quant));
         assert_eq!(u64::from(quant.block_size()), ggml.block_size(), "{ggml}");
