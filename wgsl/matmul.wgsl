@@ -21,6 +21,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> weights: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> weights4: array<vec4<u32>>;
 
 const BK: u32 = 128u;
 const BK4: u32 = BK / 4u;
