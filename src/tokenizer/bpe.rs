@@ -52,7 +52,7 @@ impl BpeModel {
         pre: PreTokenizerKind,
     ) -> Result<BpeModel, TokenizerError> {
         let mut model = BpeModel {
-            pretokenizer: PreTokenizer::new(pre),
+            pretokenizer: PreTokenizer::new(pre)?,
             ignore_merges: pre == PreTokenizerKind::Llama3,
             extra: FxHashMap::default(),
             merges: FxHashMap::with_capacity_and_hasher(merges.len(), Default::default()),

@@ -59,6 +59,8 @@ pub enum TokenizerError {
     },
     #[error("{0}")]
     MissingSpecial(&'static str),
+    #[error("pre-tokenizer pattern: {0}")]
+    Pretokenizer(String),
     #[error("chat template: {0}")]
     Template(String),
 }
@@ -306,4 +308,59 @@ fn decode_byte_level(text: &str) -> Vec<u8> {
 fn parse_byte_token(text: &str) -> Option<u8> {
     let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
     u8::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spm(add_space_prefix: Option<bool>) -> Tokenizer {
+        let tokens = ["<unk>", "<s>", "</s>", "▁a", "a", "<0x0A>", "<tool>", "▁"];
+        Tokenizer::from_vocab(Vocab {
+            model: "llama".into(),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            scores: vec![0.0, 0.0, 0.0, -1.0, -2.0, 0.0, 0.0, -3.0],
+            token_types: vec![2, 3, 3, 1, 1, 6, 4, 1],
+            add_space_prefix,
+            ..Vocab::default()
+        })
+        .expect("tokenizer")
+    }
+
+    #[test]
+    fn spm_space_prefix_at_start_and_after_special_tokens() {
+        let t = spm(None);
+        assert_eq!(t.encode("a", true, false), vec![1, 3]);
+        assert_eq!(t.encode("a</s>a", false, true), vec![3, 2, 3]);
+        assert_eq!(t.encode("a</s>a", false, false).first(), Some(&3));
+        let t = spm(Some(false));
+        assert_eq!(t.encode("a\n", true, false), vec![1, 4, 5]);
+    }
+
+    #[test]
+    fn token_bytes_follow_token_to_piece() {
+        let t = spm(None);
+        assert_eq!(t.token_bytes(2), b"", "control");
+        assert_eq!(t.token_bytes(0), b"", "unknown");
+        assert_eq!(t.token_bytes(6), b"<tool>", "user-defined");
+        assert_eq!(t.token_bytes(5), b"\n", "byte");
+        assert_eq!(t.token_bytes(3), b" a", "normal");
+        assert_eq!(t.token_bytes(99), b"", "out of range");
+        assert_eq!(t.decode(&[1, 3, 5, 2]), " a\n");
+    }
+
+    #[test]
+    fn byte_level_decode_undoes_the_byte_map() {
+        let tokens = ["Ġa", "Ã©", "Ċ", "Ġ", "a", "Ã", "©"];
+        let t = Tokenizer::from_vocab(Vocab {
+            model: "gpt2".into(),
+            pre: Some("gpt-2".into()),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            merges: vec!["Ġ a".into(), "Ã ©".into()],
+            ..Vocab::default()
+        })
+        .expect("tokenizer");
+        assert_eq!(t.decode(&[0, 1, 2]), " aé\n");
+        assert_eq!(t.encode(" aé\n", true, false), vec![0, 1, 2]);
+    }
 }
