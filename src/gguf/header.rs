@@ -1,6 +1,6 @@
 //! The parsed header and the incremental reader that fetches just enough of a source to parse it.
 
-use super::error::GgufError;
+use super::error::{GgufError, SourceError};
 use super::metadata::Metadata;
 use super::parse::parse_prefix;
 use super::source::RangeSource;
@@ -127,6 +127,16 @@ async fn append(src: &dyn RangeSource, buf: &mut Vec<u8>, target: u64) -> Result
         "gguf: header needs more bytes"
     );
     let more = src.read_range(have, target - have).await?;
+    // Sources promise exact lengths; a source that breaks that must not stall this loop.
+    if more.len() as u64 != target - have {
+        return Err(SourceError::ShortBody {
+            location: src.location().to_string(),
+            offset: have,
+            expected: target - have,
+            got: more.len() as u64,
+        }
+        .into());
+    }
     buf.extend_from_slice(&more);
     Ok(())
 }

@@ -13,7 +13,8 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A URL read with one `Range` request per read. Only a 206 whose `Content-Range` matches the
-/// request is accepted; the total size comes from `Content-Range`.
+/// request is accepted; the total size comes from `Content-Range`. Reads need a tokio runtime
+/// (reqwest's transport).
 pub struct HttpSource {
     url: String,
     client: reqwest::Client,
