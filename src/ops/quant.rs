@@ -266,7 +266,7 @@ const MATVEC_THREADS_PER_ROW: u32 = 8;
 /// Rows each matvec thread accumulates, reusing every activation it loads.
 const MATVEC_ROWS_PER_THREAD: u32 = 4;
 /// Prefill tile: rows, tokens, and each thread's rows and tokens within it (64 threads).
-const MATMUL_TILE: [(&str, u32); 5] = [("TR", 32), ("TT", 16), ("RPT", 2), ("TPT", 4), ("WG", 64)];
+const MATMUL_TILE: [(&str, u32); 5] = [("TR", 32), ("TT", 32), ("RPT", 4), ("TPT", 4), ("WG", 64)];
 const EMBED_WG: u32 = 64;
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
