@@ -26,7 +26,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let head = group.x;
     let token = group.y;
     let first_slot = (token * params.heads + head) * params.splits;
-    var best = -3.4028235e38;
+    var best = -3.4028234e38;
     for (var s = 0u; s < params.splits; s = s + 1u) {
         best = max(best, partial_stats[first_slot + s].x);
     }

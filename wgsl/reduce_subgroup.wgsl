@@ -23,13 +23,13 @@ fn reduce_sum(value: f32, lane: u32) -> f32 {
 
 fn reduce_max(value: f32, lane: u32) -> f32 {
     let partial = subgroupMax(value);
-    reduce_scratch[lane] = -3.4028235e38;
+    reduce_scratch[lane] = -3.4028234e38;
     workgroupBarrier();
     if (subgroupExclusiveAdd(1u) == 0u) {
         reduce_scratch[lane] = partial;
     }
     workgroupBarrier();
-    var total = -3.4028235e38;
+    var total = -3.4028234e38;
     for (var i = 0u; i < WG; i = i + 1u) {
         total = max(total, reduce_scratch[i]);
     }

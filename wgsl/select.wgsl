@@ -49,7 +49,9 @@ var<workgroup> maxima_index: array<u32, MAXIMA>;
 var<workgroup> threshold: Candidate;
 
 fn no_candidate() -> Candidate {
-    return Candidate(bitcast<f32>(0xff800000u), NO_INDEX);
+    // Through a variable: WGSL forbids infinities in const-expressions (Tint enforces it).
+    var bits = 0xff800000u;
+    return Candidate(bitcast<f32>(bits), NO_INDEX);
 }
 
 fn better(a: Candidate, b: Candidate) -> bool {

@@ -19,7 +19,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         return;
     }
     let base = row * params.cols;
-    var local_max = -3.4028235e38;
+    var local_max = -3.4028234e38;
     for (var c = lane; c < params.cols; c = c + WG) {
         local_max = max(local_max, x[base + c]);
     }

@@ -38,6 +38,9 @@ enum Command {
         /// 0 picks a free port.
         #[arg(long, default_value_t = 8000)]
         port: u16,
+        /// Append one JSON line per request (method, path, range, status) to this file.
+        #[arg(long)]
+        request_log: Option<PathBuf>,
     },
     /// Describe a GGUF model (path or http(s) URL), reading only its header.
     Info {
@@ -115,12 +118,14 @@ fn run(command: Command) -> anyhow::Result<()> {
             models,
             host,
             port,
+            request_log,
         } => {
             let opts = ServeOptions {
                 root,
                 models_dir: models,
                 host,
                 port,
+                request_log,
             };
             runtime.block_on(serve(&opts))?;
         }

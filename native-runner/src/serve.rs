@@ -9,12 +9,15 @@ use std::convert::Infallible;
 use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use axum::body::Body;
+use axum::extract::State;
 use axum::http::header::{
     ACCEPT_RANGES, CONTENT_LENGTH, CONTENT_RANGE, ETAG, IF_RANGE, LAST_MODIFIED, RANGE,
 };
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
+use axum::middleware::{self, Next};
 use axum::Router;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -34,6 +37,8 @@ pub struct ServeOptions {
     pub host: String,
     /// 0 picks a free port.
     pub port: u16,
+    /// Appends one JSON line per request to this file (tests count a page's requests).
+    pub request_log: Option<PathBuf>,
 }
 
 impl ServeOptions {
@@ -43,6 +48,7 @@ impl ServeOptions {
             models_dir: None,
             host: "127.0.0.1".to_string(),
             port: 0,
+            request_log: None,
         }
     }
 
@@ -58,6 +64,7 @@ pub struct Server {
     listener: TcpListener,
     addr: SocketAddr,
     app: Router,
+    log: Option<RequestLog>,
 }
 
 impl Server {
@@ -65,10 +72,15 @@ impl Server {
     pub async fn bind(opts: &ServeOptions) -> io::Result<Self> {
         let listener = TcpListener::bind((opts.host.as_str(), opts.port)).await?;
         let addr = listener.local_addr()?;
+        let log = match &opts.request_log {
+            Some(path) => Some(RequestLog::open(path)?),
+            None => None,
+        };
         Ok(Self {
             listener,
             addr,
             app: static_routes(opts),
+            log,
         })
     }
 
@@ -89,7 +101,11 @@ impl Server {
 
     /// Serves until the process ends.
     pub async fn run(self) -> io::Result<()> {
-        axum::serve(self.listener, with_headers(self.app)).await
+        let mut app = with_headers(self.app);
+        if let Some(log) = self.log {
+            app = app.layer(middleware::from_fn_with_state(log, log_request));
+        }
+        axum::serve(self.listener, app).await
     }
 }
 
@@ -114,6 +130,46 @@ fn banner(base: &str, opts: &ServeOptions) -> String {
         opts.models_path().display(),
         pkg.display()
     )
+}
+
+/// The file behind `--request-log`, shared by the connections.
+#[derive(Clone)]
+struct RequestLog(Arc<Mutex<std::fs::File>>);
+
+impl RequestLog {
+    fn open(path: &Path) -> io::Result<Self> {
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        Ok(Self(Arc::new(Mutex::new(file))))
+    }
+}
+
+/// `{"method", "path", "range", "status"}` of each request, written when its response starts.
+async fn log_request(
+    State(log): State<RequestLog>,
+    req: Request<Body>,
+    next: Next,
+) -> axum::response::Response {
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let range = req
+        .headers()
+        .get(RANGE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let response = next.run(req).await;
+    let line = serde_json::json!({
+        "method": method,
+        "path": path,
+        "range": range,
+        "status": response.status().as_u16(),
+    });
+    if let Ok(mut file) = log.0.lock() {
+        let _ = writeln!(file, "{line}");
+    }
+    response
 }
 
 fn static_routes(opts: &ServeOptions) -> Router {

@@ -318,3 +318,51 @@ async fn gguf_reader_over_http_matches_the_file() {
     assert_eq!(http.size(), Some(fs::metadata(&path).unwrap().len()));
     assert!(http.stats().requests >= 1);
 }
+
+/// `--request-log` records every request, ranged or not, with its status, one JSON line each.
+#[tokio::test]
+async fn request_log_records_each_request() {
+    let data = digits();
+    let root = fixture_root(&[("d.bin", &data)]);
+    let log_path = root.path().join("requests.jsonl");
+    let mut opts = ServeOptions::new(root.path());
+    opts.request_log = Some(log_path.clone());
+    let base = common::start_server(opts).await;
+    let client = Client::new();
+    let url = format!("{base}models/d.bin");
+    get_range(&client, &url, "bytes=10-19")
+        .await
+        .bytes()
+        .await
+        .unwrap();
+    client.head(&url).send().await.unwrap();
+    let missing = client
+        .get(format!("{base}models/none.gguf"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+
+    let lines: Vec<serde_json::Value> = fs::read_to_string(&log_path)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let expected = [
+        (
+            "GET",
+            "/models/d.bin",
+            serde_json::json!("bytes=10-19"),
+            206,
+        ),
+        ("HEAD", "/models/d.bin", serde_json::Value::Null, 200),
+        ("GET", "/models/none.gguf", serde_json::Value::Null, 404),
+    ];
+    assert_eq!(lines.len(), expected.len(), "{lines:?}");
+    for (line, (method, path, range, status)) in lines.iter().zip(expected) {
+        assert_eq!(line["method"], method, "{line}");
+        assert_eq!(line["path"], path, "{line}");
+        assert_eq!(line["range"], range, "{line}");
+        assert_eq!(line["status"], status, "{line}");
+    }
+}

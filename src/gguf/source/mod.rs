@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub use super::error::SourceError;
 
 mod memory;
-mod range;
+pub(crate) mod range;
 
 #[cfg(target_arch = "wasm32")]
 mod fetch;

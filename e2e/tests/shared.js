@@ -1,0 +1,79 @@
+// What the specs share: the model and prompt, the goldens' fidelity rule, the server's
+// request log, and a few page helpers.
+const fs = require('node:fs');
+const os = require('node:os');
+const path = require('node:path');
+
+const root = path.resolve(__dirname, '..', '..');
+const SMOLLM2 = 'SmolLM2-135M-Instruct.Q4_1.gguf';
+const MODEL_URL = `/models/${SMOLLM2}`;
+const PROMPT = 'The capital of France is';
+// Short: SwiftShader decodes a few tokens per second at best.
+const TOKENS = 8;
+// The loader's default chunk (model/loader.rs): the memory budget is 64 MiB plus one chunk.
+const CHUNK_BYTES = 4 << 20;
+
+const expectedFile = () => path.join(os.tmpdir(), `webshard-e2e-${process.env.WEBSHARD_E2E_PORT}-native.json`);
+
+/** runner generate --temp 0 --json, as global-setup.js recorded it. */
+const nativeResult = () => JSON.parse(fs.readFileSync(expectedFile(), 'utf8'));
+
+/** The goldens' record for PROMPT (../shared/goldens beside the checkout, or $WEBSHARD_GOLDENS). */
+function goldenRecord() {
+  const dir = process.env.WEBSHARD_GOLDENS || path.join(root, '..', 'shared', 'goldens');
+  const file = path.join(dir, 'smollm2-135m-instruct-q4_1.generate.json');
+  const record = JSON.parse(fs.readFileSync(file, 'utf8')).records.find((r) => r.prompt === PROMPT);
+  if (!record) throw new Error(`no golden record for ${JSON.stringify(PROMPT)} in ${file}`);
+  return record;
+}
+
+/** Steps before the first whose golden margin (top-1 minus top-2 logit) is 0.5 or less: free-running
+ * greedy output must be identical up to there (../shared/goldens/README.md). */
+function stepsBeforeNearTie(record) {
+  const index = record.steps.findIndex((s) => s.top5[0][1] - s.top5[1][1] <= 0.5);
+  return index === -1 ? record.steps.length : index;
+}
+
+/** Parsed lines of the server's request log. */
+function requestLog() {
+  return fs
+    .readFileSync(process.env.WEBSHARD_E2E_REQUEST_LOG, 'utf8')
+    .split('\n')
+    .filter(Boolean)
+    .map((line) => JSON.parse(line));
+}
+
+/** Requests for `urlPath` logged after `mark` (a previous `requestLog().length`). */
+function requestsSince(mark, urlPath) {
+  return requestLog()
+    .slice(mark)
+    .filter((r) => r.path === urlPath);
+}
+
+/** `bytes=FIRST-LAST` as [offset, length]. */
+function parseRange(header) {
+  const [first, last] = header.replace('bytes=', '').split('-').map(Number);
+  return [first, last - first + 1];
+}
+
+/** Waits for an autorun to finish and returns window.__webshard_last. */
+async function autorunResult(page) {
+  await page.waitForFunction(() => document.body.dataset.done === '1', null, { timeout: 14 * 60 * 1000 });
+  return page.evaluate(() => window.__webshard_last);
+}
+
+module.exports = {
+  SMOLLM2,
+  MODEL_URL,
+  PROMPT,
+  TOKENS,
+  CHUNK_BYTES,
+  expectedFile,
+  nativeResult,
+  goldenRecord,
+  stepsBeforeNearTie,
+  requestLog,
+  requestsSince,
+  parseRange,
+  autorunResult,
+};

@@ -1,0 +1,422 @@
+//! The `Engine` class JavaScript sees: load a GGUF URL into WebGPU, then generate and chat
+//! with streamed text. Meant to run inside a Web Worker (see `web/worker.js`); nothing here
+//! blocks, so the worker stays responsive to `abort()` between tokens.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use js_sys::{Function, Reflect};
+use wasm_bindgen::prelude::*;
+use web_sys::AbortSignal;
+
+use super::error::WebError;
+use super::options::{self, GenerateSettings, LoadSettings};
+use super::source::{open_model_source, Abortable, ModelSource};
+use crate::engine::{Engine, EngineOptions, Generated};
+use crate::gpu::{BackendChoice, Gpu, GpuError, GpuOptions};
+use crate::model::LoadProgress;
+use crate::tokenizer::ChatMessage;
+
+/// What a page shows about a loaded model and the device it runs on.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct EngineInfo {
+    url: String,
+    adapter: String,
+    backend: String,
+    /// Kernel variant in use, e.g. `f32+subgroups`.
+    variant: String,
+    f16: bool,
+    subgroups: bool,
+    arch: String,
+    n_layers: u32,
+    vocab: u32,
+    max_context: u32,
+    bytes_total: u64,
+    load_seconds: f64,
+    /// Range requests and bytes that went over the network.
+    network_requests: u64,
+    network_bytes: u64,
+    cache: Option<super::cache::CacheStats>,
+    /// Loaded from the cache with the server unreachable.
+    offline: bool,
+    wasm_memory_bytes: f64,
+}
+
+/// A loaded model on a WebGPU device.
+#[wasm_bindgen(js_name = Engine)]
+pub struct WebEngine {
+    engine: Rc<RefCell<Engine>>,
+    gpu: Arc<Gpu>,
+    stop: Rc<Cell<bool>>,
+    disposed: Rc<Cell<bool>>,
+    gpu_errors: GpuErrors,
+    info: EngineInfo,
+}
+
+/// The first WebGPU error nobody caught (a kernel the browser rejects, an out-of-memory...).
+/// Browsers only log these, and the work they spoil reads back as zeros, so every load and
+/// generation checks here and fails with the browser's message instead of producing garbage.
+#[derive(Clone, Default)]
+struct GpuErrors(Arc<std::sync::Mutex<Option<String>>>);
+
+impl GpuErrors {
+    fn watch(gpu: &Gpu) -> GpuErrors {
+        let errors = GpuErrors::default();
+        let slot = errors.0.clone();
+        gpu.device
+            .on_uncaptured_error(Arc::new(move |err: wgpu::Error| {
+                if let Ok(mut first) = slot.lock() {
+                    first.get_or_insert_with(|| err.to_string());
+                }
+            }));
+        errors
+    }
+
+    fn check(&self) -> Result<(), WebError> {
+        match self.0.lock().ok().and_then(|first| first.clone()) {
+            Some(message) => Err(WebError::Validation(message)),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The callback and signal members of `Engine.load`'s options.
+struct LoadHooks {
+    on_progress: Option<Function>,
+    on_device_lost: Option<Function>,
+    signal: Option<AbortSignal>,
+}
+
+fn member<T: JsCast>(options: &JsValue, name: &str) -> Option<T> {
+    if !options.is_object() {
+        return None;
+    }
+    Reflect::get(options, &name.into())
+        .ok()?
+        .dyn_into::<T>()
+        .ok()
+}
+
+impl LoadHooks {
+    fn read(options: &JsValue) -> LoadHooks {
+        LoadHooks {
+            on_progress: member(options, "onProgress"),
+            on_device_lost: member(options, "onDeviceLost"),
+            signal: member(options, "signal"),
+        }
+    }
+}
+
+/// `{ bytesDone, bytesTotal, mbPerSec, tensor }` for `onProgress`.
+fn progress_event(p: &LoadProgress<'_>, seconds: f64) -> JsValue {
+    let event = js_sys::Object::new();
+    let mb_per_sec = if seconds > 0.0 {
+        p.bytes_done as f64 / 1e6 / seconds
+    } else {
+        0.0
+    };
+    for (key, value) in [
+        ("bytesDone", JsValue::from_f64(p.bytes_done as f64)),
+        ("bytesTotal", JsValue::from_f64(p.bytes_total as f64)),
+        ("mbPerSec", JsValue::from_f64(mb_per_sec)),
+        ("tensor", JsValue::from_str(p.tensor)),
+    ] {
+        let _ = Reflect::set(&event, &key.into(), &value);
+    }
+    event.into()
+}
+
+/// Bytes of this module's linear memory (it only grows, so after a load it is the peak).
+#[wasm_bindgen(js_name = wasmMemoryBytes)]
+pub fn wasm_memory_bytes() -> f64 {
+    wasm_bindgen::memory()
+        .dyn_into::<js_sys::WebAssembly::Memory>()
+        .ok()
+        .and_then(|m| m.buffer().dyn_into::<js_sys::ArrayBuffer>().ok())
+        .map_or(0.0, |b| f64::from(b.byte_length()))
+}
+
+async fn open_gpu(settings: &LoadSettings) -> Result<Arc<Gpu>, WebError> {
+    let navigator = Reflect::get(&js_sys::global(), &"navigator".into()).unwrap_or_default();
+    let has_gpu = Reflect::get(&navigator, &"gpu".into()).is_ok_and(|g| g.is_object());
+    if !has_gpu {
+        return Err(WebError::NoWebGpu("navigator.gpu is missing".into()));
+    }
+    let options = GpuOptions {
+        backend: BackendChoice::BrowserWebGpu,
+        disable_f16: settings.disable_f16,
+        disable_subgroups: settings.disable_subgroups,
+        max_binding_override: None,
+    };
+    Gpu::new(&options).await.map_err(|err| match err {
+        GpuError::NoAdapter { .. } => {
+            WebError::NoWebGpu("navigator.gpu.requestAdapter() found no adapter".into())
+        }
+        other => other.into(),
+    })
+}
+
+/// Reports a lost device to `on_lost(reason, message)` unless the engine was freed on purpose.
+/// wgpu wants a `Send` callback, so it only sends the news to a local task that holds the
+/// JS function.
+fn watch_device(gpu: &Gpu, on_lost: Option<Function>, disposed: Rc<Cell<bool>>) {
+    let Some(on_lost) = on_lost else { return };
+    let (sender, receiver) = futures::channel::oneshot::channel::<(String, String)>();
+    let sender = std::sync::Mutex::new(Some(sender));
+    gpu.device.set_device_lost_callback(move |reason, message| {
+        if let Some(sender) = sender.lock().ok().and_then(|mut s| s.take()) {
+            let _ = sender.send((format!("{reason:?}"), message));
+        }
+    });
+    wasm_bindgen_futures::spawn_local(async move {
+        if let Ok((reason, message)) = receiver.await {
+            if !disposed.get() {
+                let _ = on_lost.call2(&JsValue::NULL, &reason.into(), &message.into());
+            }
+        }
+    });
+}
+
+#[wasm_bindgen(js_class = Engine)]
+impl WebEngine {
+    /// `Engine.load(url, { onProgress, onDeviceLost, signal, cache, maxContext, chunkBytes,
+    /// inFlight, disableF16, disableSubgroups })`.
+    pub async fn load(url: String, options: JsValue) -> Result<WebEngine, JsValue> {
+        Ok(Self::load_inner(url, options).await?)
+    }
+
+    async fn load_inner(url: String, options: JsValue) -> Result<WebEngine, WebError> {
+        let settings: LoadSettings = options::parse(&options, "load options")?;
+        let hooks = LoadHooks::read(&options);
+        let engine_options = EngineOptions {
+            max_context: settings.max_context,
+            load: settings.load_options()?,
+        };
+        let gpu = open_gpu(&settings).await?;
+        let disposed = Rc::new(Cell::new(false));
+        watch_device(&gpu, hooks.on_device_lost.clone(), disposed.clone());
+        let gpu_errors = GpuErrors::watch(&gpu);
+        let started = web_time::Instant::now();
+        let source = open_model_source(&url, settings.cache, hooks.signal.clone()).await?;
+        let abortable = Abortable::new(source.as_range_source(), hooks.signal.clone());
+        let mut on_progress = |p: LoadProgress<'_>| {
+            if let Some(callback) = &hooks.on_progress {
+                let event = progress_event(&p, started.elapsed().as_secs_f64());
+                let _ = callback.call1(&JsValue::NULL, &event);
+            }
+        };
+        let engine = Engine::load(gpu.clone(), &abortable, &engine_options, &mut on_progress)
+            .await
+            .map_err(|e| abortable.explain(e.into()))?;
+        gpu_errors.check()?;
+        let info = engine_info(
+            &url,
+            &engine,
+            &gpu,
+            &source,
+            started.elapsed().as_secs_f64(),
+        );
+        Ok(WebEngine {
+            engine: Rc::new(RefCell::new(engine)),
+            gpu,
+            stop: Rc::new(Cell::new(false)),
+            disposed,
+            gpu_errors,
+            info,
+        })
+    }
+
+    /// The model, device and load statistics (see `EngineInfo`).
+    pub fn info(&self) -> Result<JsValue, JsValue> {
+        let mut info = self.info.clone();
+        info.wasm_memory_bytes = wasm_memory_bytes();
+        to_js(&info)
+    }
+
+    /// Token ids of `text` as `runner generate` tokenizes a prompt.
+    pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, JsValue> {
+        let engine = self.engine.try_borrow().map_err(|_| WebError::Busy)?;
+        Ok(engine.tokenize_prompt(text))
+    }
+
+    /// Generates after `prompt`; `onToken(text)` gets each printable piece. Resolves to
+    /// `{ promptIds, ids, text, prefillTokens, prefillSeconds, decodeSeconds, decodeTokS,
+    /// aborted }`.
+    pub fn generate(
+        &self,
+        prompt: String,
+        options: JsValue,
+        on_token: Option<Function>,
+    ) -> js_sys::Promise {
+        let run = self.runner(options, on_token);
+        wasm_bindgen_futures::future_to_promise(async move {
+            let engine = run.engine.clone();
+            let ids = engine
+                .try_borrow()
+                .map_err(|_| WebError::Busy)?
+                .tokenize_prompt(&prompt);
+            run.generate(ids).await
+        })
+    }
+
+    /// Renders `messages` (`[{ role, content }]`) with the model's chat template, then
+    /// generates as `generate` does.
+    pub fn chat(
+        &self,
+        messages: JsValue,
+        options: JsValue,
+        on_token: Option<Function>,
+    ) -> js_sys::Promise {
+        let run = self.runner(options, on_token);
+        wasm_bindgen_futures::future_to_promise(async move {
+            let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
+                .map_err(|e| WebError::Options(format!("messages: {e}")))?;
+            let ids = {
+                let engine = run.engine.try_borrow().map_err(|_| WebError::Busy)?;
+                let prompt = engine.chat_prompt(&messages).map_err(WebError::from)?;
+                engine.tokenize_prompt(&prompt)
+            };
+            run.generate(ids).await
+        })
+    }
+
+    /// Stops the running generation after the current token.
+    pub fn abort(&self) {
+        self.stop.set(true);
+    }
+
+    /// Forgets the conversation held in the KV cache.
+    pub fn reset(&self) -> Result<(), JsValue> {
+        self.engine
+            .try_borrow_mut()
+            .map_err(|_| WebError::Busy)?
+            .reset();
+        Ok(())
+    }
+
+    /// Destroys the GPU device, as a driver reset would: for testing device-loss recovery.
+    #[wasm_bindgen(js_name = loseDevice)]
+    pub fn lose_device(&self) {
+        self.gpu.device.destroy();
+    }
+
+    fn runner(&self, options: JsValue, on_token: Option<Function>) -> Run {
+        self.stop.set(false);
+        Run {
+            engine: self.engine.clone(),
+            stop: self.stop.clone(),
+            gpu_errors: self.gpu_errors.clone(),
+            options,
+            on_token,
+        }
+    }
+}
+
+impl Drop for WebEngine {
+    fn drop(&mut self) {
+        self.disposed.set(true);
+    }
+}
+
+/// One `generate`/`chat` call, owning what its promise needs.
+struct Run {
+    engine: Rc<RefCell<Engine>>,
+    stop: Rc<Cell<bool>>,
+    gpu_errors: GpuErrors,
+    options: JsValue,
+    on_token: Option<Function>,
+}
+
+impl Run {
+    async fn generate(self, prompt_ids: Vec<u32>) -> Result<JsValue, JsValue> {
+        let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
+        let options = settings.options()?;
+        let mut engine = self.engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
+        let stop = self.stop.clone();
+        let on_token = self.on_token.clone();
+        let errors = self.gpu_errors.clone();
+        let mut on_text = |text: &str| {
+            if let Some(callback) = &on_token {
+                let _ = callback.call1(&JsValue::NULL, &JsValue::from_str(text));
+            }
+            !stop.get() && errors.check().is_ok()
+        };
+        let out = engine
+            .generate(&prompt_ids, &options, &mut on_text)
+            .await
+            .map_err(WebError::from)?;
+        self.gpu_errors.check()?;
+        to_js(&GenerateResult::new(out, self.stop.get()))
+    }
+}
+
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct GenerateResult {
+    prompt_ids: Vec<u32>,
+    ids: Vec<u32>,
+    text: String,
+    prefill_tokens: u32,
+    prefill_seconds: f64,
+    decode_seconds: f64,
+    decode_tok_s: f64,
+    aborted: bool,
+}
+
+impl GenerateResult {
+    fn new(out: Generated, aborted: bool) -> GenerateResult {
+        let decode_tok_s = if out.decode_seconds > 0.0 {
+            out.ids.len() as f64 / out.decode_seconds
+        } else {
+            0.0
+        };
+        GenerateResult {
+            prompt_ids: out.prompt_ids,
+            ids: out.ids,
+            text: out.text,
+            prefill_tokens: out.prefill_tokens,
+            prefill_seconds: out.prefill_seconds,
+            decode_seconds: out.decode_seconds,
+            decode_tok_s,
+            aborted,
+        }
+    }
+}
+
+fn to_js<T: serde::Serialize>(value: &T) -> Result<JsValue, JsValue> {
+    let serializer = serde_wasm_bindgen::Serializer::json_compatible();
+    value
+        .serialize(&serializer)
+        .map_err(|e| JsValue::from(js_sys::Error::new(&e.to_string())))
+}
+
+fn engine_info(
+    url: &str,
+    engine: &Engine,
+    gpu: &Gpu,
+    source: &ModelSource,
+    seconds: f64,
+) -> EngineInfo {
+    let network = source.network_stats();
+    EngineInfo {
+        url: url.to_string(),
+        adapter: gpu.caps.adapter.clone(),
+        backend: gpu.caps.backend.clone(),
+        variant: gpu.variant().to_string(),
+        f16: gpu.caps.f16,
+        subgroups: gpu.caps.subgroups,
+        arch: format!("{:?}", engine.cfg.arch),
+        n_layers: engine.cfg.n_layers,
+        vocab: engine.cfg.vocab,
+        max_context: engine.stage.spec.max_context,
+        bytes_total: engine.header.tensors.iter().map(|t| t.bytes).sum(),
+        load_seconds: seconds,
+        network_requests: network.requests,
+        network_bytes: network.bytes_fetched,
+        cache: source.cache_stats(),
+        offline: source.offline(),
+        wasm_memory_bytes: wasm_memory_bytes(),
+    }
+}

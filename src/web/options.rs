@@ -1,0 +1,141 @@
+//! Options objects passed from JavaScript, parsed with serde (unknown keys are errors, so a
+//! typo is reported rather than silently ignored).
+
+use serde::Deserialize;
+use wasm_bindgen::JsValue;
+
+use super::error::WebError;
+use crate::engine::GenerateOptions;
+use crate::model::LoadOptions;
+use crate::sample::SamplerConfig;
+
+/// Longest generation one call may ask for.
+const MAX_TOKENS: u32 = 1 << 16;
+/// Largest chunk one range request may read.
+const MAX_CHUNK_BYTES: u64 = 64 << 20;
+const MAX_IN_FLIGHT: usize = 16;
+
+/// The plain-data part of `Engine.load`'s options (callbacks and the signal are read apart).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+pub struct LoadSettings {
+    /// Keep downloaded ranges in OPFS and reuse them.
+    pub cache: bool,
+    pub max_context: u32,
+    pub chunk_bytes: u64,
+    pub in_flight: usize,
+    /// Use the f32 kernels even where the adapter has shader-f16.
+    pub disable_f16: bool,
+    pub disable_subgroups: bool,
+}
+
+impl Default for LoadSettings {
+    fn default() -> Self {
+        let load = LoadOptions::default();
+        LoadSettings {
+            cache: true,
+            max_context: 2048,
+            chunk_bytes: load.chunk_bytes,
+            in_flight: load.in_flight,
+            disable_f16: false,
+            disable_subgroups: false,
+        }
+    }
+}
+
+impl LoadSettings {
+    pub fn load_options(&self) -> Result<LoadOptions, WebError> {
+        if self.chunk_bytes == 0 || self.chunk_bytes > MAX_CHUNK_BYTES {
+            return Err(WebError::Options(format!(
+                "chunkBytes {} must be 1..={MAX_CHUNK_BYTES}",
+                self.chunk_bytes
+            )));
+        }
+        if self.in_flight == 0 || self.in_flight > MAX_IN_FLIGHT {
+            return Err(WebError::Options(format!(
+                "inFlight {} must be 1..={MAX_IN_FLIGHT}",
+                self.in_flight
+            )));
+        }
+        Ok(LoadOptions {
+            chunk_bytes: self.chunk_bytes,
+            in_flight: self.in_flight,
+        })
+    }
+}
+
+/// `generate`/`chat` options, named as `runner generate`'s flags.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GenerateSettings {
+    pub n: u32,
+    #[serde(alias = "temperature")]
+    pub temp: f32,
+    pub top_k: usize,
+    pub top_p: f32,
+    pub min_p: f32,
+    pub repeat_penalty: f32,
+    pub repeat_last_n: usize,
+    pub seed: u64,
+    pub stop: Vec<String>,
+}
+
+impl Default for GenerateSettings {
+    /// `runner generate`'s defaults (llama.cpp's sampler chain).
+    fn default() -> Self {
+        let sampler = SamplerConfig::default();
+        GenerateSettings {
+            n: 128,
+            temp: sampler.temperature,
+            top_k: sampler.top_k,
+            top_p: sampler.top_p,
+            min_p: sampler.min_p,
+            repeat_penalty: sampler.repeat_penalty,
+            repeat_last_n: sampler.repeat_last_n,
+            seed: sampler.seed,
+            stop: Vec::new(),
+        }
+    }
+}
+
+impl GenerateSettings {
+    pub fn options(&self) -> Result<GenerateOptions, WebError> {
+        if self.n > MAX_TOKENS {
+            return Err(WebError::Options(format!(
+                "n {} is above {MAX_TOKENS}",
+                self.n
+            )));
+        }
+        let finite = [self.temp, self.top_p, self.min_p, self.repeat_penalty];
+        if finite.iter().any(|v| !v.is_finite()) {
+            return Err(WebError::Options(
+                "sampler settings must be finite numbers".into(),
+            ));
+        }
+        Ok(GenerateOptions {
+            max_tokens: self.n,
+            sampler: SamplerConfig {
+                temperature: self.temp,
+                top_k: self.top_k,
+                top_p: self.top_p,
+                min_p: self.min_p,
+                repeat_penalty: self.repeat_penalty,
+                repeat_last_n: self.repeat_last_n,
+                seed: self.seed,
+            },
+            stop: self.stop.clone(),
+        })
+    }
+}
+
+/// Parses an options object; `undefined` and `null` give the defaults.
+pub fn parse<T: for<'de> Deserialize<'de> + Default>(
+    value: &JsValue,
+    what: &str,
+) -> Result<T, WebError> {
+    if value.is_undefined() || value.is_null() {
+        return Ok(T::default());
+    }
+    serde_wasm_bindgen::from_value(value.clone())
+        .map_err(|e| WebError::Options(format!("{what}: {e}")))
+}

@@ -1,0 +1,262 @@
+// The chat demo's page thread: it renders and forwards; the engine runs in the worker.
+// URL parameters for automation: model, prompt, n, temp, seed (and top_k, top_p, min_p,
+// repeat_penalty, cache=0), autorun=1. An autorun sets window.__webshard_last and
+// document.body.dataset.done = "1" when it ends.
+import { WorkerEngine, EngineError } from './engine-client.js';
+
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+const SAMPLER_FIELDS = ['n', 'temp', 'top_k', 'top_p', 'min_p', 'repeat_penalty', 'seed'];
+
+const state = { engine: null, loadController: null, messages: [], generating: false };
+window.__webshard_progress = [];
+window.__webshard_reinits = 0;
+window.__webshard = { state, load: loadModel, generate: (p, o) => state.engine.generate(p, o) };
+
+const NO_WEBGPU_HELP =
+  'This demo needs WebGPU. It works in Chrome or Edge 113+ (Windows, macOS, ChromeOS), Chrome 121+ on Android, ' +
+  'Safari 26+ and Firefox 141+ on Windows. On Linux start Chromium with --enable-unsafe-webgpu ' +
+  '(plus --enable-features=Vulkan with a GPU), or enable chrome://flags/#enable-unsafe-webgpu.';
+
+const EXPLAIN = {
+  'not-found': 'The model URL was not found (HTTP 404).',
+  http: 'The server refused the request.',
+  network:
+    'The model could not be fetched: the server is unreachable, or it does not allow this page to read it ' +
+    '(cross-origin URLs need CORS: Access-Control-Allow-Origin, and Access-Control-Expose-Headers with Content-Range and ETag).',
+  'not-gguf': 'That file is not a GGUF model.',
+  'bad-gguf': 'The GGUF file is damaged or truncated.',
+  unsupported: 'This model uses something the engine does not support yet.',
+  'no-webgpu': NO_WEBGPU_HELP,
+  aborted: 'Stopped.',
+  changed: 'The file changed on the server during the download.',
+  'device-lost': 'The GPU device was lost.',
+  gpu: 'The GPU failed.',
+};
+
+function showError(err) {
+  const box = $('error');
+  const kind = err.kind || 'other';
+  box.hidden = false;
+  box.dataset.kind = kind;
+  box.textContent = `${EXPLAIN[kind] || 'Something went wrong.'} ${err.message || err}`;
+}
+
+function clearError() {
+  $('error').hidden = true;
+  $('error').textContent = '';
+}
+
+const mb = (bytes) => (bytes / 1e6).toFixed(1);
+
+function renderProgress(event) {
+  const { bytesDone, bytesTotal, mbPerSec, tensor } = event;
+  $('progress').value = bytesTotal ? bytesDone / bytesTotal : 0;
+  const eta = mbPerSec > 0 ? ((bytesTotal - bytesDone) / 1e6 / mbPerSec).toFixed(0) : '?';
+  $('progress-text').textContent =
+    `${mb(bytesDone)} / ${mb(bytesTotal)} MB · ${mbPerSec.toFixed(1)} MB/s · ETA ${eta} s · ${tensor}`;
+}
+
+function renderInfo(info) {
+  const cache = info.cache
+    ? ` · from cache ${mb(info.cache.hitBytes)} MB, downloaded ${mb(info.cache.fetchedBytes)} MB`
+    : '';
+  $('model-info').textContent =
+    `${info.arch}, ${info.nLayers} layers on ${info.adapter} (${info.backend}, ${info.variant} kernels) · ` +
+    `loaded in ${info.loadSeconds.toFixed(1)} s${cache}${info.offline ? ' · offline' : ''}`;
+}
+
+async function checkWebGpu() {
+  if (!('gpu' in navigator)) return 'navigator.gpu is missing';
+  try {
+    if (!(await navigator.gpu.requestAdapter())) return 'navigator.gpu.requestAdapter() found no adapter';
+  } catch (err) {
+    return err.message;
+  }
+  return null;
+}
+
+function modelUrl() {
+  return $('model').value === 'other' ? $('model-url').value.trim() : $('model').value;
+}
+
+function setLoading(loading) {
+  $('load').disabled = loading;
+  $('cancel-load').hidden = !loading;
+  $('progress-row').hidden = false;
+  $('send').disabled = loading || !state.engine;
+}
+
+async function loadModel(url, settings = {}) {
+  clearError();
+  window.__webshard_progress = [];
+window.__webshard_reinits = 0;
+  state.loadController = new AbortController();
+  setLoading(true);
+  try {
+    const engine = await WorkerEngine.load(url, {
+      ...settings,
+      signal: state.loadController.signal,
+      onProgress: (event) => {
+        window.__webshard_progress.push(event);
+        renderProgress(event);
+      },
+      onDeviceLost: () => showError(new EngineError('Re-initialising the engine…', 'device-lost')),
+      onReinitialised: (info) => {
+        window.__webshard_reinits += 1;
+        clearError();
+        renderInfo(info);
+        window.__webshard_info = info;
+      },
+      onReinitFailed: showError,
+    });
+    state.engine?.channel.worker.terminate();
+    state.engine = engine;
+    state.messages = [];
+    window.__webshard_info = engine.info;
+    renderInfo(engine.info);
+    return engine;
+  } finally {
+    state.loadController = null;
+    setLoading(false);
+  }
+}
+
+function samplerOptions() {
+  const options = {};
+  for (const field of SAMPLER_FIELDS) {
+    const value = Number($(field).value);
+    if ($(field).value !== '' && Number.isFinite(value)) options[field] = value;
+  }
+  return options;
+}
+
+function addTurn(role, text) {
+  const div = document.createElement('div');
+  div.className = `turn ${role}`;
+  div.textContent = text;
+  $('transcript').append(div);
+  return div;
+}
+
+function setGenerating(generating) {
+  state.generating = generating;
+  $('send').disabled = generating || !state.engine;
+  $('stop').disabled = !generating;
+}
+
+/** Streams a reply into the transcript; resolves to the engine's result. */
+async function runTurn(promptText, options, useChat) {
+  addTurn('user', promptText);
+  const reply = addTurn('assistant', '');
+  let tokens = 0;
+  let firstAt = 0;
+  const onToken = (text) => {
+    tokens += 1;
+    firstAt ||= performance.now();
+    reply.textContent += text;
+    const seconds = (performance.now() - firstAt) / 1000;
+    if (seconds > 0) $('speed').textContent = `${(tokens / seconds).toFixed(1)} tokens/s`;
+  };
+  setGenerating(true);
+  try {
+    if (!useChat) return await state.engine.generate(promptText, options, onToken);
+    state.messages.push({ role: 'user', content: promptText });
+    const out = await state.engine.chat(state.messages, options, onToken);
+    state.messages.push({ role: 'assistant', content: out.text });
+    return out;
+  } finally {
+    setGenerating(false);
+  }
+}
+
+function showSpeed(out) {
+  $('speed').textContent =
+    `${out.ids.length} tokens · ${out.decodeTokS.toFixed(2)} tokens/s decode · ` +
+    `prefill ${out.prefillTokens} tokens in ${out.prefillSeconds.toFixed(2)} s${out.aborted ? ' · stopped' : ''}`;
+}
+
+async function onSend(event) {
+  event.preventDefault();
+  const text = $('prompt').value;
+  if (!text.trim() || !state.engine || state.generating) return;
+  clearError();
+  $('prompt').value = '';
+  try {
+    showSpeed(await runTurn(text, samplerOptions(), $('use-chat').checked));
+  } catch (err) {
+    showError(err);
+  }
+}
+
+/** Loads `model` and generates once from the URL parameters, for tests and scripts. */
+async function autorun() {
+  const model = params.get('model') || $('model').value;
+  const prompt = params.get('prompt') || 'The capital of France is';
+  const options = { n: 16, temp: 0, seed: 0 };
+  for (const field of SAMPLER_FIELDS) {
+    if (params.has(field)) options[field] = Number(params.get(field));
+  }
+  try {
+    const settings = params.get('cache') === '0' ? { cache: false } : {};
+    await loadModel(model, settings);
+    const out = await runTurn(prompt, options, false);
+    showSpeed(out);
+    window.__webshard_last = {
+      prompt_ids: out.promptIds,
+      ids: out.ids,
+      text: out.text,
+      decode_tok_s: out.decodeTokS,
+      adapter: state.engine.info.adapter,
+      variant: state.engine.info.variant,
+    };
+  } catch (err) {
+    showError(err);
+    window.__webshard_last = { error: err.message, kind: err.kind || 'other' };
+  }
+  document.body.dataset.done = '1';
+}
+
+function wireControls() {
+  $('model').addEventListener('change', () => {
+    $('model-url').hidden = $('model').value !== 'other';
+  });
+  $('load').addEventListener('click', () => loadModel(modelUrl()).catch(showError));
+  $('cancel-load').addEventListener('click', () => state.loadController?.abort());
+  $('clear-cache').addEventListener('click', async () => {
+    const channel = state.engine?.channel || WorkerEngine.channel();
+    await channel.request({ type: 'clear-cache' }).catch(showError);
+    if (!state.engine) channel.worker.terminate();
+  });
+  $('prompt-form').addEventListener('submit', onSend);
+  $('stop').addEventListener('click', () => state.engine?.abort());
+  $('new-chat').addEventListener('click', () => {
+    state.messages = [];
+    $('transcript').textContent = '';
+    state.engine?.reset();
+  });
+}
+
+async function main() {
+  wireControls();
+  if (params.has('model')) {
+    const known = [...$('model').options].some((o) => o.value === params.get('model'));
+    $('model').value = known ? params.get('model') : 'other';
+    $('model-url').hidden = known;
+    if (!known) $('model-url').value = params.get('model');
+  }
+  const missing = await checkWebGpu();
+  if (missing) {
+    $('caps').hidden = false;
+    $('caps').textContent = `${NO_WEBGPU_HELP} (${missing})`;
+    $('load').disabled = true;
+    if (params.get('autorun') === '1') {
+      window.__webshard_last = { error: $('caps').textContent, kind: 'no-webgpu' };
+      document.body.dataset.done = '1';
+    }
+    return;
+  }
+  if (params.get('autorun') === '1') await autorun();
+}
+
+main();

@@ -1,0 +1,127 @@
+// The page's handle on the engine, which lives in a Web Worker (worker.js). The API mirrors
+// the wasm package's `Engine`:
+//   const engine = await WorkerEngine.load(url, { onProgress, signal, onDeviceLost,
+//                                                 onReinitialised, ...settings });
+//   const out = await engine.generate(prompt, { n, temp, top_k, top_p, min_p,
+//                                               repeat_penalty, seed, stop }, onToken);
+//   const out = await engine.chat([{ role, content }], options, onToken);
+//   engine.abort();
+
+/** An Error carrying the engine's error class (`not-found`, `not-gguf`, `no-webgpu`...). */
+export class EngineError extends Error {
+  constructor(message, kind) {
+    super(message);
+    this.name = 'EngineError';
+    this.kind = kind || 'other';
+  }
+}
+
+class WorkerChannel {
+  constructor(url) {
+    this.worker = new Worker(url, { type: 'module' });
+    this.pending = new Map();
+    this.nextId = 1;
+    this.listeners = { 'device-lost': [], reinitialised: [], 'reinit-failed': [] };
+    this.worker.onmessage = ({ data }) => this.receive(data);
+    this.worker.onerror = (event) => this.failAll(event.message || 'the engine worker failed to start');
+  }
+
+  receive(data) {
+    if (data.id === undefined) {
+      for (const listener of this.listeners[data.type] || []) listener(data);
+      return;
+    }
+    const call = this.pending.get(data.id);
+    if (!call) return;
+    if (data.type === 'progress') call.onProgress?.(data.event);
+    else if (data.type === 'token') call.onToken?.(data.text);
+    else {
+      this.pending.delete(data.id);
+      if (data.type === 'result') call.resolve(data.value);
+      else call.reject(new EngineError(data.message, data.kind));
+    }
+  }
+
+  failAll(message) {
+    for (const call of this.pending.values()) call.reject(new EngineError(message, 'worker'));
+    this.pending.clear();
+  }
+
+  request(message, hooks = {}) {
+    const id = this.nextId++;
+    return new Promise((resolve, reject) => {
+      this.pending.set(id, { resolve, reject, ...hooks });
+      this.worker.postMessage({ ...message, id });
+    });
+  }
+
+  send(message) {
+    this.worker.postMessage({ ...message, id: this.nextId++ });
+  }
+}
+
+export class WorkerEngine {
+  constructor(channel, info) {
+    this.channel = channel;
+    this.info = info;
+  }
+
+  /** Loads `url` in a new worker (or `options.channel`'s). Resolves once the model is on the GPU. */
+  static async load(url, options = {}) {
+    const { onProgress, signal, onDeviceLost, onReinitialised, onReinitFailed, channel, ...settings } = options;
+    const worker = channel || new WorkerChannel(new URL('./worker.js', import.meta.url));
+    if (signal?.aborted) throw new EngineError('stopped: the load was aborted', 'aborted');
+    const cancel = () => worker.send({ type: 'cancel-load' });
+    signal?.addEventListener('abort', cancel);
+    try {
+      const info = await worker.request({ type: 'load', url, settings }, { onProgress });
+      const engine = new WorkerEngine(worker, info);
+      worker.listeners['device-lost'] = [(event) => onDeviceLost?.(event)];
+      worker.listeners.reinitialised = [
+        (event) => {
+          engine.info = event.info;
+          onReinitialised?.(event.info);
+        },
+      ];
+      worker.listeners['reinit-failed'] = [(event) => onReinitFailed?.(new EngineError(event.message, event.kind))];
+      return engine;
+    } finally {
+      signal?.removeEventListener('abort', cancel);
+    }
+  }
+
+  /** A worker to load into; lets a page reuse one worker across models. */
+  static channel() {
+    return new WorkerChannel(new URL('./worker.js', import.meta.url));
+  }
+
+  generate(prompt, options = {}, onToken) {
+    return this.channel.request({ type: 'generate', prompt, options }, { onToken });
+  }
+
+  chat(messages, options = {}, onToken) {
+    return this.channel.request({ type: 'chat', messages, options }, { onToken });
+  }
+
+  tokenize(text) {
+    return this.channel.request({ type: 'tokenize', text });
+  }
+
+  /** Stops the running generation after the current token. */
+  abort() {
+    this.channel.send({ type: 'abort' });
+  }
+
+  reset() {
+    return this.channel.request({ type: 'reset' });
+  }
+
+  /** Destroys the GPU device (tests of device-loss recovery). */
+  loseDevice() {
+    return this.channel.request({ type: 'lose-device' });
+  }
+
+  clearCache() {
+    return this.channel.request({ type: 'clear-cache' });
+  }
+}

@@ -1,0 +1,113 @@
+// The engine's thread. The page talks to it only through messages (see engine-client.js):
+//   page -> worker  { id, type: 'load' | 'generate' | 'chat' | 'abort' | 'cancel-load' |
+//                      'reset' | 'clear-cache' | 'lose-device', ... }
+//   worker -> page  { id, type: 'result' | 'error' | 'progress' | 'token' } and, unasked,
+//                   { type: 'device-lost' | 'reinitialised' | 'reinit-failed' }.
+import init, { Engine, wasmMemoryBytes, clearCache } from '/pkg/webshard.js';
+
+const ready = init();
+let engine = null;
+let lastLoad = null; // { url, settings } of the engine in use, to rebuild it after device loss
+let loadController = null;
+
+const post = (message) => self.postMessage(message);
+
+function errorMessage(id, err) {
+  return {
+    id,
+    type: 'error',
+    message: err && err.message ? err.message : String(err),
+    kind: (err && err.kind) || 'other',
+  };
+}
+
+async function load(id, url, settings) {
+  await ready;
+  loadController?.abort();
+  const controller = new AbortController();
+  loadController = controller;
+  const memoryBefore = wasmMemoryBytes();
+  let peakMemory = memoryBefore;
+  const next = await Engine.load(url, {
+    ...settings,
+    signal: controller.signal,
+    onProgress: (event) => {
+      peakMemory = Math.max(peakMemory, wasmMemoryBytes());
+      post({ id, type: 'progress', event });
+    },
+    onDeviceLost: (reason, message) => recover(reason, message),
+  });
+  if (loadController === controller) loadController = null;
+  engine?.free();
+  engine = next;
+  lastLoad = { url, settings };
+  const info = engine.info();
+  info.adapter ||= await adapterName();
+  info.wasmMemoryBefore = memoryBefore;
+  info.wasmMemoryPeak = Math.max(peakMemory, wasmMemoryBytes());
+  return info;
+}
+
+// wgpu leaves the adapter's name empty in browsers; ask WebGPU itself.
+async function adapterName() {
+  const adapter = await navigator.gpu?.requestAdapter();
+  const info = adapter?.info;
+  return (info && [info.vendor, info.architecture, info.description].filter(Boolean).join(' ')) || 'unknown';
+}
+
+// A lost device (driver reset, GPU process crash) takes the engine with it: build a new one
+// from the same URL, which the OPFS cache makes quick, without reloading the page.
+async function recover(reason, message) {
+  post({ type: 'device-lost', reason, message });
+  engine = null;
+  if (!lastLoad) return;
+  try {
+    const info = await load(undefined, lastLoad.url, lastLoad.settings);
+    post({ type: 'reinitialised', info });
+  } catch (err) {
+    post({ ...errorMessage(undefined, err), type: 'reinit-failed' });
+  }
+}
+
+function requireEngine() {
+  if (!engine) {
+    const err = new Error('no model is loaded');
+    err.kind = 'not-loaded';
+    throw err;
+  }
+  return engine;
+}
+
+const handlers = {
+  load: ({ id, url, settings }) => load(id, url, settings),
+  generate: ({ id, prompt, options }) =>
+    requireEngine().generate(prompt, options, (text) => post({ id, type: 'token', text })),
+  chat: ({ id, messages, options }) =>
+    requireEngine().chat(messages, options, (text) => post({ id, type: 'token', text })),
+  tokenize: ({ text }) => Array.from(requireEngine().tokenize(text)),
+  abort: () => engine?.abort(),
+  'cancel-load': () => loadController?.abort(),
+  reset: () => engine?.reset(),
+  'clear-cache': async () => {
+    await ready;
+    await clearCache();
+  },
+  'lose-device': () => requireEngine().loseDevice(),
+  memory: async () => {
+    await ready;
+    return wasmMemoryBytes();
+  },
+};
+
+self.onmessage = async ({ data }) => {
+  const handler = handlers[data.type];
+  if (!handler) {
+    post(errorMessage(data.id, new Error(`unknown request ${data.type}`)));
+    return;
+  }
+  try {
+    post({ id: data.id, type: 'result', value: await handler(data) });
+  } catch (err) {
+    post(errorMessage(data.id, err));
+  }
+};
