@@ -51,9 +51,14 @@ struct Digits {
     client: Client,
 }
 
+/// 100 bytes of ASCII digits, so every range is easy to check by eye.
+fn digits() -> Vec<u8> {
+    (0..100u8).map(|i| b'0' + i % 10).collect()
+}
+
 impl Digits {
     async fn serve() -> Digits {
-        let data: Vec<u8> = (0..100u8).map(|i| b'0' + i % 10).collect();
+        let data = digits();
         let root = fixture_root(&[("d.bin", &data)]);
         let base = serve_root(root.path()).await;
         let url = format!("{base}models/d.bin");
