@@ -138,6 +138,47 @@ fn top_k_matches_a_stable_sort() {
     }
 }
 
+/// Orders that defeat sampling shortcuts: sorted runs, plateaus of equal values, few levels.
+fn structured_logits(n: usize, seed: u64) -> Vec<(&'static str, Vec<f32>)> {
+    let noise = testing::random_f32(n, seed);
+    vec![
+        ("ascending", (0..n).map(|i| i as f32 * 1e-3).collect()),
+        ("descending", (0..n).map(|i| -(i as f32) * 1e-3).collect()),
+        ("all equal", vec![1.5; n]),
+        (
+            "three levels",
+            noise.iter().map(|v| (v * 1.5).round()).collect(),
+        ),
+        ("sawtooth", (0..n).map(|i| (i % 97) as f32).collect()),
+    ]
+}
+
+#[test]
+fn top_k_of_structured_logits() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for n in [64usize, 65, 1000, 151_936] {
+            for (name, values) in structured_logits(n, seed + n as u64) {
+                for k in [1usize, 7, 40, 64] {
+                    let (ids, _) = gpu_top_k(&gpu, variant, &values, k);
+                    let want = select::top_k_reference(&values, k);
+                    assert_eq!(
+                        ids, want,
+                        "top_k {name} n={n} k={k} {} {variant} seed={seed}",
+                        gpu.caps.backend
+                    );
+                }
+                let want = select::argmax_reference(&values);
+                assert_eq!(
+                    gpu_argmax(&gpu, variant, &values),
+                    want,
+                    "argmax {name} n={n}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn top_k_orders_infinities_and_nan() {
     let values = [

@@ -4,12 +4,13 @@
 // running max, the sum of exponentials and the unnormalised weighted sum of values.
 // attention_combine.wgsl merges the splits.
 //
-// Per tile of WG keys: lane i scores key i against every query head (phase 1), every lane
-// turns its key's scores into probabilities against the tile's max (phase 2), then each lane
-// accumulates (head, vec4 of head_dim) items over the tile's values (phase 3). The three
-// phases need only two barriers per tile: phase 1 of the next tile writes `scores` after
-// everybody has read it in phase 2, and phase 2 writes `probs` after the barrier that
-// follows phase 1, by which time phase 3 of the previous tile is finished everywhere.
+// Per tile of WG keys: lane i scores key i against every query head (phase 1); lane h < GQ
+// finds head h's new running max and turns its scores into probabilities (phase 2); then each
+// lane accumulates (head, vec4 of head_dim) items over the tile's values (phase 3). Scores are
+// double-buffered by tile parity, so two barriers per tile suffice: phase 1 of tile n + 2
+// rewrites a buffer only after both barriers of tile n + 1, which every lane passes after
+// finishing phase 3 of tile n. On CPU adapters every loop iteration is costly, which is why
+// the max is one lane's loop rather than every lane's.
 //
 // Constants: WG (lanes = keys per tile), GQ (query heads per kv head), HD (head_dim),
 // ITEMS (output vec4s per lane: ceil(GQ * HD / 4 / WG)).
@@ -39,8 +40,8 @@ const HD4: u32 = HD / 4u;
 const NEG: f32 = -1.0e30;
 
 var<workgroup> q_tile: array<vec4<f32>, GQ * HD4>;
-var<workgroup> scores: array<f32, GQ * WG>;
-var<workgroup> probs: array<f32, GQ * WG>;
+var<workgroup> scores: array<f32, 2u * GQ * WG>;
+var<workgroup> tile_max: array<f32, GQ>;
 
 fn first_visible(pos: u32) -> u32 {
     return select(0u, pos + 1u - params.window, pos + 1u > params.window);
@@ -72,15 +73,18 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
 
     let row_stride = params.kv_heads * HD4;
     let kv_offset = kv_group * HD4;
-    var run_max: array<f32, GQ>;
-    for (var h = 0u; h < GQ; h = h + 1u) {
-        run_max[h] = NEG;
+    // Lane h < GQ tracks head h's running max; each item tracks the max its sums are scaled by.
+    var head_max = NEG;
+    var item_max: array<f32, ITEMS>;
+    for (var k = 0u; k < ITEMS; k = k + 1u) {
+        item_max[k] = NEG;
     }
     var acc: array<vec4<f32>, ITEMS>;
     var sums: array<f32, ITEMS>;
 
     for (var tile = first_tile; tile < end_tile; tile = tile + 1u) {
         let tile_start = lo + tile * WG;
+        let buffer = (tile % 2u) * GQ * WG;
         let key = tile_start + lane;
         let valid = key <= pos;
         var dots: array<f32, GQ>;
@@ -94,18 +98,19 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             }
         }
         for (var h = 0u; h < GQ; h = h + 1u) {
-            scores[h * WG + lane] = select(NEG, capped(dots[h]), valid);
+            scores[buffer + h * WG + lane] = select(NEG, capped(dots[h]), valid);
         }
         workgroupBarrier();
 
-        var new_max: array<f32, GQ>;
-        for (var h = 0u; h < GQ; h = h + 1u) {
-            var m = run_max[h];
+        if (lane < GQ) {
+            let first = buffer + lane * WG;
             for (var u = 0u; u < WG; u = u + 1u) {
-                m = max(m, scores[h * WG + u]);
+                head_max = max(head_max, scores[first + u]);
             }
-            new_max[h] = m;
-            probs[h * WG + lane] = select(0.0, exp(scores[h * WG + lane] - m), valid);
+            for (var u = 0u; u < WG; u = u + 1u) {
+                scores[first + u] = exp(scores[first + u] - head_max);
+            }
+            tile_max[lane] = head_max;
         }
         workgroupBarrier();
 
@@ -115,12 +120,15 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             if (item < GQ * HD4) {
                 let h = item / HD4;
                 let d4 = item % HD4;
-                let correction = exp(run_max[h] - new_max[h]);
+                let new_max = tile_max[h];
+                let correction = exp(item_max[k] - new_max);
+                item_max[k] = new_max;
                 var weighted = acc[k] * correction;
                 var total = sums[k] * correction;
                 var row = tile_start * row_stride + kv_offset + d4;
+                let probs = buffer + h * WG;
                 for (var u = 0u; u < keys_in_tile; u = u + 1u) {
-                    let p = probs[h * WG + u];
+                    let p = scores[probs + u];
                     total = total + p;
                     weighted = weighted + p * v_cache[row];
                     row = row + row_stride;
@@ -129,7 +137,6 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
                 sums[k] = total;
             }
         }
-        run_max = new_max;
     }
 
     for (var k = 0u; k < ITEMS; k = k + 1u) {
@@ -140,7 +147,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             let slot = (token * params.heads + kv_group * GQ + h) * params.splits + split;
             partial_acc[slot * HD4 + d4] = acc[k];
             if (d4 == 0u) {
-                partial_stats[slot] = vec2<f32>(run_max[h], sums[k]);
+                partial_stats[slot] = vec2<f32>(item_max[k], sums[k]);
             }
         }
     }

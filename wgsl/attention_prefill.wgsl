@@ -1,10 +1,17 @@
 // Causal attention for many query positions (prefill, chunked prefill after start_pos > 0).
-// Workgroup (row_block, kv_group): the rows are (token, head) pairs of the query heads that
+// Workgroup (row_block, kv_group, split): the rows are (token, head) pairs of the query heads that
 // share kv head `kv_group`, token-major, WG rows per workgroup, one row per lane. Keys and
 // values stream through workgroup memory in tiles of BK keys (half_t in f16 variants, which
 // doubles the tile); each lane keeps its query and output accumulator in registers and
 // applies the online softmax once per tile (rescale by the tile max, then accumulate).
 // Two barriers per tile and none elsewhere: CPU adapters pay dearly for each barrier.
+//
+// Long key ranges are split over workgroups (z): llvmpipe ends every loop of an invocation
+// after 65535 back-edges in total, so one invocation must not walk too many keys; the splits
+// also spread chunked prefill with few tokens over the GPU. With one split the workgroup
+// writes the normalised output; otherwise the same partial results as attention_decode.wgsl,
+// merged by attention_combine.wgsl. The head_dim loops take four vec4s per iteration for the
+// same reason (head_dim is a multiple of 16).
 //
 // Constants: WG (rows per workgroup), HD (head_dim), BK (keys per tile).
 
@@ -26,6 +33,8 @@ struct Params {
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> partial_acc: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> partial_stats: array<vec2<f32>>;
 
 const HD4: u32 = HD / 4u;
 // Stands for "no key yet": finite, so exp(NEG - NEG) is 1 rather than NaN.
@@ -61,6 +70,7 @@ fn load_tile(tile_start: u32, last_key: u32, kv_group: u32, lane: u32) {
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let kv_group = group.y;
+    let split = group.z;
     let group_size = params.heads / params.kv_heads;
     let first_row = group.x * WG;
     let row = first_row + lane;
@@ -69,6 +79,9 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     // Keys any row of this workgroup can see.
     let lo = first_visible(params.start_pos + first_row / group_size);
     let hi = params.start_pos + last_token;
+    let tiles = (hi - lo) / BK + 1u;
+    let split_start = lo + split * tiles / params.splits * BK;
+    let split_end = lo + (split + 1u) * tiles / params.splits * BK;
 
     let token = min(row / group_size, params.tokens - 1u);
     let head = kv_group * group_size + row % group_size;
@@ -86,7 +99,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     var run_sum = 0.0;
     var tile_scores: array<f32, BK>;
 
-    for (var tile_start = lo; tile_start <= hi; tile_start = tile_start + BK) {
+    for (var tile_start = split_start; tile_start < split_end; tile_start = tile_start + BK) {
         load_tile(tile_start, hi, kv_group, lane);
         workgroupBarrier();
         let first_key = max(row_lo, tile_start);
@@ -96,8 +109,11 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             for (var key = first_key; key <= last_key; key = key + 1u) {
                 let t = (key - tile_start) * HD4;
                 var score = 0.0;
-                for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
-                    score = score + dot(query[d4], vec4<f32>(k_tile[t + d4]));
+                for (var d4 = 0u; d4 < HD4; d4 = d4 + 4u) {
+                    score = score + dot(query[d4], vec4<f32>(k_tile[t + d4]))
+                        + dot(query[d4 + 1u], vec4<f32>(k_tile[t + d4 + 1u]))
+                        + dot(query[d4 + 2u], vec4<f32>(k_tile[t + d4 + 2u]))
+                        + dot(query[d4 + 3u], vec4<f32>(k_tile[t + d4 + 3u]));
                 }
                 score = capped(score);
                 tile_scores[key - tile_start] = score;
@@ -105,15 +121,21 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             }
             let correction = exp(run_max - tile_max);
             run_sum = run_sum * correction;
-            for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+            for (var d4 = 0u; d4 < HD4; d4 = d4 + 4u) {
                 acc[d4] = acc[d4] * correction;
+                acc[d4 + 1u] = acc[d4 + 1u] * correction;
+                acc[d4 + 2u] = acc[d4 + 2u] * correction;
+                acc[d4 + 3u] = acc[d4 + 3u] * correction;
             }
             for (var key = first_key; key <= last_key; key = key + 1u) {
                 let p = exp(tile_scores[key - tile_start] - tile_max);
                 run_sum = run_sum + p;
                 let t = (key - tile_start) * HD4;
-                for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+                for (var d4 = 0u; d4 < HD4; d4 = d4 + 4u) {
                     acc[d4] = acc[d4] + p * vec4<f32>(v_tile[t + d4]);
+                    acc[d4 + 1u] = acc[d4 + 1u] + p * vec4<f32>(v_tile[t + d4 + 1u]);
+                    acc[d4 + 2u] = acc[d4 + 2u] + p * vec4<f32>(v_tile[t + d4 + 2u]);
+                    acc[d4 + 3u] = acc[d4 + 3u] + p * vec4<f32>(v_tile[t + d4 + 3u]);
                 }
             }
             run_max = tile_max;
@@ -121,10 +143,19 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         workgroupBarrier();
     }
 
-    if (in_range) {
+    if (!in_range) {
+        return;
+    }
+    if (params.splits == 1u) {
         let inverse = 1.0 / run_sum;
         for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
             out[q_base + d4] = acc[d4] * inverse;
         }
+        return;
     }
+    let slot = (token * params.heads + head) * params.splits + split;
+    for (var d4 = 0u; d4 < HD4; d4 = d4 + 1u) {
+        partial_acc[slot * HD4 + d4] = acc[d4];
+    }
+    partial_stats[slot] = vec2<f32>(run_max, run_sum);
 }

@@ -1,6 +1,8 @@
 // Dequantization of GGUF blocks read straight from their raw bytes.
 //
-// The kernel declares `weights: array<u32>` (the bytes of one weight part) and the constants
+// The kernel declares `weights: array<u32>` and `weights4: array<vec4<u32>>`, both bound to the
+// bytes of one weight part (the second is read only by types whose rows are whole vec4s:
+// on CPU adapters each load instruction costs a per-lane loop, so wide loads pay), and the constants
 // QUANT (type code, see QuantType::code), BLOCK (elements per block; 32 for float types),
 // BLOCK_BYTES and UNITS (= BLOCK / 32). A block is cut into UNITS "units" of 32 values each:
 // `dequant_unit(block_byte, unit)` returns them as 8 vec4s, and vec4 `i` holds the 4
@@ -36,117 +38,122 @@ fn bytes_of(word: u32) -> vec4<f32> {
     return vec4<f32>(unpack4xU8(word));
 }
 
-fn low_nibbles(word: u32) -> u32 {
-    return word & 0x0f0f0f0fu;
-}
-
-fn high_nibbles(word: u32) -> u32 {
-    return (word >> 4u) & 0x0f0f0f0fu;
-}
-
-// Bits 0..3 of `bits`, moved to bit 4 of bytes 0..3 (the fifth bit of four 5-bit quants).
-fn fifth_bits(bits: u32) -> u32 {
-    return (((bits & 0xfu) * 0x00204081u) & 0x01010101u) << 4u;
+// The 16 bytes at a 16-byte aligned byte offset.
+fn vec4_at(byte: u32) -> vec4<u32> {
+    return weights4[byte >> 4u];
 }
 
 fn unit_f32(block: u32) -> Unit {
-    let base = block >> 2u;
-    var v: Unit;
-    for (var i = 0u; i < 8u; i = i + 1u) {
-        let w = base + 4u * i;
-        v[i] = bitcast<vec4<f32>>(vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]));
-    }
-    return v;
+    let v = block >> 4u;
+    return Unit(bitcast<vec4<f32>>(weights4[v]), bitcast<vec4<f32>>(weights4[v + 1u]),
+                bitcast<vec4<f32>>(weights4[v + 2u]), bitcast<vec4<f32>>(weights4[v + 3u]),
+                bitcast<vec4<f32>>(weights4[v + 4u]), bitcast<vec4<f32>>(weights4[v + 5u]),
+                bitcast<vec4<f32>>(weights4[v + 6u]), bitcast<vec4<f32>>(weights4[v + 7u]));
+}
+
+fn f16x4(words: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(words.x), unpack2x16float(words.y));
 }
 
 fn unit_f16(block: u32) -> Unit {
-    let base = block >> 2u;
-    var v: Unit;
-    for (var i = 0u; i < 8u; i = i + 1u) {
-        let w = base + 2u * i;
-        v[i] = vec4<f32>(unpack2x16float(weights[w]), unpack2x16float(weights[w + 1u]));
-    }
-    return v;
+    let v = block >> 4u;
+    let a = weights4[v];
+    let b = weights4[v + 1u];
+    let c = weights4[v + 2u];
+    let d = weights4[v + 3u];
+    return Unit(f16x4(a.xy), f16x4(a.zw), f16x4(b.xy), f16x4(b.zw),
+                f16x4(c.xy), f16x4(c.zw), f16x4(d.xy), f16x4(d.zw));
 }
 
 fn bf16_pair(word: u32) -> vec2<f32> {
     return vec2<f32>(bitcast<f32>(word << 16u), bitcast<f32>(word & 0xffff0000u));
 }
 
+fn bf16x4(words: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(bf16_pair(words.x), bf16_pair(words.y));
+}
+
 fn unit_bf16(block: u32) -> Unit {
-    let base = block >> 2u;
-    var v: Unit;
-    for (var i = 0u; i < 8u; i = i + 1u) {
-        let w = base + 2u * i;
-        v[i] = vec4<f32>(bf16_pair(weights[w]), bf16_pair(weights[w + 1u]));
-    }
-    return v;
+    let v = block >> 4u;
+    let a = weights4[v];
+    let b = weights4[v + 1u];
+    let c = weights4[v + 2u];
+    let d = weights4[v + 3u];
+    return Unit(bf16x4(a.xy), bf16x4(a.zw), bf16x4(b.xy), bf16x4(b.zw),
+                bf16x4(c.xy), bf16x4(c.zw), bf16x4(d.xy), bf16x4(d.zw));
+}
+
+// Sixteen 4- or 5-bit quants from four words: low nibbles are elements 0..16 of the unit,
+// high nibbles 16..32 (fifth bits, if any, already merged in), as q * scale + offset.
+fn nibble_unit(low: vec4<u32>, high: vec4<u32>, scale: f32, offset: f32) -> Unit {
+    let s = vec4<f32>(scale);
+    let o = vec4<f32>(offset);
+    return Unit(fma(bytes_of(low.x), s, o), fma(bytes_of(low.y), s, o),
+                fma(bytes_of(low.z), s, o), fma(bytes_of(low.w), s, o),
+                fma(bytes_of(high.x), s, o), fma(bytes_of(high.y), s, o),
+                fma(bytes_of(high.z), s, o), fma(bytes_of(high.w), s, o));
+}
+
+fn words4_at2(byte: u32) -> vec4<u32> {
+    return vec4<u32>(word_at2(byte), word_at2(byte + 4u), word_at2(byte + 8u), word_at2(byte + 12u));
+}
+
+fn words4_at(byte: u32) -> vec4<u32> {
+    let w = byte >> 2u;
+    return vec4<u32>(weights[w], weights[w + 1u], weights[w + 2u], weights[w + 3u]);
+}
+
+// Bits 4k..4k + 3 of `qh` for k = 0..3, each spread to the fifth bit of four bytes.
+fn fifth_bits4(qh: u32) -> vec4<u32> {
+    let nibbles = vec4<u32>(qh, qh >> 4u, qh >> 8u, qh >> 12u) & vec4<u32>(0xfu);
+    return ((nibbles * 0x00204081u) & vec4<u32>(0x01010101u)) << vec4<u32>(4u);
 }
 
 // Q4_0: d, qs[16]; value = (q - 8) * d. Word k of qs holds elements 4k.. (low) and 16 + 4k..
 fn unit_q4_0(block: u32) -> Unit {
     let d = f16_at(block);
-    let offset = -8.0 * d;
-    var v: Unit;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let q = word_at2(block + 2u + 4u * k);
-        v[k] = fma(bytes_of(low_nibbles(q)), vec4<f32>(d), vec4<f32>(offset));
-        v[k + 4u] = fma(bytes_of(high_nibbles(q)), vec4<f32>(d), vec4<f32>(offset));
-    }
-    return v;
+    let q = words4_at2(block + 2u);
+    return nibble_unit(q & vec4<u32>(0x0f0f0f0fu), (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu), d, -8.0 * d);
 }
 
 // Q4_1: d, m, qs[16]; value = q * d + m.
 fn unit_q4_1(block: u32) -> Unit {
     let dm = unpack2x16float(word_at(block));
-    var v: Unit;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let q = word_at(block + 4u + 4u * k);
-        v[k] = fma(bytes_of(low_nibbles(q)), vec4<f32>(dm.x), vec4<f32>(dm.y));
-        v[k + 4u] = fma(bytes_of(high_nibbles(q)), vec4<f32>(dm.x), vec4<f32>(dm.y));
-    }
-    return v;
+    let q = words4_at(block + 4u);
+    return nibble_unit(q & vec4<u32>(0x0f0f0f0fu), (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu), dm.x, dm.y);
 }
 
 // Q5_0: d, qh (32 fifth bits), qs[16]; value = (q - 16) * d.
 fn unit_q5_0(block: u32) -> Unit {
     let d = f16_at(block);
-    let offset = -16.0 * d;
     let qh = word_at2(block + 2u);
-    var v: Unit;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let q = word_at2(block + 6u + 4u * k);
-        let low = low_nibbles(q) | fifth_bits(qh >> (4u * k));
-        let high = high_nibbles(q) | fifth_bits(qh >> (16u + 4u * k));
-        v[k] = fma(bytes_of(low), vec4<f32>(d), vec4<f32>(offset));
-        v[k + 4u] = fma(bytes_of(high), vec4<f32>(d), vec4<f32>(offset));
-    }
-    return v;
+    let q = words4_at2(block + 6u);
+    let low = (q & vec4<u32>(0x0f0f0f0fu)) | fifth_bits4(qh);
+    let high = ((q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu)) | fifth_bits4(qh >> 16u);
+    return nibble_unit(low, high, d, -16.0 * d);
 }
 
 // Q5_1: d, m, qh, qs[16]; value = q * d + m.
 fn unit_q5_1(block: u32) -> Unit {
     let dm = unpack2x16float(word_at(block));
     let qh = word_at(block + 4u);
-    var v: Unit;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let q = word_at(block + 8u + 4u * k);
-        let low = low_nibbles(q) | fifth_bits(qh >> (4u * k));
-        let high = high_nibbles(q) | fifth_bits(qh >> (16u + 4u * k));
-        v[k] = fma(bytes_of(low), vec4<f32>(dm.x), vec4<f32>(dm.y));
-        v[k + 4u] = fma(bytes_of(high), vec4<f32>(dm.x), vec4<f32>(dm.y));
-    }
-    return v;
+    let q = words4_at(block + 8u);
+    let low = (q & vec4<u32>(0x0f0f0f0fu)) | fifth_bits4(qh);
+    let high = ((q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu)) | fifth_bits4(qh >> 16u);
+    return nibble_unit(low, high, dm.x, dm.y);
+}
+
+fn i8x4(word: u32, d: f32) -> vec4<f32> {
+    return vec4<f32>(unpack4xI8(word)) * d;
 }
 
 // Q8_0: d, qs[32] signed.
 fn unit_q8_0(block: u32) -> Unit {
     let d = f16_at(block);
-    var v: Unit;
-    for (var k = 0u; k < 8u; k = k + 1u) {
-        v[k] = vec4<f32>(unpack4xI8(word_at2(block + 2u + 4u * k))) * d;
-    }
-    return v;
+    let a = words4_at2(block + 2u);
+    let b = words4_at2(block + 18u);
+    return Unit(i8x4(a.x, d), i8x4(a.y, d), i8x4(a.z, d), i8x4(a.w, d),
+                i8x4(b.x, d), i8x4(b.y, d), i8x4(b.z, d), i8x4(b.w, d));
 }
 
 fn scale_byte(scales: vec3<u32>, index: u32) -> u32 {
@@ -164,44 +171,43 @@ fn scale_min_k4(scales: vec3<u32>, j: u32) -> vec2<f32> {
     return vec2<f32>(f32(scale), f32(min));
 }
 
-// Q4_K unit u: pair p = u / 2 of sub-blocks (2p low nibbles, 2p + 1 high nibbles), half h =
-// u % 2 of its 32 qs bytes. Elements 64p + 16h + 0..16 and 64p + 32 + 16h + 0..16.
+// Q4_K and Q5_K unit u: pair p = u / 2 of sub-blocks (2p in the low nibbles, 2p + 1 in the
+// high ones), half u % 2 of the pair's 32 qs bytes: elements 64p + 16h + 0..16 and
+// 64p + 32 + 16h + 0..16. `low`/`high` are the quants with fifth bits merged in.
+fn k_quant_unit(header: vec4<u32>, pair: u32, low: vec4<u32>, high: vec4<u32>) -> Unit {
+    let dm = unpack2x16float(header.x);
+    let scales = header.yzw;
+    let scale_low = scale_min_k4(scales, 2u * pair) * dm;
+    let scale_high = scale_min_k4(scales, 2u * pair + 1u) * dm;
+    let s_low = vec4<f32>(scale_low.x);
+    let o_low = vec4<f32>(-scale_low.y);
+    let s_high = vec4<f32>(scale_high.x);
+    let o_high = vec4<f32>(-scale_high.y);
+    return Unit(fma(bytes_of(low.x), s_low, o_low), fma(bytes_of(low.y), s_low, o_low),
+                fma(bytes_of(low.z), s_low, o_low), fma(bytes_of(low.w), s_low, o_low),
+                fma(bytes_of(high.x), s_high, o_high), fma(bytes_of(high.y), s_high, o_high),
+                fma(bytes_of(high.z), s_high, o_high), fma(bytes_of(high.w), s_high, o_high));
+}
+
+// Q4_K: d, dmin, scales[12], qs[128]; value = d * scale * q - dmin * min.
 fn unit_q4_k(block: u32, unit: u32) -> Unit {
-    let dm = unpack2x16float(word_at(block));
-    let scales = vec3<u32>(word_at(block + 4u), word_at(block + 8u), word_at(block + 12u));
     let pair = unit / 2u;
-    let low = scale_min_k4(scales, 2u * pair) * dm;
-    let high = scale_min_k4(scales, 2u * pair + 1u) * dm;
-    let qs = block + 16u + 32u * pair + 16u * (unit % 2u);
-    var v: Unit;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let q = word_at(qs + 4u * k);
-        v[k] = fma(bytes_of(low_nibbles(q)), vec4<f32>(low.x), vec4<f32>(-low.y));
-        v[k + 4u] = fma(bytes_of(high_nibbles(q)), vec4<f32>(high.x), vec4<f32>(-high.y));
-    }
-    return v;
+    let q = vec4_at(block + 16u + 32u * pair + 16u * (unit % 2u));
+    let low = q & vec4<u32>(0x0f0f0f0fu);
+    let high = (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
+    return k_quant_unit(vec4_at(block), pair, low, high);
 }
 
 // Q5_K: Q4_K's layout plus qh[32]; the fifth bit of element l of pair p is bit 2p (low
 // nibbles) or 2p + 1 (high nibbles) of qh[l].
 fn unit_q5_k(block: u32, unit: u32) -> Unit {
-    let dm = unpack2x16float(word_at(block));
-    let scales = vec3<u32>(word_at(block + 4u), word_at(block + 8u), word_at(block + 12u));
     let pair = unit / 2u;
-    let low = scale_min_k4(scales, 2u * pair) * dm;
-    let high = scale_min_k4(scales, 2u * pair + 1u) * dm;
-    let qh = block + 16u + 16u * (unit % 2u);
-    let qs = block + 48u + 32u * pair + 16u * (unit % 2u);
-    var v: Unit;
-    for (var k = 0u; k < 4u; k = k + 1u) {
-        let q = word_at(qs + 4u * k);
-        let h = word_at(qh + 4u * k) >> (2u * pair);
-        let q_low = low_nibbles(q) | ((h & 0x01010101u) << 4u);
-        let q_high = high_nibbles(q) | (((h >> 1u) & 0x01010101u) << 4u);
-        v[k] = fma(bytes_of(q_low), vec4<f32>(low.x), vec4<f32>(-low.y));
-        v[k + 4u] = fma(bytes_of(q_high), vec4<f32>(high.x), vec4<f32>(-high.y));
-    }
-    return v;
+    let q = vec4_at(block + 48u + 32u * pair + 16u * (unit % 2u));
+    let h = vec4_at(block + 16u + 16u * (unit % 2u)) >> vec4<u32>(2u * pair);
+    let ones = vec4<u32>(0x01010101u);
+    let low = (q & vec4<u32>(0x0f0f0f0fu)) | ((h & ones) << vec4<u32>(4u));
+    let high = ((q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu)) | (((h >> vec4<u32>(1u)) & ones) << vec4<u32>(4u));
+    return k_quant_unit(vec4_at(block), pair, low, high);
 }
 
 // Q6_K: ql[128], qh[64], scales[16] (i8), d. Unit u covers half n = u / 4 and l in
@@ -217,22 +223,25 @@ fn unit_q6_k(block: u32, unit: u32) -> Unit {
     let scale = d * vec4<f32>(f32(scales_low[is]), f32(scales_low[is + 2u]),
                               f32(scales_high[is]), f32(scales_high[is + 2u]));
     let offset = -32.0 * scale;
-    var v: Unit;
-    for (var i = 0u; i < 2u; i = i + 1u) {
-        let l = l0 + 4u * i;
-        let a = word_at2(block + 64u * half + l);
-        let b = word_at2(block + 64u * half + 32u + l);
-        let h = word_at2(block + 128u + 32u * half + l);
-        let q1 = low_nibbles(a) | ((h & 0x03030303u) << 4u);
-        let q2 = low_nibbles(b) | (((h >> 2u) & 0x03030303u) << 4u);
-        let q3 = high_nibbles(a) | (((h >> 4u) & 0x03030303u) << 4u);
-        let q4 = high_nibbles(b) | (((h >> 6u) & 0x03030303u) << 4u);
-        v[i] = fma(bytes_of(q1), vec4<f32>(scale.x), vec4<f32>(offset.x));
-        v[i + 2u] = fma(bytes_of(q2), vec4<f32>(scale.y), vec4<f32>(offset.y));
-        v[i + 4u] = fma(bytes_of(q3), vec4<f32>(scale.z), vec4<f32>(offset.z));
-        v[i + 6u] = fma(bytes_of(q4), vec4<f32>(scale.w), vec4<f32>(offset.w));
-    }
-    return v;
+    let ql = block + 64u * half + l0;
+    let a = vec2<u32>(word_at2(ql), word_at2(ql + 4u));
+    let b = vec2<u32>(word_at2(ql + 32u), word_at2(ql + 36u));
+    let qh = block + 128u + 32u * half + l0;
+    let h = vec2<u32>(word_at2(qh), word_at2(qh + 4u));
+    let nibble = vec2<u32>(0x0f0f0f0fu);
+    let two = vec2<u32>(0x03030303u);
+    let q1 = (a & nibble) | ((h & two) << vec2<u32>(4u));
+    let q2 = (b & nibble) | (((h >> vec2<u32>(2u)) & two) << vec2<u32>(4u));
+    let q3 = ((a >> vec2<u32>(4u)) & nibble) | (((h >> vec2<u32>(4u)) & two) << vec2<u32>(4u));
+    let q4 = ((b >> vec2<u32>(4u)) & nibble) | (((h >> vec2<u32>(6u)) & two) << vec2<u32>(4u));
+    return Unit(fma(bytes_of(q1.x), vec4<f32>(scale.x), vec4<f32>(offset.x)),
+                fma(bytes_of(q1.y), vec4<f32>(scale.x), vec4<f32>(offset.x)),
+                fma(bytes_of(q2.x), vec4<f32>(scale.y), vec4<f32>(offset.y)),
+                fma(bytes_of(q2.y), vec4<f32>(scale.y), vec4<f32>(offset.y)),
+                fma(bytes_of(q3.x), vec4<f32>(scale.z), vec4<f32>(offset.z)),
+                fma(bytes_of(q3.y), vec4<f32>(scale.z), vec4<f32>(offset.z)),
+                fma(bytes_of(q4.x), vec4<f32>(scale.w), vec4<f32>(offset.w)),
+                fma(bytes_of(q4.y), vec4<f32>(scale.w), vec4<f32>(offset.w)));
 }
 
 // The 32 values of unit `unit` of the block starting at byte `block` of `weights`.
@@ -259,4 +268,16 @@ fn block_element(unit: u32, i: u32) -> u32 {
         case 10u: { return 128u * (unit / 4u) + 8u * (unit % 4u) + 32u * (i / 2u) + 4u * (i % 2u); }
         default: { return 4u * i; }
     }
+}
+
+// dot(values, a) as four partial sums.
+fn unit_dot(values: Unit, a: Unit) -> vec4<f32> {
+    var acc = values[0] * a[0];
+    acc = fma(values[1], a[1], acc);
+    acc = fma(values[2], a[2], acc);
+    acc = fma(values[3], a[3], acc);
+    acc = fma(values[4], a[4], acc);
+    acc = fma(values[5], a[5], acc);
+    acc = fma(values[6], a[6], acc);
+    return fma(values[7], a[7], acc);
 }

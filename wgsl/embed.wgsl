@@ -17,6 +17,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> weights: array<u32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> weights4: array<vec4<u32>>;
 
 @compute @workgroup_size(WG)
 fn embed(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {

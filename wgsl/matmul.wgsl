@@ -21,6 +21,7 @@ struct Params {
 @group(0) @binding(1) var<storage, read> weights: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> weights4: array<vec4<u32>>;
 
 const BK: u32 = 128u;
 const BK4: u32 = BK / 4u;
@@ -28,6 +29,19 @@ const UNITS_PER_STEP: u32 = BK / 32u;
 const ROW_THREADS: u32 = TR / RPT;
 
 var<workgroup> tile: array<vec4<f32>, TR * BK4>;
+
+// Stores a unit's values at their places in a tile row starting at vec4 `base` (written out:
+// CPU compilers keep constant-indexed arrays in registers).
+fn store_unit(base: u32, u: u32, values: Unit) {
+    tile[base + block_element(u, 0u) / 4u] = values[0];
+    tile[base + block_element(u, 1u) / 4u] = values[1];
+    tile[base + block_element(u, 2u) / 4u] = values[2];
+    tile[base + block_element(u, 3u) / 4u] = values[3];
+    tile[base + block_element(u, 4u) / 4u] = values[4];
+    tile[base + block_element(u, 5u) / 4u] = values[5];
+    tile[base + block_element(u, 6u) / 4u] = values[6];
+    tile[base + block_element(u, 7u) / 4u] = values[7];
+}
 
 // Dequantizes rows first_tile_row .. + TR, elements k0 .. k0 + BK into `tile`.
 fn load_tile(first_tile_row: u32, k0: u32, lane: u32) {
@@ -38,11 +52,10 @@ fn load_tile(first_tile_row: u32, k0: u32, lane: u32) {
         let block = unit / UNITS;
         if (row < params.rows && block < params.blocks_per_row) {
             let u = unit % UNITS;
-            let values = dequant_unit(row * params.row_bytes + block * BLOCK_BYTES, u);
-            let block_start = block * BLOCK;
-            for (var i = 0u; i < 8u; i = i + 1u) {
-                tile[tile_row * BK4 + (block_start + block_element(u, i) - k0) / 4u] = values[i];
-            }
+            // May wrap below zero for a block that starts before k0; its unit's elements
+            // bring it back in range (u32 arithmetic is modular and every term is a multiple of 4).
+            let base = tile_row * BK4 + block * (BLOCK / 4u) - k0 / 4u;
+            store_unit(base, u, dequant_unit(row * params.row_bytes + block * BLOCK_BYTES, u));
         }
     }
 }

@@ -1,9 +1,11 @@
 // Matrix-vector product for one token: out[first_row + r] = dot(W[r, :], x).
 //
-// A workgroup owns ROWS rows; the TPR = WG / ROWS threads of a row take its 32-value units in
-// turn (thread t: units t, t + TPR, ...), so neighbouring threads read neighbouring bytes.
-// Each thread keeps one partial sum; a row's partials are added once at the end, with a
-// single barrier for the whole workgroup (CPU adapters pay dearly for each barrier).
+// Each thread accumulates RPT consecutive rows at once, so every activation it loads serves
+// RPT rows (on CPU adapters every storage load is a per-lane scalar loop, and activation
+// loads would otherwise outnumber weight loads several times). TPR threads share a group of
+// rows along K, taking its 32-value units in turn (thread t: units t, t + TPR, ...), so
+// neighbouring threads read neighbouring bytes. A workgroup holds WG / TPR such groups, and
+// the partial sums meet once at the end: one barrier per workgroup, or none with subgroups.
 
 struct Params {
     rows: u32,
@@ -20,45 +22,78 @@ struct Params {
 @group(0) @binding(1) var<storage, read> weights: array<u32>;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read> weights4: array<vec4<u32>>;
 
-const TPR: u32 = WG / ROWS;
+const ROW_GROUPS: u32 = WG / TPR;
 
-var<workgroup> partials: array<f32, WG>;
+var<workgroup> partials: array<f32, WG * RPT>;
 
-fn matvec_row(group: vec3<u32>, lane: u32) -> u32 {
-    return (group.x + group.y * params.groups_x) * ROWS + lane / TPR;
+// The first of the RPT rows this thread works on.
+fn first_thread_row(group: vec3<u32>, lane: u32) -> u32 {
+    return ((group.x + group.y * params.groups_x) * ROW_GROUPS + lane / TPR) * RPT;
 }
 
-// This thread's share of dot(W[row, :], x).
-fn row_partial(row: u32, thread: u32) -> f32 {
-    if (row >= params.rows) {
-        return 0.0;
+// The activations unit `u` of the block starting at vec4 `x_block` of x multiplies.
+fn unit_activations(x_block: u32, u: u32) -> Unit {
+    return Unit(x[x_block + block_element(u, 0u) / 4u], x[x_block + block_element(u, 1u) / 4u],
+                x[x_block + block_element(u, 2u) / 4u], x[x_block + block_element(u, 3u) / 4u],
+                x[x_block + block_element(u, 4u) / 4u], x[x_block + block_element(u, 5u) / 4u],
+                x[x_block + block_element(u, 6u) / 4u], x[x_block + block_element(u, 7u) / 4u]);
+}
+
+// This thread's shares of dot(W[first + r, :], x) for r < RPT. Rows past the part repeat its
+// last row (keeping control flow uniform); their sums are never written.
+fn thread_partials(first: u32, thread: u32) -> array<f32, RPT> {
+    var row_start: array<u32, RPT>;
+    for (var r = 0u; r < RPT; r = r + 1u) {
+        row_start[r] = min(first + r, params.rows - 1u) * params.row_bytes;
     }
+    var acc: array<vec4<f32>, RPT>;
     let units = params.blocks_per_row * UNITS;
-    let row_start = row * params.row_bytes;
-    var acc = vec4<f32>(0.0);
     for (var unit = thread; unit < units; unit = unit + TPR) {
         let block = unit / UNITS;
         let u = unit % UNITS;
-        let values = dequant_unit(row_start + block * BLOCK_BYTES, u);
         let x_block = block * (BLOCK / 4u);
-        for (var i = 0u; i < 8u; i = i + 1u) {
-            acc = fma(values[i], x[x_block + block_element(u, i) / 4u], acc);
+        let activations = unit_activations(x_block, u);
+        for (var r = 0u; r < RPT; r = r + 1u) {
+            acc[r] = acc[r] + unit_dot(dequant_unit(row_start[r] + block * BLOCK_BYTES, u), activations);
         }
     }
-    return (acc.x + acc.y) + (acc.z + acc.w);
+    var sums: array<f32, RPT>;
+    for (var r = 0u; r < RPT; r = r + 1u) {
+        sums[r] = (acc[r].x + acc[r].y) + (acc[r].z + acc[r].w);
+    }
+    return sums;
+}
+
+fn write_row(row: u32, value: f32) {
+    if (row < params.rows) {
+        out[params.first_row + row] = value;
+    }
 }
 
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let row = matvec_row(group, lane);
-    partials[lane] = row_partial(row, lane % TPR);
-    workgroupBarrier();
-    if (lane % TPR == 0u && row < params.rows) {
-        var total = 0.0;
-        for (var i = 0u; i < TPR; i = i + 1u) {
-            total = total + partials[lane + i];
+    let first = first_thread_row(group, lane);
+    let thread = lane % TPR;
+    let sums = thread_partials(first, thread);
+    if (TPR == 1u) {
+        for (var r = 0u; r < RPT; r = r + 1u) {
+            write_row(first + r, sums[r]);
         }
-        out[params.first_row + row] = total;
+        return;
+    }
+    for (var r = 0u; r < RPT; r = r + 1u) {
+        partials[lane * RPT + r] = sums[r];
+    }
+    workgroupBarrier();
+    // Thread t of a group adds up rows t, t + TPR, ... of it.
+    let group_lane = lane - thread;
+    for (var r = thread; r < RPT; r = r + TPR) {
+        var total = 0.0;
+        for (var j = 0u; j < TPR; j = j + 1u) {
+            total = total + partials[(group_lane + j) * RPT + r];
+        }
+        write_row(first + r, total);
     }
 }

@@ -3,17 +3,21 @@
 // per workgroup, then one workgroup merges the chunks' lists (`select_final`, `argmax_final`).
 // f32 in every variant: logits are compared, never computed.
 //
-// Each lane keeps a sorted list of its best K candidates in private memory; the workgroup then
-// pops the best head among the lanes' lists K times. A shared-memory tree reduces (value,
-// index) pairs so that -inf logits and ties keep their exact order.
+// Each lane keeps a sorted list of its best K candidates in private memory; the lanes' lists
+// are then merged pairwise through shared memory. Comparisons are on (value, index) pairs, so
+// -inf logits and ties keep their exact order. For K > 1 a cheap first scan finds a threshold
+// that only a few candidates pass, because sorted insertion is the costly part.
+// Needs WG (a power of two), K, SUBSETS (per lane, for the threshold), MAXIMA = WG * SUBSETS
+// and PARTNER_SLOTS = WG / 2 * K.
 
 struct Params {
     // Candidates in this pass: logits in the first, groups * K list entries in the second.
     n: u32,
-    // Candidates each workgroup of the first pass reads.
+    // Candidates each workgroup reads.
     chunk: u32,
-    pad0: u32,
-    pad1: u32,
+    // 0: the input holds logits; 1: it holds (value bits, index) pairs.
+    pairs: u32,
+    pad: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -26,125 +30,208 @@ struct Params {
 
 const NO_INDEX: u32 = 0xffffffffu;
 
+struct Candidate {
+    value: f32,
+    index: u32,
+}
+
 var<private> top_value: array<f32, K>;
 var<private> top_index: array<u32, K>;
 var<private> top_count: u32;
 
-var<workgroup> shared_value: array<f32, WG>;
-var<workgroup> shared_index: array<u32, WG>;
-var<workgroup> winner_value: array<f32, K>;
-var<workgroup> winner_index: array<u32, K>;
+// Lists handed from the upper half of the active lanes to the lower half while merging.
+var<workgroup> partner_value: array<f32, PARTNER_SLOTS>;
+var<workgroup> partner_index: array<u32, PARTNER_SLOTS>;
+var<workgroup> partner_count: array<u32, WG>;
+// The lanes' subset maxima, and the K-th best of them.
+var<workgroup> maxima_value: array<f32, MAXIMA>;
+var<workgroup> maxima_index: array<u32, MAXIMA>;
+var<workgroup> threshold: Candidate;
 
-fn negative_infinity() -> f32 {
+fn no_candidate() -> Candidate {
     // Through a variable: WGSL forbids infinities in const-expressions (Tint enforces it).
     var bits = 0xff800000u;
-    return bitcast<f32>(bits);
+    return Candidate(bitcast<f32>(bits), NO_INDEX);
 }
 
-fn better(value: f32, index: u32, other_value: f32, other_index: u32) -> bool {
-    return value > other_value || (value == other_value && index < other_index);
+fn better(a: Candidate, b: Candidate) -> bool {
+    return a.value > b.value || (a.value == b.value && a.index < b.index);
 }
 
 // NaN would break the order of the lists, so it ranks as -inf. Tested on the bits: drivers
 // may fold `v != v` away.
-fn insert(raw_value: f32, index: u32) {
-    var value = raw_value;
-    if ((bitcast<u32>(value) & 0x7fffffffu) > 0x7f800000u) {
-        value = negative_infinity();
+fn load(i: u32) -> Candidate {
+    var candidate = Candidate(bitcast<f32>(input[i]), i);
+    if (params.pairs != 0u) {
+        candidate = Candidate(bitcast<f32>(input[2u * i]), input[2u * i + 1u]);
     }
-    if (top_count == K && !better(value, index, top_value[K - 1u], top_index[K - 1u])) {
+    if ((bitcast<u32>(candidate.value) & 0x7fffffffu) > 0x7f800000u) {
+        candidate.value = no_candidate().value;
+    }
+    return candidate;
+}
+
+fn list_entry(j: u32) -> Candidate {
+    if (j < top_count) {
+        return Candidate(top_value[j], top_index[j]);
+    }
+    return no_candidate();
+}
+
+fn insert(candidate: Candidate) {
+    if (top_count == K && !better(candidate, list_entry(K - 1u))) {
         return;
     }
     var slot = min(top_count, K - 1u);
     top_count = min(top_count + 1u, K);
-    while (slot > 0u && better(value, index, top_value[slot - 1u], top_index[slot - 1u])) {
+    while (slot > 0u && better(candidate, list_entry(slot - 1u))) {
         top_value[slot] = top_value[slot - 1u];
         top_index[slot] = top_index[slot - 1u];
         slot = slot - 1u;
     }
-    top_value[slot] = value;
-    top_index[slot] = index;
+    top_value[slot] = candidate.value;
+    top_index[slot] = candidate.index;
 }
 
-// Best (value, index) over the workgroup, left in shared_value[0] / shared_index[0].
-fn reduce_best(value: f32, index: u32, lane: u32) {
-    shared_value[lane] = value;
-    shared_index[lane] = index;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if (lane < stride) {
-            let other_value = shared_value[lane + stride];
-            let other_index = shared_index[lane + stride];
-            if (better(other_value, other_index, shared_value[lane], shared_index[lane])) {
-                shared_value[lane] = other_value;
-                shared_index[lane] = other_index;
+// Sets `threshold` to the K-th best of the maxima of WG * SUBSETS disjoint subsets of
+// [begin, end). Those maxima are distinct candidates, so the chunk's K best are all at least
+// as good as the threshold. Fewer than K non-empty subsets leave it at "no candidate".
+fn find_threshold(begin: u32, end: u32, lane: u32) {
+    var best: array<Candidate, SUBSETS>;
+    for (var s = 0u; s < SUBSETS; s = s + 1u) {
+        best[s] = no_candidate();
+    }
+    for (var base = begin + lane; base < end; base = base + MAXIMA) {
+        for (var s = 0u; s < SUBSETS; s = s + 1u) {
+            let i = base + s * WG;
+            if (i < end) {
+                let candidate = load(i);
+                if (better(candidate, best[s])) {
+                    best[s] = candidate;
+                }
             }
         }
+    }
+    for (var s = 0u; s < SUBSETS; s = s + 1u) {
+        maxima_value[s * WG + lane] = best[s].value;
+        maxima_index[s * WG + lane] = best[s].index;
+    }
+    if (lane == 0u) {
+        threshold = no_candidate();
+    }
+    workgroupBarrier();
+    for (var s = 0u; s < SUBSETS; s = s + 1u) {
+        var rank = 0u;
+        for (var m = 0u; m < MAXIMA; m = m + 1u) {
+            if (better(Candidate(maxima_value[m], maxima_index[m]), best[s])) {
+                rank = rank + 1u;
+            }
+        }
+        if (rank == K - 1u) {
+            threshold = best[s];
+        }
+    }
+    workgroupBarrier();
+}
+
+// Merges this lane's list with the one its partner left in `slot`, keeping the best K.
+fn merge_with_partner(slot: u32) {
+    var own_value = top_value;
+    var own_index = top_index;
+    let own_count = top_count;
+    let other_count = partner_count[slot];
+    let base = slot * K;
+    let total = min(own_count + other_count, K);
+    var a = 0u;
+    var b = 0u;
+    for (var j = 0u; j < total; j = j + 1u) {
+        var take_own = b >= other_count;
+        if (a < own_count && b < other_count) {
+            take_own = better(
+                Candidate(own_value[a], own_index[a]),
+                Candidate(partner_value[base + b], partner_index[base + b])
+            );
+        }
+        if (take_own) {
+            top_value[j] = own_value[a];
+            top_index[j] = own_index[a];
+            a = a + 1u;
+        } else {
+            top_value[j] = partner_value[base + b];
+            top_index[j] = partner_index[base + b];
+            b = b + 1u;
+        }
+    }
+    top_count = total;
+}
+
+// Pairwise merges of the lanes' sorted lists, log2(WG) levels with two barriers each (CPU
+// adapters pay dearly per barrier); lane 0 ends with the workgroup's best K.
+fn merge_lists(lane: u32) {
+    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
+        if (lane >= stride && lane < 2u * stride) {
+            let slot = lane - stride;
+            for (var j = 0u; j < top_count; j = j + 1u) {
+                partner_value[slot * K + j] = top_value[j];
+                partner_index[slot * K + j] = top_index[j];
+            }
+            partner_count[slot] = top_count;
+        }
+        workgroupBarrier();
+        if (lane < stride) {
+            merge_with_partner(lane);
+        }
         workgroupBarrier();
     }
 }
 
-// Pops the best head of the lanes' lists K times into winner_value / winner_index.
-fn merge_lists(lane: u32) {
-    var head = 0u;
-    for (var round = 0u; round < K; round = round + 1u) {
-        var value = negative_infinity();
-        var index = NO_INDEX;
-        if (head < top_count) {
-            value = top_value[head];
-            index = top_index[head];
-        }
-        reduce_best(value, index, lane);
-        let best_index = shared_index[0];
-        if (lane == 0u) {
-            winner_value[round] = shared_value[0];
-            winner_index[round] = best_index;
-        }
-        workgroupBarrier();
-        if (head < top_count && index == best_index) {
-            head = head + 1u;
+// Leaves the best K of [begin, end) in lane 0's list.
+fn collect(begin: u32, end: u32, lane: u32) {
+    top_count = 0u;
+    var lowest = no_candidate();
+    if (K > 1u) {
+        find_threshold(begin, end, lane);
+        lowest = threshold;
+    }
+    for (var i = begin + lane; i < end; i = i + WG) {
+        let candidate = load(i);
+        if (!better(lowest, candidate)) {
+            insert(candidate);
         }
     }
-    workgroupBarrier();
+    merge_lists(lane);
 }
 
 @compute @workgroup_size(WG)
 fn select_partial(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    top_count = 0u;
     let begin = group.x * params.chunk;
-    let end = min(begin + params.chunk, params.n);
-    for (var i = begin + lane; i < end; i = i + WG) {
-        insert(bitcast<f32>(input[i]), i);
-    }
-    merge_lists(lane);
-    for (var j = lane; j < K; j = j + WG) {
-        let entry = (group.x * K + j) * 2u;
-        out_a[entry] = bitcast<u32>(winner_value[j]);
-        out_a[entry + 1u] = winner_index[j];
+    collect(begin, min(begin + params.chunk, params.n), lane);
+    if (lane == 0u) {
+        for (var j = 0u; j < K; j = j + 1u) {
+            let entry = list_entry(j);
+            out_a[(group.x * K + j) * 2u] = bitcast<u32>(entry.value);
+            out_a[(group.x * K + j) * 2u + 1u] = entry.index;
+        }
     }
 }
 
-fn gather_lists(lane: u32) {
-    top_count = 0u;
-    for (var i = lane; i < params.n; i = i + WG) {
-        insert(bitcast<f32>(input[2u * i]), input[2u * i + 1u]);
-    }
-    merge_lists(lane);
-}
-
+// The partial lists' padding entries are "no candidate": they rank below every real one.
 @compute @workgroup_size(WG)
 fn select_final(@builtin(local_invocation_index) lane: u32) {
-    gather_lists(lane);
-    for (var j = lane; j < K; j = j + WG) {
-        out_a[j] = winner_index[j];
-        out_b[j] = bitcast<u32>(winner_value[j]);
+    collect(0u, params.n, lane);
+    if (lane == 0u) {
+        for (var j = 0u; j < K; j = j + 1u) {
+            let entry = list_entry(j);
+            out_a[j] = entry.index;
+            out_b[j] = bitcast<u32>(entry.value);
+        }
     }
 }
 
 @compute @workgroup_size(WG)
 fn argmax_final(@builtin(local_invocation_index) lane: u32) {
-    gather_lists(lane);
+    collect(0u, params.n, lane);
     if (lane == 0u) {
-        out_a[0] = winner_index[0];
+        out_a[0] = list_entry(0u).index;
     }
 }

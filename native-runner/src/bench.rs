@@ -24,6 +24,9 @@ pub struct BenchArgs {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 5)]
     pub repetitions: u32,
+    /// Also time decode without the output head, to report the head's share of a token.
+    #[arg(long)]
+    pub head_share: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -69,6 +72,22 @@ async fn generation_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f64
     Ok(f64::from(tokens) / started.elapsed().as_secs_f64())
 }
 
+/// Decode rate of the layers alone: the same steps as `generation_rate`, stopping before the
+/// final norm, head and argmax (the residual stream is read back instead, d_model floats).
+async fn layers_only_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f64> {
+    engine.reset();
+    let token = engine.tokenizer.bos_id().unwrap_or(0);
+    let started = Instant::now();
+    for position in 0..tokens {
+        let input = [token];
+        engine
+            .stage
+            .forward_hidden(&StageInput::Tokens(&input), position)
+            .await?;
+    }
+    Ok(f64::from(tokens) / started.elapsed().as_secs_f64())
+}
+
 pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let (mut engine, load) = args.model.load().await?;
     // One warm-up of each test compiles every pipeline before timing.
@@ -93,6 +112,13 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             rates.push(generation_rate(&mut engine, args.n).await?);
         }
         tests.push((format!("tg{}", args.n), mean_sd(&rates)));
+    }
+    if args.head_share && args.n > 0 {
+        let mut rates = Vec::new();
+        for _ in 0..args.repetitions {
+            rates.push(layers_only_rate(&mut engine, args.n).await?);
+        }
+        tests.push((format!("tg{}-layers-only", args.n), mean_sd(&rates)));
     }
     let caps = &engine.stage.gpu.caps;
     let variant = engine.stage.gpu.variant();
@@ -121,6 +147,12 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             caps.adapter,
             caps.backend
         );
+    }
+    if let [.., (_, (full, _)), (_, (layers, _))] = tests.as_slice() {
+        if args.head_share {
+            let share = 1.0 - full / layers;
+            println!("output head + argmax: {:.1}% of decode time", share * 100.0);
+        }
     }
     println!(
         "load {:.2} s, {:.1} MB; peak host heap during load {:.1} MB; peak resident {:.1} MB",

@@ -42,82 +42,97 @@ async fn get_range(client: &Client, url: &str, range: &str) -> reqwest::Response
     client.get(url).header("range", range).send().await.unwrap()
 }
 
+/// A served root whose models/d.bin holds 100 bytes of ASCII digits.
+struct Digits {
+    root: tempfile::TempDir,
+    base: String,
+    url: String,
+    data: Vec<u8>,
+    client: Client,
+}
+
+/// 100 bytes of ASCII digits, so every range is easy to check by eye.
 fn digits() -> Vec<u8> {
     (0..100u8).map(|i| b'0' + i % 10).collect()
 }
 
+impl Digits {
+    async fn serve() -> Digits {
+        let data = digits();
+        let root = fixture_root(&[("d.bin", &data)]);
+        let base = serve_root(root.path()).await;
+        let url = format!("{base}models/d.bin");
+        Digits {
+            root,
+            base,
+            url,
+            data,
+            client: Client::new(),
+        }
+    }
+
+    /// GET d.bin with the given request headers.
+    async fn get(&self, headers: &[(&str, &str)]) -> reqwest::Response {
+        let mut request = self.client.get(&self.url);
+        for (name, value) in headers {
+            request = request.header(*name, *value);
+        }
+        request.send().await.unwrap()
+    }
+
+    async fn validator(&self, name: &str) -> String {
+        let resp = self.client.head(&self.url).send().await.unwrap();
+        header(resp.headers(), name).to_string()
+    }
+
+    fn replace_file(&self, bytes: &[u8]) {
+        fs::write(self.root.path().join("models/d.bin"), bytes).unwrap();
+    }
+}
+
 #[tokio::test]
 async fn single_range_gives_206_with_content_range() {
-    let data = digits();
-    let root = fixture_root(&[("d.bin", &data)]);
-    let base = serve_root(root.path()).await;
-    let resp = get_range(
-        &Client::new(),
-        &format!("{base}models/d.bin"),
-        "bytes=10-19",
-    )
-    .await;
+    let d = Digits::serve().await;
+    let resp = d.get(&[("range", "bytes=10-19")]).await;
     assert_eq!(resp.status(), StatusCode::PARTIAL_CONTENT);
     assert_eq!(header(resp.headers(), "content-range"), "bytes 10-19/100");
     assert_eq!(header(resp.headers(), "accept-ranges"), "bytes");
     assert_eq!(header(resp.headers(), "content-length"), "10");
-    assert_eq!(resp.bytes().await.unwrap(), &data[10..20]);
+    assert_eq!(resp.bytes().await.unwrap(), &d.data[10..20]);
 }
 
 #[tokio::test]
 async fn suffix_and_open_ranges() {
-    let data = digits();
-    let root = fixture_root(&[("d.bin", &data)]);
-    let base = serve_root(root.path()).await;
-    let url = format!("{base}models/d.bin");
-    let client = Client::new();
-    let suffix = get_range(&client, &url, "bytes=-5").await;
+    let d = Digits::serve().await;
+    let suffix = d.get(&[("range", "bytes=-5")]).await;
     assert_eq!(header(suffix.headers(), "content-range"), "bytes 95-99/100");
-    assert_eq!(suffix.bytes().await.unwrap(), &data[95..]);
-    let open = get_range(&client, &url, "bytes=90-").await;
+    assert_eq!(suffix.bytes().await.unwrap(), &d.data[95..]);
+    let open = d.get(&[("range", "bytes=90-")]).await;
     assert_eq!(header(open.headers(), "content-range"), "bytes 90-99/100");
-    assert_eq!(open.bytes().await.unwrap(), &data[90..]);
+    assert_eq!(open.bytes().await.unwrap(), &d.data[90..]);
 }
 
 #[tokio::test]
 async fn unsatisfiable_range_gives_416() {
-    let root = fixture_root(&[("d.bin", &digits())]);
-    let base = serve_root(root.path()).await;
-    let resp = get_range(
-        &Client::new(),
-        &format!("{base}models/d.bin"),
-        "bytes=100-200",
-    )
-    .await;
+    let d = Digits::serve().await;
+    let resp = d.get(&[("range", "bytes=100-200")]).await;
     assert_eq!(resp.status(), StatusCode::RANGE_NOT_SATISFIABLE);
     assert_eq!(header(resp.headers(), "content-range"), "bytes */100");
 }
 
 #[tokio::test]
 async fn multi_range_falls_back_to_the_full_file() {
-    let data = digits();
-    let root = fixture_root(&[("d.bin", &data)]);
-    let base = serve_root(root.path()).await;
-    let resp = get_range(
-        &Client::new(),
-        &format!("{base}models/d.bin"),
-        "bytes=0-1,5-6",
-    )
-    .await;
+    let d = Digits::serve().await;
+    let resp = d.get(&[("range", "bytes=0-1,5-6")]).await;
     assert_eq!(resp.status(), StatusCode::OK);
     assert!(resp.headers().get(CONTENT_RANGE).is_none());
-    assert_eq!(resp.bytes().await.unwrap(), data);
+    assert_eq!(resp.bytes().await.unwrap(), d.data);
 }
 
 #[tokio::test]
 async fn head_reports_length_without_body() {
-    let root = fixture_root(&[("d.bin", &digits())]);
-    let base = serve_root(root.path()).await;
-    let resp = Client::new()
-        .head(format!("{base}models/d.bin"))
-        .send()
-        .await
-        .unwrap();
+    let d = Digits::serve().await;
+    let resp = d.client.head(&d.url).send().await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(header(resp.headers(), "content-length"), "100");
     assert_eq!(header(resp.headers(), "accept-ranges"), "bytes");
@@ -127,86 +142,61 @@ async fn head_reports_length_without_body() {
 
 #[tokio::test]
 async fn etag_is_stable_and_changes_with_the_file() {
-    let root = fixture_root(&[("d.bin", &digits())]);
-    let base = serve_root(root.path()).await;
-    let url = format!("{base}models/d.bin");
-    let client = Client::new();
-    let first = client.get(&url).send().await.unwrap();
-    let second = client.get(&url).send().await.unwrap();
-    let etag = header(first.headers(), "etag").to_string();
-    assert_eq!(etag, header(second.headers(), "etag"));
-    fs::write(root.path().join("models/d.bin"), b"changed").unwrap();
-    let third = client.get(&url).send().await.unwrap();
-    assert_ne!(etag, header(third.headers(), "etag"));
+    let d = Digits::serve().await;
+    let etag = d.validator("etag").await;
+    let full = d.get(&[]).await;
+    assert_eq!(header(full.headers(), "etag"), etag);
+    d.replace_file(b"changed");
+    assert_ne!(d.validator("etag").await, etag);
 }
 
 #[tokio::test]
 async fn if_range_with_current_validators_gives_206() {
-    let data = digits();
-    let root = fixture_root(&[("d.bin", &data)]);
-    let base = serve_root(root.path()).await;
-    let url = format!("{base}models/d.bin");
-    let client = Client::new();
-    let full = client.get(&url).send().await.unwrap();
-    let etag = header(full.headers(), "etag").to_string();
-    let last_modified = header(full.headers(), "last-modified").to_string();
-    for validator in [etag, last_modified] {
-        let resp = client
-            .get(&url)
-            .header("range", "bytes=3-4")
-            .header("if-range", &validator)
-            .send()
-            .await
-            .unwrap();
+    let d = Digits::serve().await;
+    for validator in [
+        d.validator("etag").await,
+        d.validator("last-modified").await,
+    ] {
+        let resp = d
+            .get(&[("range", "bytes=3-4"), ("if-range", &validator)])
+            .await;
         assert_eq!(
             resp.status(),
             StatusCode::PARTIAL_CONTENT,
             "If-Range {validator}"
         );
-        assert_eq!(resp.bytes().await.unwrap(), &data[3..5]);
+        assert_eq!(resp.bytes().await.unwrap(), &d.data[3..5]);
     }
 }
 
 #[tokio::test]
 async fn if_range_with_stale_validators_gives_the_full_new_file() {
-    let root = fixture_root(&[("d.bin", &digits())]);
-    let base = serve_root(root.path()).await;
-    let url = format!("{base}models/d.bin");
-    let client = Client::new();
-    let old = client.get(&url).send().await.unwrap();
-    let old_etag = header(old.headers(), "etag").to_string();
-    let new_data = b"a different, longer file body".to_vec();
-    fs::write(root.path().join("models/d.bin"), &new_data).unwrap();
-    let weak_current = {
-        let now = client.head(&url).send().await.unwrap();
-        format!("W/{}", header(now.headers(), "etag"))
-    };
+    let d = Digits::serve().await;
+    let old_etag = d.validator("etag").await;
+    let new_data = b"a different, longer file body";
+    d.replace_file(new_data);
+    let weak_current = format!("W/{}", d.validator("etag").await);
     let stale = [
         old_etag,
         weak_current,
         "Thu, 01 Jan 1970 00:00:00 GMT".to_string(),
     ];
     for validator in stale {
-        let resp = client
-            .get(&url)
-            .header("range", "bytes=0-3")
-            .header("if-range", &validator)
-            .send()
-            .await
-            .unwrap();
+        let resp = d
+            .get(&[("range", "bytes=0-3"), ("if-range", &validator)])
+            .await;
         assert_eq!(resp.status(), StatusCode::OK, "If-Range {validator}");
-        assert_eq!(resp.bytes().await.unwrap(), new_data);
+        assert_eq!(resp.bytes().await.unwrap(), new_data.as_slice());
     }
 }
 
 #[tokio::test]
 async fn cors_and_isolation_headers_on_every_tree() {
-    let root = fixture_root(&[("d.bin", &digits())]);
-    let base = serve_root(root.path()).await;
-    let client = Client::new();
+    let d = Digits::serve().await;
     for path in ["", "index.html", "pkg/demo.js", "models/d.bin"] {
-        let resp = client
-            .get(format!("{base}{path}"))
+        let resp = d
+            .client
+            .get(format!("{}{path}", d.base))
             .header("origin", "http://elsewhere.example")
             .header("range", "bytes=0-3")
             .send()
@@ -229,16 +219,16 @@ async fn cors_and_isolation_headers_on_every_tree() {
             "cross-origin"
         );
     }
-    let index = client.get(&base).send().await.unwrap();
+    let index = d.client.get(&d.base).send().await.unwrap();
     assert_eq!(index.text().await.unwrap(), PAGE);
 }
 
 #[tokio::test]
 async fn cors_preflight_allows_range_requests() {
-    let root = fixture_root(&[("d.bin", &digits())]);
-    let base = serve_root(root.path()).await;
-    let resp = Client::new()
-        .request(reqwest::Method::OPTIONS, format!("{base}models/d.bin"))
+    let d = Digits::serve().await;
+    let resp = d
+        .client
+        .request(reqwest::Method::OPTIONS, &d.url)
         .header("origin", "http://elsewhere.example")
         .header("access-control-request-method", "GET")
         .header("access-control-request-headers", "range,if-range")

@@ -39,9 +39,14 @@ const PREFILL: Kernel = Kernel {
 
 /// Lanes of a decode workgroup, which is also its keys per tile.
 const DECODE_WG: u32 = 64;
-/// Most workgroups one (token, kv head) is split into. Enough for large GPUs at long contexts;
-/// each split costs a partial result and a barrier pair per tile on CPU adapters.
-const MAX_SPLITS: u32 = 32;
+/// Splits wanted for parallelism: enough workgroups for large GPUs at long contexts; each
+/// split costs a partial result and the query load on CPU adapters.
+const PARALLEL_SPLITS: u32 = 32;
+/// llvmpipe (lavapipe, GL) ends every loop of an invocation after 65535 back-edges in total,
+/// silently, so the keys one invocation walks are bounded: a decode tile costs under ~900
+/// back-edges, and prefill keys are budgeted from the prefill kernel's loop shape.
+const DECODE_MAX_TILES_PER_SPLIT: u32 = 32;
+const PREFILL_LOOP_BUDGET: u32 = 40_000;
 /// Private arrays in the decode kernel are sized by the query heads per kv head.
 const DECODE_MAX_GROUP: u32 = 16;
 /// Rows (token, head) per prefill workgroup, one per lane.
@@ -120,7 +125,8 @@ pub fn attention(
 /// Whether the split decode kernels can run this shape on this device (else use prefill).
 pub fn decode_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
     let group = p.heads / p.kv_heads.max(1);
-    let shared_floats = group * p.head_dim + 2 * group * DECODE_WG;
+    // The query heads, two tiles of scores (double-buffered), the tile maxima.
+    let shared_floats = group * p.head_dim + 2 * group * DECODE_WG + group;
     group <= DECODE_MAX_GROUP
         && shared_floats * 4 <= gpu.device.limits().max_compute_workgroup_storage_size
 }
@@ -150,9 +156,10 @@ pub fn attention_decode(
     let group = p.heads / p.kv_heads;
     let last_pos = start_pos + tokens - 1;
     let visible = last_pos - first_visible(last_pos, p.window) + 1;
-    let splits = visible.div_ceil(DECODE_WG).min(MAX_SPLITS);
-    let slots = u64::from(tokens) * u64::from(p.heads) * u64::from(splits);
-    let (partial_acc, partial_stats) = cache.decode_scratch(rec.gpu(), slots);
+    let tiles = visible.div_ceil(DECODE_WG);
+    let needed = tiles.div_ceil(DECODE_MAX_TILES_PER_SPLIT);
+    let splits = choose_splits(rec.gpu(), p, tokens, needed, tiles.min(PARALLEL_SPLITS));
+    let (partial_acc, partial_stats) = partials(rec, cache, tokens, p, splits);
     let params = KernelParams::new(p, start_pos, tokens, splits);
     let items = (group * p.head_dim / 4).div_ceil(DECODE_WG);
     let decode = rec.pipeline(
@@ -176,16 +183,46 @@ pub fn attention_decode(
         ],
         [splits, p.kv_heads, tokens],
     );
-    let combine = rec.pipeline(&COMBINE, &[("WG", DECODE_WG), ("HD", p.head_dim)]);
+    combine(rec, &params, p.head_dim, &partial_acc, &partial_stats, out);
+}
+
+/// Scratch for `splits` partial results of every (token, head).
+fn partials(
+    rec: &Recorder,
+    cache: &KvCache,
+    tokens: u32,
+    p: &AttentionParams,
+    splits: u32,
+) -> (wgpu::Buffer, wgpu::Buffer) {
+    let slots = u64::from(tokens) * u64::from(p.heads) * u64::from(splits);
+    let bytes = slots * u64::from(p.head_dim) * 4;
+    assert!(
+        bytes <= rec.gpu().caps.max_binding,
+        "attention of {tokens} tokens in {splits} key splits needs {bytes} bytes of partial \
+         results, more than one binding holds: attend fewer tokens per call"
+    );
+    cache.decode_scratch(rec.gpu(), slots)
+}
+
+/// Merges split partial results into `out`.
+fn combine(
+    rec: &mut Recorder,
+    params: &KernelParams,
+    head_dim: u32,
+    partial_acc: &wgpu::Buffer,
+    partial_stats: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) {
+    let pipeline = rec.pipeline(&COMBINE, &[("WG", DECODE_WG), ("HD", head_dim)]);
     rec.dispatch(
-        &combine,
-        &params,
+        &pipeline,
+        params,
         &[
             partial_acc.as_entire_binding(),
             partial_stats.as_entire_binding(),
             out.as_entire_binding(),
         ],
-        [p.heads, tokens, 1],
+        [params.heads, params.tokens, 1],
     );
 }
 
@@ -205,23 +242,63 @@ pub fn attention_prefill(
     if tokens == 0 {
         return;
     }
-    let rows = tokens * (p.heads / p.kv_heads);
+    let row_blocks = (tokens * (p.heads / p.kv_heads)).div_ceil(PREFILL_WG);
     let tile = prefill_tile(rec.gpu(), rec.variant(), p.head_dim);
+    let splits = prefill_splits(rec.gpu(), p, start_pos, tokens, tile);
+    // With one split the kernel writes `out` directly and leaves the partials alone.
+    let partial_tokens = if splits > 1 { tokens } else { 1 };
+    let (partial_acc, partial_stats) = partials(rec, cache, partial_tokens, p, splits);
+    let params = KernelParams::new(p, start_pos, tokens, splits);
     let pipeline = rec.pipeline(
         &PREFILL,
         &[("WG", PREFILL_WG), ("HD", p.head_dim), ("BK", tile)],
     );
     rec.dispatch(
         &pipeline,
-        &KernelParams::new(p, start_pos, tokens, 1),
+        &params,
         &[
             q.as_entire_binding(),
             cache.k_layer(layer),
             cache.v_layer(layer),
             out.as_entire_binding(),
+            partial_acc.as_entire_binding(),
+            partial_stats.as_entire_binding(),
         ],
-        [rows.div_ceil(PREFILL_WG), p.kv_heads, 1],
+        [row_blocks, p.kv_heads, splits],
     );
+    if splits > 1 {
+        combine(rec, &params, p.head_dim, &partial_acc, &partial_stats, out);
+    }
+}
+
+/// Key splits of prefill: enough that no invocation exceeds the loop budget, and, where the
+/// partial results fit one binding, enough that few-token calls (chunked prefill deep into a
+/// context) still fill the GPU.
+fn prefill_splits(gpu: &Gpu, p: &AttentionParams, start_pos: u32, tokens: u32, tile: u32) -> u32 {
+    let group = p.heads / p.kv_heads;
+    let workgroups = (tokens * group).div_ceil(PREFILL_WG) * p.kv_heads;
+    // Keys one workgroup may see: its tokens' positions plus the window behind the first.
+    let tokens_per_block = PREFILL_WG.div_ceil(group) + 1;
+    let keys = p.window.map_or(start_pos + tokens, |w| {
+        (start_pos + tokens).min(w.saturating_add(tokens_per_block))
+    });
+    let tiles = keys.div_ceil(tile);
+    // Back-edges of the kernel's loops per key (two head_dim loops of 4 vec4s, the key loops)
+    // and per tile (the tile load, the rescale, the tile loop).
+    let per_key = 2 * p.head_dim / 16 + 2;
+    let per_tile = tile * p.head_dim / 4 / PREFILL_WG + p.head_dim / 16 + 1;
+    let tiles_per_split = (PREFILL_LOOP_BUDGET / (per_key * tile + per_tile)).max(1);
+    let needed = tiles.div_ceil(tiles_per_split);
+    let parallel = PARALLEL_SPLITS.div_ceil(workgroups).min(tiles);
+    choose_splits(gpu, p, tokens, needed, parallel)
+}
+
+/// The splits the loop budget needs, raised towards `parallel` as far as the partial results
+/// of every (token, head) still fit one binding.
+fn choose_splits(gpu: &Gpu, p: &AttentionParams, tokens: u32, needed: u32, parallel: u32) -> u32 {
+    let split_bytes = u64::from(tokens) * u64::from(p.heads) * u64::from(p.head_dim) * 4;
+    let affordable = (gpu.caps.max_binding / split_bytes).min(u64::from(parallel)) as u32;
+    needed.max(affordable).max(1)
 }
 
 /// Keys per prefill tile: as many as fit twice (keys and values) in workgroup memory.

@@ -261,10 +261,12 @@ const EMBED: Kernel = Kernel {
 
 /// Threads per matvec workgroup.
 const MATVEC_WG: u32 = 64;
-/// Threads sharing one matvec row in the workgroup-reduction entry point.
+/// Threads sharing one matvec row group along K (at most the subgroup size with subgroups).
 const MATVEC_THREADS_PER_ROW: u32 = 8;
+/// Rows each matvec thread accumulates, reusing every activation it loads.
+const MATVEC_ROWS_PER_THREAD: u32 = 4;
 /// Prefill tile: rows, tokens, and each thread's rows and tokens within it (64 threads).
-const MATMUL_TILE: [(&str, u32); 5] = [("TR", 32), ("TT", 16), ("RPT", 2), ("TPT", 4), ("WG", 64)];
+const MATMUL_TILE: [(&str, u32); 5] = [("TR", 32), ("TT", 32), ("RPT", 4), ("TPT", 4), ("WG", 64)];
 const EMBED_WG: u32 = 64;
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
@@ -305,15 +307,20 @@ fn product_params(w: &QuantMatrix, part: &WeightPart, groups_x: u32, tokens: u32
 fn matvec(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgpu::Buffer) {
     let caps = &rec.gpu().caps;
     let max_per_dim = caps.max_workgroups_per_dim;
-    // The shuffle reduction needs all of a row's threads in one subgroup.
+    let rows_per_thread = MATVEC_ROWS_PER_THREAD;
+    // The shuffle reduction needs all of a row group's threads in one subgroup.
     let (kernel, threads_per_row) = if rec.variant().subgroups && caps.subgroup_min >= 1 {
         let fitting = MATVEC_THREADS_PER_ROW.min(caps.subgroup_min);
         (&MATVEC_SUBGROUP, 1 << (31 - fitting.leading_zeros()))
     } else {
         (&MATVEC, MATVEC_THREADS_PER_ROW)
     };
-    let rows_per_group = MATVEC_WG / threads_per_row;
-    let mut consts = vec![("WG", MATVEC_WG), ("ROWS", rows_per_group)];
+    let rows_per_group = MATVEC_WG / threads_per_row * rows_per_thread;
+    let mut consts = vec![
+        ("WG", MATVEC_WG),
+        ("TPR", threads_per_row),
+        ("RPT", rows_per_thread),
+    ];
     consts.extend(w.quant_consts());
     let pipeline = rec.pipeline(kernel, &consts);
     for part in &w.weights.parts {
@@ -327,6 +334,7 @@ fn matvec(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgpu::Buf
                 part.buffer.as_entire_binding(),
                 x.as_entire_binding(),
                 out.as_entire_binding(),
+                part.buffer.as_entire_binding(),
             ],
             [groups_x, groups_y, 1],
         );
@@ -361,6 +369,7 @@ fn matmul_tiled(
                 part.buffer.as_entire_binding(),
                 x.as_entire_binding(),
                 out.as_entire_binding(),
+                part.buffer.as_entire_binding(),
             ],
             [groups_x, groups_y, token_groups],
         );
@@ -405,6 +414,7 @@ pub fn embed(
                     part.buffer.as_entire_binding(),
                     ids.as_entire_binding(),
                     out.as_entire_binding(),
+                    part.buffer.as_entire_binding(),
                 ],
                 [groups_x, chunk, 1],
             );

@@ -6,11 +6,36 @@
 use crate::gpu::{Kernel, Recorder};
 
 const SOURCE: &str = include_str!("../../wgsl/select.wgsl");
-const WG: u32 = 64;
 /// Enough workgroups to fill a GPU, few enough that one workgroup merges their lists quickly.
 const MAX_GROUPS: u32 = 256;
-/// Logits each lane of the first pass reads before another workgroup is worth starting.
+/// Logits each lane of the first pass reads before another workgroup is worth starting (at
+/// least 4k, so that the threshold scan has subsets worth taking the maximum of).
 const PER_LANE: u32 = 64;
+
+/// Lanes per workgroup: merging hands (lanes / 2) lists of k entries through shared memory,
+/// kept within 8 KiB (WebGPU guarantees 16 KiB).
+fn workgroup_size(k: u32) -> u32 {
+    if k > 32 {
+        32
+    } else {
+        64
+    }
+}
+
+/// The specialisation constants of every selection kernel for `k`. The threshold scan takes
+/// the k-th best of about 4k subset maxima: tight enough that few candidates pass it.
+fn constants(k: u32) -> [(&'static str, u32); 5] {
+    let wg = workgroup_size(k);
+    let subsets = (4 * k).div_ceil(wg);
+    [
+        ("WG", wg),
+        ("K", k),
+        ("SUBSETS", subsets),
+        ("MAXIMA", wg * subsets),
+        ("PARTNER_SLOTS", wg / 2 * k),
+    ]
+}
+
 /// Largest k of `top_k`: the lists live in registers.
 pub const MAX_TOP_K: u32 = 64;
 /// Indices travel through comparisons as u32 with one value reserved as "none".
@@ -40,13 +65,15 @@ const ARGMAX_FINAL: Kernel = Kernel {
 struct SelectParams {
     n: u32,
     chunk: u32,
-    pad: [u32; 2],
+    /// 0: the input holds logits; 1: (value bits, index) pairs.
+    pairs: u32,
+    pad: u32,
 }
 
 /// out[0] = the index of the largest of logits[0..n] (the lowest such index on ties).
 pub fn argmax(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, out: &wgpu::Buffer) {
     let lists = partial_lists(rec, logits, n, 1);
-    let pipeline = rec.pipeline(&ARGMAX_FINAL, &[("WG", WG), ("K", 1)]);
+    let pipeline = rec.pipeline(&ARGMAX_FINAL, &constants(1));
     rec.dispatch(
         &pipeline,
         &lists.params,
@@ -70,7 +97,7 @@ pub fn top_k(
         "top_k needs 1 <= k <= min(n, {MAX_TOP_K}), got k = {k}, n = {n}"
     );
     let lists = partial_lists(rec, logits, n, k);
-    let pipeline = rec.pipeline(&SELECT_FINAL, &[("WG", WG), ("K", k)]);
+    let pipeline = rec.pipeline(&SELECT_FINAL, &constants(k));
     rec.dispatch(
         &pipeline,
         &lists.params,
@@ -94,7 +121,9 @@ fn partial_lists(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, k: u32) -> P
         (1..=MAX_N).contains(&n),
         "selection needs 1 <= n <= {MAX_N}, got {n}"
     );
-    let groups = n.div_ceil(WG * PER_LANE).min(MAX_GROUPS);
+    let groups = n
+        .div_ceil(workgroup_size(k) * PER_LANE.max(4 * k))
+        .min(MAX_GROUPS);
     let chunk = n.div_ceil(groups);
     // A fresh scratch buffer per call: wgpu keeps it alive until the submit completes.
     let buffer = rec.gpu().device.create_buffer(&wgpu::BufferDescriptor {
@@ -103,11 +132,12 @@ fn partial_lists(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, k: u32) -> P
         usage: wgpu::BufferUsages::STORAGE,
         mapped_at_creation: false,
     });
-    let pipeline = rec.pipeline(&SELECT_PARTIAL, &[("WG", WG), ("K", k)]);
+    let pipeline = rec.pipeline(&SELECT_PARTIAL, &constants(k));
     let first = SelectParams {
         n,
         chunk,
-        pad: [0; 2],
+        pairs: 0,
+        pad: 0,
     };
     rec.dispatch(
         &pipeline,
@@ -118,7 +148,8 @@ fn partial_lists(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, k: u32) -> P
     let params = SelectParams {
         n: groups * k,
         chunk: groups * k,
-        pad: [0; 2],
+        pairs: 1,
+        pad: 0,
     };
     PartialLists { buffer, params }
 }

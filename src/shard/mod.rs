@@ -1,1 +1,24 @@
 //! The shard chain: plan, protocol frames, transport, roles.
+//!
+//! Transport-agnostic foundations: `vocab` (ByteVocab, so donors show text without the
+//! tokenizer), `frame`/`activations`/`validate` (the protocol, `docs/protocol.md`), `chunk`
+//! (16 KiB wire chunks and reassembly), `plan` (layer ranges per donor) and `transport`.
+
+pub mod activations;
+pub mod chunk;
+pub mod frame;
+pub mod plan;
+pub mod transport;
+pub mod validate;
+pub mod vocab;
+
+pub use activations::{f16_round_trip_error, Activations, Encoding, RoundTripError};
+pub use chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
+pub use frame::{decode_frame, encode_frame, FrameError, Kind, Message};
+pub use plan::{plan, replan, DonorCapacity, FleetChange, ModelSizes, Plan, PlanError, StagePlan};
+pub use transport::{
+    InProcessConfig, InProcessNetwork, InProcessTransport, PeerId, Transport, TransportError,
+    TransportEvent,
+};
+pub use validate::{FrameLimits, FrameValidator, InputKind, ModelShape};
+pub use vocab::{ByteVocab, StreamDecoder, VocabError};

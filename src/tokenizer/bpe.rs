@@ -9,9 +9,10 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::FxHashMap;
 
+use super::index::TokenIndex;
 use super::pretokenize::{PreTokenizer, PreTokenizerKind};
 use super::unicode::byte_to_char_table;
-use super::{TokenMap, TokenizerError};
+use super::TokenizerError;
 
 /// A merge rule: its rank (lower merges first) and the id of the merged string.
 #[derive(Clone, Copy, Debug)]
@@ -25,10 +26,14 @@ pub(crate) struct BpeModel {
     pretokenizer: PreTokenizer,
     /// Whole words found in the vocab skip merging (Llama 3).
     ignore_merges: bool,
-    /// Strings that appear in merges but are not vocab tokens, with ids from `n_vocab` up.
-    extra: TokenMap,
+    /// Strings that appear in merges but are not vocab tokens, with ids from the vocab size up.
+    extra: FxHashMap<Box<str>, u32>,
     merges: FxHashMap<(u32, u32), Merge>,
 }
+
+/// A candidate merge `(rank, left, right, left id, right id)`; `Reverse` makes the heap pop the
+/// lowest rank first, ties to the leftmost pair, like llama.cpp's comparator.
+type PendingMerge = Reverse<(u32, usize, usize, u32, u32)>;
 
 /// One symbol of a word being merged: a byte range of the word and its interned id.
 #[derive(Clone, Copy, Debug)]
@@ -42,15 +47,14 @@ struct Symbol {
 
 impl BpeModel {
     pub(crate) fn new(
-        token_to_id: &TokenMap,
-        n_vocab: u32,
+        vocab: &TokenIndex,
         merges: &[String],
         pre: PreTokenizerKind,
     ) -> Result<BpeModel, TokenizerError> {
         let mut model = BpeModel {
-            pretokenizer: PreTokenizer::new(pre),
+            pretokenizer: PreTokenizer::new(pre)?,
             ignore_merges: pre == PreTokenizerKind::Llama3,
-            extra: TokenMap::default(),
+            extra: FxHashMap::default(),
             merges: FxHashMap::with_capacity_and_hasher(merges.len(), Default::default()),
         };
         let mut joined = String::new();
@@ -62,12 +66,12 @@ impl BpeModel {
                 continue;
             };
             let (left, right) = (&rule[..split], &rule[split + 1..]);
-            let left_id = model.intern(token_to_id, n_vocab, left);
-            let right_id = model.intern(token_to_id, n_vocab, right);
+            let left_id = model.intern(vocab, left);
+            let right_id = model.intern(vocab, right);
             joined.clear();
             joined.push_str(left);
             joined.push_str(right);
-            let merged_id = model.intern(token_to_id, n_vocab, &joined);
+            let merged_id = model.intern(vocab, &joined);
             // The first (lowest-ranked) rule for a pair wins, like `bpe_ranks.emplace`.
             model.merges.entry((left_id, right_id)).or_insert(Merge {
                 rank: rank as u32,
@@ -77,45 +81,36 @@ impl BpeModel {
         Ok(model)
     }
 
-    fn intern(&mut self, token_to_id: &TokenMap, n_vocab: u32, text: &str) -> u32 {
-        if let Some(&id) = token_to_id.get(text) {
+    fn intern(&mut self, vocab: &TokenIndex, text: &str) -> u32 {
+        if let Some(id) = vocab.get(text) {
             return id;
         }
-        let next = n_vocab + self.extra.len() as u32;
+        let next = (vocab.len() + self.extra.len()) as u32;
         *self.extra.entry(text.into()).or_insert(next)
     }
 
-    fn lookup(&self, token_to_id: &TokenMap, text: &str) -> Option<u32> {
-        token_to_id
-            .get(text)
-            .or_else(|| self.extra.get(text))
-            .copied()
+    fn lookup(&self, vocab: &TokenIndex, text: &str) -> Option<u32> {
+        vocab.get(text).or_else(|| self.extra.get(text).copied())
     }
 
     /// Tokenizes plain text (no special tokens), appending ids to `out`.
-    pub(crate) fn encode(
-        &self,
-        token_to_id: &TokenMap,
-        n_vocab: u32,
-        text: &str,
-        out: &mut Vec<u32>,
-    ) {
+    pub(crate) fn encode(&self, vocab: &TokenIndex, text: &str, out: &mut Vec<u32>) {
         let byte_chars = byte_to_char_table();
         let mut encoded = String::new();
         for word in self.pretokenizer.split(text) {
             encoded.clear();
             encoded.extend(word.bytes().map(|b| byte_chars[b as usize]));
             if self.ignore_merges {
-                if let Some(&id) = token_to_id.get(encoded.as_str()) {
+                if let Some(id) = vocab.get(&encoded) {
                     out.push(id);
                     continue;
                 }
             }
-            self.encode_word(token_to_id, n_vocab, &encoded, out);
+            self.encode_word(vocab, &encoded, out);
         }
     }
 
-    fn encode_word(&self, token_to_id: &TokenMap, n_vocab: u32, word: &str, out: &mut Vec<u32>) {
+    fn encode_word(&self, vocab: &TokenIndex, word: &str, out: &mut Vec<u32>) {
         let mut symbols: Vec<Symbol> = Vec::with_capacity(word.len());
         for (start, c) in word.char_indices() {
             let len = c.len_utf8();
@@ -123,13 +118,12 @@ impl BpeModel {
             symbols.push(Symbol {
                 start,
                 len,
-                id: self.lookup(token_to_id, &word[start..start + len]),
+                id: self.lookup(vocab, &word[start..start + len]),
                 prev: index.checked_sub(1),
                 next: (start + len < word.len()).then_some(index + 1),
             });
         }
-        // Min-heap on (rank, left index), like llama.cpp's comparator.
-        let mut queue: BinaryHeap<Reverse<(u32, usize, usize, u32, u32)>> = BinaryHeap::new();
+        let mut queue: BinaryHeap<PendingMerge> = BinaryHeap::new();
         let push_pair =
             |queue: &mut BinaryHeap<_>, symbols: &[Symbol], left: usize, right: usize| {
                 if let (Some(l), Some(r)) = (symbols[left].id, symbols[right].id) {
@@ -165,7 +159,7 @@ impl BpeModel {
             }
         }
         for symbol in symbols.iter().filter(|s| s.len > 0) {
-            match symbol.id.filter(|&id| id < n_vocab) {
+            match symbol.id.filter(|&id| (id as usize) < vocab.len()) {
                 Some(id) => out.push(id),
                 None => {
                     // Not a token: fall back to single-byte tokens, dropping bytes without one
@@ -179,7 +173,7 @@ impl BpeModel {
                         } else {
                             ""
                         };
-                        if let Some(&id) = token_to_id.get(single) {
+                        if let Some(id) = vocab.get(single) {
                             out.push(id);
                         }
                     }
@@ -193,16 +187,12 @@ impl BpeModel {
 mod tests {
     use super::*;
 
-    fn model(tokens: &[&str], merges: &[&str]) -> (BpeModel, TokenMap) {
-        let map: TokenMap = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, t)| (Box::<str>::from(*t), i as u32))
-            .collect();
+    fn model(tokens: &[&str], merges: &[&str]) -> (BpeModel, TokenIndex) {
+        let index =
+            TokenIndex::new(tokens.iter().map(|t| t.to_string()).collect()).expect("unique");
         let merges: Vec<String> = merges.iter().map(|m| m.to_string()).collect();
-        let m = BpeModel::new(&map, tokens.len() as u32, &merges, PreTokenizerKind::Gpt2)
-            .expect("builds");
-        (m, map)
+        let m = BpeModel::new(&index, &merges, PreTokenizerKind::Gpt2).expect("builds");
+        (m, index)
     }
 
     #[test]
@@ -210,11 +200,11 @@ mod tests {
         // "abc": rank 0 is "b c", so "bc" forms before "a b" could.
         let (m, map) = model(&["a", "b", "c", "ab", "bc", "abc"], &["b c", "a b", "a bc"]);
         let mut out = Vec::new();
-        m.encode(&map, 6, "abc", &mut out);
+        m.encode(&map, "abc", &mut out);
         assert_eq!(out, vec![5]);
         let (m, map) = model(&["a", "b", "c", "ab", "bc"], &["a b", "b c"]);
         let mut out = Vec::new();
-        m.encode(&map, 5, "abc", &mut out);
+        m.encode(&map, "abc", &mut out);
         assert_eq!(out, vec![3, 2]);
     }
 
@@ -222,7 +212,7 @@ mod tests {
     fn spaces_are_byte_encoded() {
         let (m, map) = model(&["a", "Ġ", "Ġa"], &["Ġ a"]);
         let mut out = Vec::new();
-        m.encode(&map, 3, "a a", &mut out);
+        m.encode(&map, "a a", &mut out);
         assert_eq!(out, vec![0, 2]);
     }
 
@@ -231,11 +221,11 @@ mod tests {
         // "xy" is not a token, but the rule chain still reaches "xyz".
         let (m, map) = model(&["x", "y", "z", "xyz"], &["x y", "xy z"]);
         let mut out = Vec::new();
-        m.encode(&map, 4, "xyz", &mut out);
+        m.encode(&map, "xyz", &mut out);
         assert_eq!(out, vec![3]);
         // Stopping at a non-token falls back to single bytes.
         let mut out = Vec::new();
-        m.encode(&map, 4, "xy", &mut out);
+        m.encode(&map, "xy", &mut out);
         assert_eq!(out, vec![0, 1]);
     }
 }

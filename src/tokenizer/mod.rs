@@ -6,6 +6,7 @@
 
 mod bpe;
 pub mod chat;
+mod index;
 mod metadata;
 pub mod pretokenize;
 mod special;
@@ -16,14 +17,13 @@ pub mod vocab;
 
 use std::collections::BTreeSet;
 
-use rustc_hash::FxHashMap;
-
 pub use chat::{ChatMessage, ChatTemplate};
 pub use pretokenize::PreTokenizerKind;
 pub use stream::Utf8Stream;
 pub use vocab::{TokenizerKind, Vocab};
 
 use bpe::BpeModel;
+use index::TokenIndex;
 use special::{Fragment, SpecialTokens};
 use spm::{SpmModel, SPACE_MARK};
 use vocab::{ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED};
@@ -59,12 +59,11 @@ pub enum TokenizerError {
     },
     #[error("{0}")]
     MissingSpecial(&'static str),
+    #[error("pre-tokenizer pattern: {0}")]
+    Pretokenizer(String),
     #[error("chat template: {0}")]
     Template(String),
 }
-
-/// Token text → id. FxHash: fast on short keys; a crafted vocabulary could only slow its own load.
-pub(crate) type TokenMap = FxHashMap<Box<str>, u32>;
 
 enum Model {
     Bpe(BpeModel),
@@ -74,10 +73,9 @@ enum Model {
 /// A tokenizer for one model's vocabulary.
 pub struct Tokenizer {
     kind: TokenizerKind,
-    tokens: Vec<String>,
+    tokens: TokenIndex,
     attrs: Vec<u32>,
     scores: Vec<f32>,
-    token_to_id: TokenMap,
     special: SpecialTokens,
     model: Model,
     bos: Option<u32>,
@@ -110,38 +108,25 @@ impl Tokenizer {
         let kind = vocab.kind()?;
         vocab.validate()?;
         let resolved = vocab.resolve(kind)?;
-        let n_vocab = vocab.tokens.len() as u32;
-        let mut token_to_id =
-            TokenMap::with_capacity_and_hasher(vocab.tokens.len(), Default::default());
-        for (id, text) in vocab.tokens.iter().enumerate() {
-            if let Some(&first) = token_to_id.get(text.as_str()) {
-                return Err(TokenizerError::DuplicateToken {
-                    text: text.clone(),
-                    first,
-                    second: id as u32,
-                });
-            }
-            token_to_id.insert(text.as_str().into(), id as u32);
-        }
+        let tokens = TokenIndex::new(std::mem::take(&mut vocab.tokens))?;
         let model = match kind {
             TokenizerKind::Bpe => {
                 let pre = PreTokenizerKind::from_name(vocab.pre.as_deref()).unwrap_or_else(|| {
                     tracing::warn!(pre = ?vocab.pre, "unknown BPE pre-tokenizer, using the GPT-2 pattern");
                     PreTokenizerKind::Gpt2
                 });
-                Model::Bpe(BpeModel::new(&token_to_id, n_vocab, &vocab.merges, pre)?)
+                Model::Bpe(BpeModel::new(&tokens, &vocab.merges, pre)?)
             }
-            TokenizerKind::Spm => Model::Spm(SpmModel::new(&token_to_id, resolved.unk)),
+            TokenizerKind::Spm => Model::Spm(SpmModel::new(&tokens, resolved.unk)),
         };
-        let special = SpecialTokens::new(&vocab.tokens, &resolved.attrs);
+        let special = SpecialTokens::new(tokens.texts(), &resolved.attrs);
         let mut scores = std::mem::take(&mut vocab.scores);
-        scores.truncate(vocab.tokens.len());
+        scores.truncate(tokens.len());
         Ok(Tokenizer {
             kind,
-            tokens: vocab.tokens,
+            tokens,
             attrs: resolved.attrs,
             scores,
-            token_to_id,
             special,
             model,
             bos: resolved.bos,
@@ -186,9 +171,8 @@ impl Tokenizer {
     }
 
     fn encode_text(&self, piece: &str, after_special: bool, out: &mut Vec<u32>) {
-        let n_vocab = self.tokens.len() as u32;
         match &self.model {
-            Model::Bpe(bpe) => bpe.encode(&self.token_to_id, n_vocab, piece, out),
+            Model::Bpe(bpe) => bpe.encode(&self.tokens, piece, out),
             Model::Spm(spm) => {
                 let prefix = if self.add_space_prefix && after_special {
                     " "
@@ -200,7 +184,7 @@ impl Tokenizer {
                     .chain(piece.chars())
                     .map(|c| if c == ' ' { SPACE_MARK } else { c })
                     .collect();
-                spm.encode(&self.token_to_id, &self.scores, &escaped, out);
+                spm.encode(&self.tokens, &self.scores, &escaped, out);
             }
         }
     }
@@ -219,8 +203,7 @@ impl Tokenizer {
     /// normal BPE tokens undo the GPT-2 byte map; normal SentencePiece tokens turn `▁` into a
     /// space; `<0xNN>` byte tokens give that byte. Ids outside the vocabulary give nothing.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
-        let (Some(text), Some(&attr)) = (self.tokens.get(id as usize), self.attrs.get(id as usize))
-        else {
+        let (Some(text), Some(&attr)) = (self.tokens.text(id), self.attrs.get(id as usize)) else {
             return Vec::new();
         };
         if attr & (ATTR_CONTROL | ATTR_UNKNOWN) != 0 {
@@ -243,12 +226,12 @@ impl Tokenizer {
 
     /// The token's text exactly as stored in the vocabulary.
     pub fn token_text(&self, id: u32) -> Option<&str> {
-        self.tokens.get(id as usize).map(String::as_str)
+        self.tokens.text(id)
     }
 
     /// The id of a token with exactly this text, if any.
     pub fn token_id(&self, text: &str) -> Option<u32> {
-        self.token_to_id.get(text).copied()
+        self.tokens.get(text)
     }
 
     pub fn bos_id(&self) -> Option<u32> {
@@ -325,4 +308,59 @@ fn decode_byte_level(text: &str) -> Vec<u8> {
 fn parse_byte_token(text: &str) -> Option<u8> {
     let hex = text.strip_prefix("<0x")?.strip_suffix('>')?;
     u8::from_str_radix(hex, 16).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spm(add_space_prefix: Option<bool>) -> Tokenizer {
+        let tokens = ["<unk>", "<s>", "</s>", "▁a", "a", "<0x0A>", "<tool>", "▁"];
+        Tokenizer::from_vocab(Vocab {
+            model: "llama".into(),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            scores: vec![0.0, 0.0, 0.0, -1.0, -2.0, 0.0, 0.0, -3.0],
+            token_types: vec![2, 3, 3, 1, 1, 6, 4, 1],
+            add_space_prefix,
+            ..Vocab::default()
+        })
+        .expect("tokenizer")
+    }
+
+    #[test]
+    fn spm_space_prefix_at_start_and_after_special_tokens() {
+        let t = spm(None);
+        assert_eq!(t.encode("a", true, false), vec![1, 3]);
+        assert_eq!(t.encode("a</s>a", false, true), vec![3, 2, 3]);
+        assert_eq!(t.encode("a</s>a", false, false).first(), Some(&3));
+        let t = spm(Some(false));
+        assert_eq!(t.encode("a\n", true, false), vec![1, 4, 5]);
+    }
+
+    #[test]
+    fn token_bytes_follow_token_to_piece() {
+        let t = spm(None);
+        assert_eq!(t.token_bytes(2), b"", "control");
+        assert_eq!(t.token_bytes(0), b"", "unknown");
+        assert_eq!(t.token_bytes(6), b"<tool>", "user-defined");
+        assert_eq!(t.token_bytes(5), b"\n", "byte");
+        assert_eq!(t.token_bytes(3), b" a", "normal");
+        assert_eq!(t.token_bytes(99), b"", "out of range");
+        assert_eq!(t.decode(&[1, 3, 5, 2]), " a\n");
+    }
+
+    #[test]
+    fn byte_level_decode_undoes_the_byte_map() {
+        let tokens = ["Ġa", "Ã©", "Ċ", "Ġ", "a", "Ã", "©"];
+        let t = Tokenizer::from_vocab(Vocab {
+            model: "gpt2".into(),
+            pre: Some("gpt-2".into()),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            merges: vec!["Ġ a".into(), "Ã ©".into()],
+            ..Vocab::default()
+        })
+        .expect("tokenizer");
+        assert_eq!(t.decode(&[0, 1, 2]), " aé\n");
+        assert_eq!(t.encode(" aé\n", true, false), vec![0, 1, 2]);
+    }
 }

@@ -9,6 +9,7 @@
 use fancy_regex::Regex;
 
 use super::unicode::{flags_of, CpFlags};
+use super::TokenizerError;
 
 /// llama.cpp's GPT-2 pattern; matched by [`split_gpt2`].
 const GPT2: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
@@ -76,29 +77,27 @@ pub(crate) struct PreTokenizer {
     splitters: Vec<Splitter>,
 }
 
-fn compile(pattern: &str) -> Splitter {
-    // Constant patterns: compilation is exercised by every test of the kind that uses them.
-    match Regex::new(pattern) {
-        Ok(re) => Splitter::Regex(Box::new(re)),
-        Err(_) => Splitter::Gpt2,
-    }
+fn compile(pattern: &str) -> Result<Splitter, TokenizerError> {
+    Regex::new(pattern)
+        .map(|re| Splitter::Regex(Box::new(re)))
+        .map_err(|e| TokenizerError::Pretokenizer(format!("{pattern}: {e}")))
 }
 
 impl PreTokenizer {
-    pub(crate) fn new(kind: PreTokenizerKind) -> PreTokenizer {
+    pub(crate) fn new(kind: PreTokenizerKind) -> Result<PreTokenizer, TokenizerError> {
         let splitters = match kind {
             PreTokenizerKind::Gpt2 => vec![Splitter::Gpt2],
             PreTokenizerKind::Llama3 => vec![Splitter::Llama3],
-            PreTokenizerKind::Qwen2 => vec![compile(QWEN2)],
-            PreTokenizerKind::Smollm => vec![compile(r"\p{N}"), Splitter::Gpt2],
+            PreTokenizerKind::Qwen2 => vec![compile(QWEN2)?],
+            PreTokenizerKind::Smollm => vec![compile(r"\p{N}")?, Splitter::Gpt2],
             PreTokenizerKind::Default => vec![
-                compile(DEFAULT_PUNCT),
-                compile(GPT2),
-                compile(DEFAULT_NUMBERS),
-                compile(DEFAULT_DIGIT_TRIPLES),
+                compile(DEFAULT_PUNCT)?,
+                compile(GPT2)?,
+                compile(DEFAULT_NUMBERS)?,
+                compile(DEFAULT_DIGIT_TRIPLES)?,
             ],
         };
-        PreTokenizer { splitters }
+        Ok(PreTokenizer { splitters })
     }
 
     /// Splits `text` into words (consecutive, non-empty, covering all of `text`).
@@ -295,6 +294,7 @@ mod tests {
 
     fn words(kind: PreTokenizerKind, text: &str) -> Vec<String> {
         PreTokenizer::new(kind)
+            .expect("patterns compile")
             .split(text)
             .into_iter()
             .map(str::to_owned)

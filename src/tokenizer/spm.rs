@@ -5,7 +5,7 @@
 use std::cmp::Ordering;
 use std::collections::BinaryHeap;
 
-use super::TokenMap;
+use super::index::TokenIndex;
 
 /// Escaped space, as SentencePiece writes it.
 pub(crate) const SPACE_MARK: char = '\u{2581}';
@@ -13,7 +13,7 @@ pub(crate) const SPACE_MARK: char = '\u{2581}';
 #[derive(Debug)]
 pub(crate) struct SpmModel {
     /// Token for each byte value, from `<0xNN>` (or the bare byte), else the unknown token.
-    byte_tokens: [Option<u32>; 256],
+    byte_tokens: Vec<Option<u32>>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -53,15 +53,14 @@ impl Ord for Bigram {
 }
 
 impl SpmModel {
-    pub(crate) fn new(token_to_id: &TokenMap, unk: Option<u32>) -> SpmModel {
-        let mut byte_tokens = [None; 256];
+    pub(crate) fn new(vocab: &TokenIndex, unk: Option<u32>) -> SpmModel {
+        let mut byte_tokens = vec![None; 256];
         for (b, slot) in byte_tokens.iter_mut().enumerate() {
             let hex = format!("<0x{b:02X}>");
             let bare = (b < 0x80).then(|| char::from(b as u8).to_string());
-            *slot = token_to_id
-                .get(hex.as_str())
-                .or_else(|| bare.and_then(|s| token_to_id.get(s.as_str())))
-                .copied()
+            *slot = vocab
+                .get(&hex)
+                .or_else(|| bare.and_then(|s| vocab.get(&s)))
                 .or(unk);
         }
         SpmModel { byte_tokens }
@@ -70,7 +69,7 @@ impl SpmModel {
     /// Tokenizes already-escaped text (spaces as U+2581), appending ids to `out`.
     pub(crate) fn encode(
         &self,
-        token_to_id: &TokenMap,
+        vocab: &TokenIndex,
         scores: &[f32],
         text: &str,
         out: &mut Vec<u32>,
@@ -91,7 +90,7 @@ impl SpmModel {
             |queue: &mut BinaryHeap<Bigram>, symbols: &[Symbol], left: usize, right: usize| {
                 let (l, r) = (symbols[left], symbols[right]);
                 let joined = &text[l.start..r.start + r.len];
-                if let Some(&id) = token_to_id.get(joined) {
+                if let Some(id) = vocab.get(joined) {
                     queue.push(Bigram {
                         score: scores.get(id as usize).copied().unwrap_or(0.0),
                         left,
@@ -126,8 +125,8 @@ impl SpmModel {
         while let Some(i) = index {
             let s = symbols[i];
             let piece = &text[s.start..s.start + s.len];
-            match token_to_id.get(piece) {
-                Some(&id) => out.push(id),
+            match vocab.get(piece) {
+                Some(id) => out.push(id),
                 None => out.extend(piece.bytes().filter_map(|b| self.byte_tokens[b as usize])),
             }
             index = s.next;
@@ -139,13 +138,12 @@ impl SpmModel {
 mod tests {
     use super::*;
 
-    fn vocab(tokens: &[(&str, f32)]) -> (TokenMap, Vec<f32>) {
-        let map = tokens
-            .iter()
-            .enumerate()
-            .map(|(i, (t, _))| (Box::<str>::from(*t), i as u32))
-            .collect();
-        (map, tokens.iter().map(|&(_, s)| s).collect())
+    fn vocab(tokens: &[(&str, f32)]) -> (TokenIndex, Vec<f32>) {
+        let index = TokenIndex::new(tokens.iter().map(|(t, _)| t.to_string()).collect());
+        (
+            index.expect("unique"),
+            tokens.iter().map(|&(_, s)| s).collect(),
+        )
     }
 
     #[test]

@@ -35,6 +35,7 @@ impl CpFlags {
     }
 }
 
+/// Letter / number / whitespace bits per codepoint.
 struct FlagTable {
     /// Flags for the Basic Multilingual Plane, indexed directly (64 KiB).
     bmp: Vec<u8>,

@@ -44,6 +44,15 @@ pub fn v_bool_byte(b: u8) -> Raw {
     (T_BOOL, vec![b])
 }
 
+/// `depth` levels of one-element arrays around a u8.
+pub fn nested_arrays(depth: usize) -> Raw {
+    let mut raw = v_array(vec![v_u8(1)]);
+    for _ in 1..depth {
+        raw = v_array(vec![raw]);
+    }
+    raw
+}
+
 /// An array with an explicit count (which may disagree with the items, for defects).
 pub fn v_array_raw(element_type: u32, count: u64, items: &[Vec<u8>]) -> Raw {
     let mut out = element_type.to_le_bytes().to_vec();
@@ -105,6 +114,34 @@ pub struct Built {
     pub sections: Vec<Section>,
     pub header_end: usize,
     pub data_offset: usize,
+}
+
+impl Built {
+    /// The section holding byte `cut`, and the words an error's context may use for it.
+    pub fn section_at(&self, cut: usize) -> (&Section, Vec<String>) {
+        let (mut kvs, mut tensors) = (0, 0);
+        for section in &self.sections {
+            let name = section.name.as_str();
+            let words = if name == "tensor count" || name == "metadata key count" {
+                vec![name.to_string()]
+            } else if let Some(key) = name.strip_prefix("kv ") {
+                kvs += 1;
+                vec![format!("`{key}`"), format!("metadata entry #{}", kvs - 1)]
+            } else if let Some(tensor) = name.strip_prefix("tensor ") {
+                tensors += 1;
+                vec![
+                    format!("`{tensor}`"),
+                    format!("tensor info #{}", tensors - 1),
+                ]
+            } else {
+                vec![name.to_string()]
+            };
+            if section.start <= cut && cut < section.end {
+                return (section, words);
+            }
+        }
+        panic!("byte {cut} is past the file");
+    }
 }
 
 impl GgufBuilder {

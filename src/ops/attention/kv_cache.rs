@@ -48,7 +48,7 @@ pub(super) struct DecodeScratch {
 
 impl KvCache {
     /// Allocates the cache. Fails when one layer does not fit in a binding or the shape is one
-    /// the kernels cannot address (head_dim must be a positive multiple of 4).
+    /// the kernels cannot address (head_dim must be a positive multiple of 16).
     pub fn new(
         gpu: &Gpu,
         layers: u32,
@@ -56,10 +56,10 @@ impl KvCache {
         kv_heads: u32,
         head_dim: u32,
     ) -> Result<Self, GpuError> {
-        if layers == 0 || max_ctx == 0 || kv_heads == 0 || head_dim == 0 || head_dim % 4 != 0 {
+        if layers == 0 || max_ctx == 0 || kv_heads == 0 || head_dim == 0 || head_dim % 16 != 0 {
             return Err(shape_error(format!(
                 "layers {layers}, max_ctx {max_ctx}, kv_heads {kv_heads}, head_dim {head_dim}: \
-                 every size must be positive and head_dim a multiple of 4"
+                 every size must be positive and head_dim a multiple of 16"
             )));
         }
         let layer_bytes = u64::from(max_ctx) * u64::from(kv_heads) * u64::from(head_dim) * 4;

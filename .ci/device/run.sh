@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# On the device machine (from the repository root there). Subcommands:
+#   setup            unpack the carried Vulkan loader (.gl/*.deb) and point at NVIDIA's ICD
+#   stash            keep every carried .device/parts/NAME.partNN under /root/parts (any order)
+#   assemble         join each model's parts in order into /root/models/NAME, check sha256
+#   bench [ARGS]     runner bench on every verified model, JSON into $OUT/bench-*.json
+#   score MODEL IDS  teacher-forced top-5 (fidelity spot check), JSON into $OUT
+set -uo pipefail
+models=/root/models
+mkdir -p "$models"
+vulkan_env() {
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+  export XDG_RUNTIME_DIR=/tmp/xdg && mkdir -p -m 700 "$XDG_RUNTIME_DIR"
+}
+case "${1:-}" in
+  setup)
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+    ;;
+  stash)
+    mkdir -p /root/parts
+    cp -v .device/parts/*.part[0-9][0-9] /root/parts/ 2>/dev/null
+    ls /root/parts | wc -l
+    ;;
+  assemble)
+    for first in /root/parts/*.part00; do
+      name=$(basename "$first" .part00)
+      cat /root/parts/"$name".part[0-9][0-9] > "$models/$name"
+    done
+    python3 - "$models" <<'PY'
+import hashlib, os, re, sys
+models = sys.argv[1]
+text = open(".device/bin/models.toml").read()
+for file, sha in re.findall(r'file = "([^"]+)"\s*\nbytes = \d+\s*\nsha256 = "([0-9a-f]+)"', text):
+    path = os.path.join(models, file)
+    if not os.path.exists(path):
+        print(f"missing {file}")
+        continue
+    h = hashlib.sha256(open(path, "rb").read()).hexdigest()
+    if h != sha:
+        os.remove(path)
+    print(("ok " if h == sha else "MISMATCH (removed) ") + file)
+PY
+    ;;
+  bench)
+    shift
+    vulkan_env
+    for model in "$models"/*.gguf; do
+      name=$(basename "$model" .gguf)
+      .device/bin/runner bench -m "$model" --quiet --json "$@" | tee "$OUT/bench-$name.json"
+    done
+    ;;
+  score)
+    vulkan_env
+    .device/bin/runner score -m "$models/$2" --ids "$3" --top 5 --json --quiet > "$OUT/score-$2.json"
+    ;;
+  *) echo "usage: run.sh setup|append|verify|bench|score"; exit 2 ;;
+esac

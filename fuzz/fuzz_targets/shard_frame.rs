@@ -1,0 +1,57 @@
+//! Any bytes as a frame, and as a stream of wire chunks: decoding, validation and reassembly
+//! must return, never panic; what is accepted must re-encode to an equal message, and the
+//! reassembler must stay within its limits.
+
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use webshard::shard::{
+    decode_frame, encode_frame, FrameLimits, FrameValidator, InputKind, ModelShape, Reassembler,
+    ReassemblyLimits,
+};
+
+fn validator() -> FrameValidator {
+    let mut validator = FrameValidator::new(FrameLimits::default());
+    validator.set_model(ModelShape {
+        vocab_size: 1000,
+        d_model: 4,
+    });
+    validator.begin_epoch(1);
+    validator.expect_stage(1, InputKind::Hidden);
+    validator
+}
+
+fn check_frame(frame: &[u8]) {
+    let mut validator = validator();
+    if let Ok(message) = validator.decode(frame) {
+        let again = encode_frame(&message).expect("an accepted message re-encodes");
+        assert_eq!(decode_frame(&again).expect("and decodes"), message);
+    }
+}
+
+/// Reads the input as chunks, each prefixed by a u16 LE length, into a small reassembler.
+fn check_chunks(data: &[u8]) {
+    let limits = ReassemblyLimits {
+        max_frame_bytes: 1 << 16,
+        max_partial_frames: 3,
+        max_buffered_bytes: 1 << 16,
+    };
+    let mut reassembler = Reassembler::new(limits);
+    let mut rest = data;
+    while let Some((len, tail)) = rest.split_first_chunk::<2>() {
+        let len = (u16::from_le_bytes(*len) as usize).min(tail.len());
+        let (chunk, after) = tail.split_at(len);
+        rest = after;
+        if let Ok(Some(frame)) = reassembler.push(chunk) {
+            assert!(!frame.is_empty() && frame.len() <= limits.max_frame_bytes);
+            check_frame(&frame);
+        }
+        assert!(reassembler.partial_frames() <= limits.max_partial_frames);
+        assert!(reassembler.buffered_bytes() <= limits.max_buffered_bytes);
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    check_frame(data);
+    check_chunks(data);
+});
