@@ -53,13 +53,13 @@ test('an interrupted download resumes with only the missing ranges', async () =>
   console.log(`resume: ${before.length} ranges cached before, ${fetched.length} fetched after the reload`);
   expect(fetched.length).toBeGreaterThan(0);
   expect(fetched.length).toBe(info.cache.fetchedRanges);
-  expect(info.cache.hitRanges).toBe(before.length);
-  for (const range of fetched) {
-    const again = before.find((cached) => overlaps(cached, range));
-    expect(again, `range ${range} was cached already`).toBeUndefined();
-  }
+  // A range being written when the worker died is short or fails its hash: the cache must
+  // fetch it again (at most one per read in flight). Every other cached range is a hit.
+  const refetched = fetched.filter((range) => before.some((cached) => overlaps(cached, range)));
+  expect(refetched.length).toBeLessThanOrEqual(4);
+  expect(info.cache.hitRanges + refetched.length).toBe(before.length);
   const after = await cachedRanges();
-  expect(after.length).toBe(before.length + fetched.length);
+  expect(after.length).toBe(before.length + fetched.length - refetched.length);
   const bytes = (ranges) => ranges.reduce((sum, [, len]) => sum + len, 0);
   expect(info.cache.hitBytes + info.cache.fetchedBytes).toBe(bytes(after));
 });
