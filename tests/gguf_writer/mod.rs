@@ -3,7 +3,15 @@
 
 #![allow(dead_code)]
 
-use webshard::gguf::GgmlType;
+use webshard::gguf::{parse_file, GgmlType, GgufError};
+
+/// The error a malformed whole file gives; parsing it successfully fails the test.
+pub fn fail(bytes: &[u8]) -> GgufError {
+    match parse_file(bytes) {
+        Ok(header) => panic!("parsed a malformed file: {header:?}"),
+        Err(err) => err,
+    }
+}
 
 pub const T_U8: u32 = 0;
 pub const T_I8: u32 = 1;
