@@ -9,7 +9,6 @@
 
 use std::sync::Arc;
 
-use half::{bf16, f16};
 use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
 use webshard::gpu::{self, testing, Gpu, Recorder, Variant, WeightTensor};
 use webshard::ops::attention::{
@@ -17,6 +16,7 @@ use webshard::ops::attention::{
     AttentionParams, KvCache,
 };
 use webshard::ops::elementwise::{self, Activation};
+use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
     dequant_row_reference, embed, matmul, matmul_reference, QuantMatrix, QuantType,
 };
@@ -72,42 +72,6 @@ fn output(gpu: &Gpu, floats: usize) -> wgpu::Buffer {
 
 fn label(gpu: &Gpu, variant: Variant, what: &str, seed: u64) -> String {
     format!("{} {variant} {what} seed {seed}", gpu.caps.backend)
-}
-
-/// Valid GGUF rows: random quant bits with small finite f16 scales (random scale bits could
-/// be NaN or infinite).
-fn random_weights(quant: QuantType, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
-    let values = testing::random_f32(rows * cols, seed);
-    match quant {
-        QuantType::F32 => return values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        QuantType::F16 => {
-            return values
-                .iter()
-                .flat_map(|&v| f16::from_f32(v).to_le_bytes())
-                .collect()
-        }
-        QuantType::BF16 => {
-            return values
-                .iter()
-                .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-                .collect()
-        }
-        _ => {}
-    }
-    let block_bytes = quant.block_bytes() as usize;
-    let mut bytes = testing::random_bytes(rows * quant.row_bytes(cols as u64) as usize, seed);
-    let scales = testing::random_f32(bytes.len() / block_bytes * 2, seed ^ 0x5ca1e);
-    let scale_fields: &[usize] = match quant {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
-        QuantType::Q6_K => &[208],
-        _ => &[0, 2],
-    };
-    for (block, pair) in bytes.chunks_exact_mut(block_bytes).zip(scales.chunks(2)) {
-        for (&field, &scale) in scale_fields.iter().zip(pair) {
-            block[field..field + 2].copy_from_slice(&f16::from_f32(scale * 0.05).to_le_bytes());
-        }
-    }
-    bytes
 }
 
 fn upload_weights(gpu: &Gpu, bytes: &[u8], rows: usize) -> WeightTensor {

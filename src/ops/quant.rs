@@ -4,6 +4,7 @@
 //! per-type block decoding of `wgsl/dequant.wgsl`.
 
 mod dequant;
+pub mod testing;
 
 pub use dequant::{dequant_row_reference, matmul_reference};
 
