@@ -9,16 +9,7 @@ use webshard::ops::elementwise::{self, Activation};
 const GUARD: usize = 7;
 
 fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
-    let devices = pollster::block_on(testing::devices_under_test()).expect("gpu devices");
-    devices
-        .iter()
-        .flat_map(|g| {
-            g.caps
-                .all_variants()
-                .into_iter()
-                .map(move |v| (g.clone(), v))
-        })
-        .collect()
+    pollster::block_on(testing::device_variants()).expect("gpu devices")
 }
 
 fn label(gpu: &Gpu, variant: Variant) -> String {

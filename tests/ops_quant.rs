@@ -73,14 +73,7 @@ fn embed_reference(case: &Case, ids: &[u32], scale: f32) -> Vec<f32> {
 }
 
 fn devices_and_variants() -> Vec<(Arc<Gpu>, Variant)> {
-    let devices = pollster::block_on(testing::devices_under_test()).expect("devices under test");
-    devices
-        .into_iter()
-        .flat_map(|gpu| {
-            let variants = gpu.caps.all_variants();
-            variants.into_iter().map(move |v| (gpu.clone(), v))
-        })
-        .collect()
+    pollster::block_on(testing::device_variants()).expect("devices under test")
 }
 
 /// Kernels and references differ only in summation order and fused multiply-adds.

@@ -6,16 +6,7 @@ use webshard::gpu::{self, testing, Gpu, Recorder, Variant};
 use webshard::ops::rope::{self, RopeParams};
 
 fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
-    let devices = pollster::block_on(testing::devices_under_test()).expect("gpu devices");
-    devices
-        .iter()
-        .flat_map(|g| {
-            g.caps
-                .all_variants()
-                .into_iter()
-                .map(move |v| (g.clone(), v))
-        })
-        .collect()
+    pollster::block_on(testing::device_variants()).expect("gpu devices")
 }
 
 /// (name, params, heads): the three models' settings plus partial rotation and linear scaling.

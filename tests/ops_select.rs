@@ -9,16 +9,7 @@ use webshard::ops::select;
 const SIZES: [usize; 5] = [1, 1000, 49_152, 151_936, 262_144];
 
 fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
-    let devices = pollster::block_on(testing::devices_under_test()).expect("gpu devices");
-    devices
-        .iter()
-        .flat_map(|g| {
-            g.caps
-                .all_variants()
-                .into_iter()
-                .map(move |v| (g.clone(), v))
-        })
-        .collect()
+    pollster::block_on(testing::device_variants()).expect("gpu devices")
 }
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {

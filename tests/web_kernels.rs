@@ -27,19 +27,11 @@ wasm_bindgen_test_configure!(run_in_browser);
 
 /// The browser's device with each variant it supports; fails (never skips) without WebGPU.
 async fn variants() -> Vec<(Arc<Gpu>, Variant)> {
-    let devices = testing::devices_under_test()
+    let variants = testing::device_variants()
         .await
         .expect("a WebGPU adapter (start Chromium with --enable-unsafe-webgpu)");
-    assert!(!devices.is_empty(), "no device under test");
-    devices
-        .iter()
-        .flat_map(|g| {
-            g.caps
-                .all_variants()
-                .into_iter()
-                .map(move |v| (g.clone(), v))
-        })
-        .collect()
+    assert!(!variants.is_empty(), "no device under test");
+    variants
 }
 
 /// Runs `body` (which records, submits and reads kernels) inside a validation error scope, so

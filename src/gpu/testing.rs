@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use super::device::{BackendChoice, Gpu, GpuError, GpuOptions};
+use super::device::{BackendChoice, Gpu, GpuError, GpuOptions, Variant};
 
 /// Backends kernel tests must cover, from `WEBSHARD_TEST_BACKENDS` (comma-separated, default
 /// `vulkan,gl` natively: lavapipe and llvmpipe's GL in CI). A listed backend without an
@@ -22,6 +22,19 @@ pub async fn devices_under_test() -> Result<Vec<Arc<Gpu>>, GpuError> {
         devices.push(Gpu::new(&options).await?);
     }
     Ok(devices)
+}
+
+/// Every device under test paired with every variant it supports: the loop each kernel test
+/// runs. Fails (never skips) when a listed backend has no adapter.
+pub async fn device_variants() -> Result<Vec<(Arc<Gpu>, Variant)>, GpuError> {
+    let devices = devices_under_test().await?;
+    Ok(devices
+        .into_iter()
+        .flat_map(|gpu| {
+            let variants = gpu.caps.all_variants();
+            variants.into_iter().map(move |v| (gpu.clone(), v))
+        })
+        .collect())
 }
 
 fn default_backends() -> String {
