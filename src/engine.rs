@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use crate::gguf::{read_header, Header, RangeSource};
 use crate::gpu::Gpu;
+use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
     self, LoadOptions, LoadProgress, ModelConfig, ModelError, Stage, StageInput, StageSpec,
 };
@@ -156,10 +157,24 @@ impl Engine {
         out.prefill_seconds = now_seconds() - started;
         let decode_started = now_seconds();
         let mut history = prompt_ids.to_vec();
+        let config = sampler.config();
+        // Plain argmax runs on the GPU, fed back without a host round trip per token.
+        let on_gpu = config.is_greedy() && config.repeat_penalty == 1.0;
+        let mut decoder = None;
         while (out.ids.len() as u32) < options.max_tokens {
             let next = match logits.take() {
                 Some(l) => sampler.sample(&l, &history),
-                None => self.decode_one(&mut sampler, &history).await?,
+                None if on_gpu => {
+                    let last = *history.last().expect("history holds the prompt");
+                    if decoder.is_none() {
+                        let position = self.cached.len() as u32;
+                        decoder = Some(self.stage.greedy_decoder(last, position, DEFAULT_DEPTH)?);
+                    }
+                    let next = decoder.as_mut().expect("decoder was just made").next().await?;
+                    self.cached.push(last);
+                    next
+                }
+                None => decode_sampled(&self.stage, &mut self.cached, &mut sampler, &history).await?,
             };
             let step = stops.push_token(&self.tokenizer, next);
             out.text.push_str(&step.text);
@@ -181,27 +196,6 @@ impl Engine {
         on_text(&tail);
         out.decode_seconds = now_seconds() - decode_started;
         Ok(out)
-    }
-
-    /// One decode step after `history`, whose last token is not in the cache yet.
-    async fn decode_one(
-        &mut self,
-        sampler: &mut Sampler,
-        history: &[u32],
-    ) -> Result<u32, EngineError> {
-        let last = *history.last().expect("history holds the prompt");
-        let position = self.cached.len() as u32;
-        let input = StageInput::Tokens(std::slice::from_ref(&last));
-        // Plain argmax runs on the GPU and reads back 4 bytes instead of the logits.
-        let config = sampler.config();
-        let next = if config.is_greedy() && config.repeat_penalty == 1.0 {
-            self.stage.forward_argmax(&input, position).await?
-        } else {
-            let logits = self.stage.forward_logits(&input, position, 1).await?;
-            sampler.sample(&logits[0], history)
-        };
-        self.cached.push(last);
-        Ok(next)
     }
 
     /// Teacher-forced logits after every prefix `ids[..=i]`, starting from an empty cache.
@@ -248,6 +242,20 @@ impl Engine {
             None => Ok(()),
         }
     }
+}
+
+/// One sampled decode step after `history`, whose last token is not in the cache yet.
+async fn decode_sampled(
+    stage: &Stage,
+    cached: &mut Vec<u32>,
+    sampler: &mut Sampler,
+    history: &[u32],
+) -> Result<u32, EngineError> {
+    let last = *history.last().expect("history holds the prompt");
+    let input = StageInput::Tokens(std::slice::from_ref(&last));
+    let logits = stage.forward_logits(&input, cached.len() as u32, 1).await?;
+    cached.push(last);
+    Ok(sampler.sample(&logits[0], history))
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

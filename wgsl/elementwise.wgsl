@@ -55,18 +55,6 @@ fn add_bias(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_i
 @group(0) @binding(2) var<storage, read> up: array<f32>;
 @group(0) @binding(3) var<storage, read_write> gated_out: array<f32>;
 
-fn silu(x: f32) -> f32 {
-    return x / (1.0 + exp(-x));
-}
-
-// tanh is clamped because some drivers evaluate it as a ratio of exponentials, which gives
-// inf/inf = NaN for large arguments; tanh(10) is already 1 in f32.
-fn gelu_tanh(x: f32) -> f32 {
-    let sqrt_2_over_pi = 0.7978845608028654;
-    let inner = sqrt_2_over_pi * x * (1.0 + 0.044715 * x * x);
-    return 0.5 * x * (1.0 + tanh(clamp(inner, -10.0, 10.0)));
-}
-
 @compute @workgroup_size(WG)
 fn gated_activation(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let i = element(group, lane);

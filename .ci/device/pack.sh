@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Here, before using the device tool: build the release runner, strip it, and split the real
-# models into parts small enough to travel (the device tool carries at most 64 MiB per call).
-# Writes everything under .device/ (git-ignored). Then make the calls that `.ci/device/README.md`
-# lists, each carrying .gl, .device/bin (first call only) and one part.
+# Here, before using the device tool: build the release runner, strip it, keep the first
+# HEAD_MIB of each model (its whole GGUF header) for speed runs on synthetic weights, and split
+# the real models into parts small enough to travel (the device tool carries at most 64 MiB per
+# call). Writes everything under .device/ (git-ignored).
+#
+# Speed, in one device call (carry .gl and .device/bin):
+#   bash .ci/device/run.sh setup && bash .ci/device/run.sh synth && bash .ci/device/run.sh bench
+# Real weights (fidelity), one call per part, carrying .device/parts/<one part> each time:
+#   bash .ci/device/run.sh stash   ...then   bash .ci/device/run.sh assemble
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source .ci/env.sh
@@ -12,6 +17,10 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 mkdir -p .device/bin .device/parts
 strip -o .device/bin/runner "$target_dir/release/runner"
 cp .ci/models.toml .device/bin/models.toml
+head_mib=${HEAD_MIB:-8}
+for model in "${WEBSHARD_MODELS:-models}"/*.gguf; do
+  head -c "$((head_mib * 1024 * 1024))" "$model" > ".device/bin/$(basename "$model").head"
+done
 for model in "${WEBSHARD_MODELS:-models}"/*.gguf; do
   name=$(basename "$model")
   if ! ls .device/parts/"$name".part* >/dev/null 2>&1; then

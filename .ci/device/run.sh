@@ -3,6 +3,9 @@
 #   setup            unpack the carried Vulkan loader (.gl/*.deb) and point at NVIDIA's ICD
 #   stash            keep every carried .device/parts/NAME.partNN under /root/parts (any order)
 #   assemble         join each model's parts in order into /root/models/NAME, check sha256
+#   synth            for speed runs: each model as its real first MiBs (the whole GGUF header)
+#                    followed by random bytes up to its real size, every byte below 0x40 so
+#                    every f16/bf16/f32 field stays finite (same work per token as the real file)
 #   bench [ARGS]     runner bench on every verified model, JSON into $OUT/bench-*.json
 #   score MODEL IDS  teacher-forced top-5 (fidelity spot check), JSON into $OUT
 set -uo pipefail
@@ -40,6 +43,28 @@ for file, sha in re.findall(r'file = "([^"]+)"\s*\nbytes = \d+\s*\nsha256 = "([0
     if h != sha:
         os.remove(path)
     print(("ok " if h == sha else "MISMATCH (removed) ") + file)
+PY
+    ;;
+  synth)
+    python3 - "$models" <<'PY'
+import os, random, re, sys
+models = sys.argv[1]
+text = open(".device/bin/models.toml").read()
+for file, size in re.findall(r'file = "([^"]+)"\s*\nbytes = (\d+)', text):
+    head_path = f".device/bin/{file}.head"
+    if not os.path.exists(head_path):
+        continue
+    head = open(head_path, "rb").read()
+    rng = random.Random(file)
+    table = bytes(range(0x40)) * 4
+    with open(os.path.join(models, file), "wb") as out:
+        out.write(head)
+        left = int(size) - len(head)
+        while left > 0:
+            n = min(left, 1 << 24)
+            out.write(rng.randbytes(n).translate(table))
+            left -= n
+    print(f"synthetic {file}: {size} bytes, real header")
 PY
     ;;
   bench)

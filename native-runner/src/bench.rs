@@ -6,6 +6,8 @@ use std::time::Instant;
 
 use serde_json::json;
 use webshard::engine::Engine;
+use webshard::gpu::{CounterSnapshot, KernelTimes};
+use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
 
 use crate::memory;
@@ -27,6 +29,10 @@ pub struct BenchArgs {
     /// Also time decode without the output head, to report the head's share of a token.
     #[arg(long)]
     pub head_share: bool,
+    /// Also print, per token, GPU time by kernel family (timestamp queries), dispatches,
+    /// submits, host syncs and host time.
+    #[arg(long)]
+    pub profile: bool,
     #[arg(long)]
     pub json: bool,
 }
@@ -58,16 +64,15 @@ async fn prompt_rate(engine: &mut Engine, tokens: u32, seed: u64) -> anyhow::Res
     Ok(f64::from(tokens) / started.elapsed().as_secs_f64())
 }
 
+/// Greedy decode from an empty cache, each token fed back on the GPU as `runner generate
+/// --temp 0` does.
 async fn generation_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f64> {
     engine.reset();
-    let mut token = engine.tokenizer.bos_id().unwrap_or(0);
+    let token = engine.tokenizer.bos_id().unwrap_or(0);
     let started = Instant::now();
-    for position in 0..tokens {
-        let input = [token];
-        token = engine
-            .stage
-            .forward_argmax(&StageInput::Tokens(&input), position)
-            .await?;
+    let mut decoder = engine.stage.greedy_decoder(token, 0, DEFAULT_DEPTH)?;
+    for _ in 0..tokens {
+        decoder.next().await?;
     }
     Ok(f64::from(tokens) / started.elapsed().as_secs_f64())
 }
@@ -120,6 +125,10 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         }
         tests.push((format!("tg{}-layers-only", args.n), mean_sd(&rates)));
     }
+    let profile = match (args.profile, args.n) {
+        (true, n) if n > 0 => Some(profile_decode(&mut engine, n).await?),
+        _ => None,
+    };
     let caps = &engine.stage.gpu.caps;
     let variant = engine.stage.gpu.variant();
     let resident = memory::resident_peak().unwrap_or(0);
@@ -134,6 +143,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             "load_seconds": load.seconds, "load_bytes": load.bytes,
             "peak_heap_bytes_during_load": load.peak_heap_bytes, "peak_resident_bytes": resident,
             "repetitions": args.repetitions, "tests": rows,
+            "profile": profile.as_ref().map(DecodeProfile::to_json),
         });
         println!("{value}");
         return Ok(());
@@ -154,6 +164,9 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             println!("output head + argmax: {:.1}% of decode time", share * 100.0);
         }
     }
+    if let Some(profile) = &profile {
+        profile.print();
+    }
     println!(
         "load {:.2} s, {:.1} MB; peak host heap during load {:.1} MB; peak resident {:.1} MB",
         load.seconds,
@@ -162,4 +175,99 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         resident as f64 / 1e6
     );
     Ok(())
+}
+
+/// Where a decode token's time goes.
+struct DecodeProfile {
+    tokens: u32,
+    /// Counters over an unprofiled run.
+    counts: CounterSnapshot,
+    wall_seconds: f64,
+    /// GPU time by kernel family over a second, profiled run.
+    kernels: KernelTimes,
+}
+
+async fn profile_decode(engine: &mut Engine, tokens: u32) -> anyhow::Result<DecodeProfile> {
+    let gpu = engine.stage.gpu.clone();
+    let before = gpu.counters.snapshot();
+    let started = Instant::now();
+    generation_rate(engine, tokens).await?;
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let counts = gpu.counters.snapshot() - before;
+    let kernels = if gpu.caps.timestamps {
+        gpu.start_profiling()?;
+        generation_rate(engine, tokens).await?;
+        gpu.collect_profile().await?;
+        gpu.finish_profiling()
+    } else {
+        KernelTimes::new()
+    };
+    Ok(DecodeProfile {
+        tokens,
+        counts,
+        wall_seconds,
+        kernels,
+    })
+}
+
+impl DecodeProfile {
+    fn per_token(&self, value: u64) -> f64 {
+        value as f64 / f64::from(self.tokens)
+    }
+
+    /// Host time per token not spent blocked on the GPU, in µs.
+    fn host_us(&self) -> f64 {
+        (self.wall_seconds * 1e9 - self.counts.wait_ns as f64) / 1e3 / f64::from(self.tokens)
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        let kernels: Vec<_> = self
+            .kernels
+            .iter()
+            .map(|(family, (ns, count))| {
+                json!({ "kernel": family, "us_per_token": ns / 1e3 / f64::from(self.tokens),
+                        "dispatches_per_token": self.per_token(*count) })
+            })
+            .collect();
+        json!({
+            "tokens": self.tokens,
+            "us_per_token": self.wall_seconds * 1e6 / f64::from(self.tokens),
+            "host_us_per_token": self.host_us(),
+            "dispatches_per_token": self.per_token(self.counts.dispatches),
+            "submits_per_token": self.per_token(self.counts.submits),
+            "syncs_per_token": self.per_token(self.counts.syncs),
+            "kernels": kernels,
+        })
+    }
+
+    fn print(&self) {
+        println!(
+            "decode profile over {} tokens: {:.0} µs/token wall, {:.0} µs host (not waiting), \
+             {:.1} dispatches, {:.2} submits, {:.2} host syncs per token",
+            self.tokens,
+            self.wall_seconds * 1e6 / f64::from(self.tokens),
+            self.host_us(),
+            self.per_token(self.counts.dispatches),
+            self.per_token(self.counts.submits),
+            self.per_token(self.counts.syncs),
+        );
+        if self.kernels.is_empty() {
+            println!("(no timestamp queries on this adapter: no per-kernel GPU times)");
+            return;
+        }
+        let total: f64 = self.kernels.values().map(|(ns, _)| ns).sum();
+        println!("| kernel | GPU µs/token | share | dispatches/token |");
+        println!("| --- | ---: | ---: | ---: |");
+        let mut rows: Vec<_> = self.kernels.iter().collect();
+        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        for (family, (ns, count)) in rows {
+            println!(
+                "| {family} | {:.1} | {:.1}% | {:.1} |",
+                ns / 1e3 / f64::from(self.tokens),
+                100.0 * ns / total,
+                self.per_token(*count)
+            );
+        }
+        println!("| total (profiled, one pass per dispatch) | {:.1} | | |", total / 1e3 / f64::from(self.tokens));
+    }
 }

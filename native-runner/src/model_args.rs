@@ -91,6 +91,7 @@ impl ModelArgs {
             disable_f16: self.no_f16,
             disable_subgroups: self.no_subgroups,
             max_binding_override: self.max_binding,
+            gpu_work_split: false,
         })
     }
 

@@ -73,15 +73,30 @@ pub async fn read_back(
 
 /// Maps a `MAP_READ` buffer after the work that fills it was submitted, and copies it out.
 pub(super) async fn map_and_read(gpu: &Gpu, staging: &wgpu::Buffer) -> Result<Vec<u8>, GpuError> {
+    map_and_read_after(gpu, staging, None).await
+}
+
+/// `map_and_read`, blocking natively only until `submission` (default: the latest) is done.
+pub(super) async fn map_and_read_after(
+    gpu: &Gpu,
+    staging: &wgpu::Buffer,
+    submission: Option<wgpu::SubmissionIndex>,
+) -> Result<Vec<u8>, GpuError> {
     let (sender, receiver) = futures::channel::oneshot::channel();
     staging.map_async(wgpu::MapMode::Read, .., move |result| {
         let _ = sender.send(result);
     });
+    let started = web_time::Instant::now();
     gpu.device
-        .poll(wgpu::PollType::wait_indefinitely())
+        .poll(wgpu::PollType::Wait {
+            submission_index: submission,
+            timeout: None,
+        })
         .map_err(|e| GpuError::ReadBack(e.to_string()))?;
-    receiver
-        .await
+    let result = receiver.await;
+    gpu.counters
+        .add_sync(started.elapsed().as_nanos().try_into().unwrap_or(u64::MAX));
+    result
         .map_err(|_| GpuError::ReadBack("map callback dropped".into()))?
         .map_err(|e| GpuError::ReadBack(e.to_string()))?;
     let view = staging

@@ -74,6 +74,8 @@ pub struct GpuOptions {
     pub disable_subgroups: bool,
     /// Pretend bindings are at most this many bytes (tests of tensor splitting).
     pub max_binding_override: Option<u64>,
+    /// Split kernel work as for a GPU even on a CPU adapter (tests cover both splits).
+    pub gpu_work_split: bool,
 }
 
 /// The shader capabilities a kernel variant is compiled for.
@@ -105,6 +107,9 @@ pub struct Caps {
     pub subgroup_min: u32,
     pub subgroup_max: u32,
     pub timestamps: bool,
+    /// Kernels split work for a CPU implementation (lavapipe, SwiftShader, llvmpipe): fewer,
+    /// fatter threads, since every lane is a loop iteration there.
+    pub cpu_work_split: bool,
     /// Largest storage binding kernels may use (possibly lowered by `max_binding_override`).
     pub max_binding: u64,
     pub max_buffer: u64,
@@ -155,6 +160,9 @@ pub struct Gpu {
     pub caps: Caps,
     pub(super) pipelines: PipelineCache,
     pub(super) uniform_blocks: std::sync::Mutex<Vec<wgpu::Buffer>>,
+    pub counters: super::profile::GpuCounters,
+    placeholder: std::sync::OnceLock<wgpu::Buffer>,
+    pub(super) profiler: super::profile::ProfilerSlot,
 }
 
 impl Gpu {
@@ -218,6 +226,7 @@ impl Gpu {
             subgroup_min: info.subgroup_min_size,
             subgroup_max: info.subgroup_max_size,
             timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
+            cpu_work_split: info.device_type == wgpu::DeviceType::Cpu && !options.gpu_work_split,
             max_binding: options
                 .max_binding_override
                 .map_or(hardware_binding, |cap| cap.min(hardware_binding)),
@@ -238,7 +247,16 @@ impl Gpu {
             caps,
             pipelines: PipelineCache::default(),
             uniform_blocks: std::sync::Mutex::new(Vec::new()),
+            counters: Default::default(),
+            placeholder: Default::default(),
+            profiler: Default::default(),
         }))
+    }
+
+    /// A small storage buffer to bind where a kernel's variant leaves a binding unread.
+    pub fn placeholder(&self) -> &wgpu::Buffer {
+        self.placeholder
+            .get_or_init(|| super::buffer::storage_buffer(self, "unused binding", 16))
     }
 
     /// The variant kernels use unless a caller asks for another.

@@ -6,13 +6,17 @@
 
 mod buffer;
 mod device;
+mod graph;
 mod pipeline;
+mod profile;
 mod record;
 pub mod testing;
 mod weights;
 
 pub use buffer::{poison_f32, read_back, read_f32, storage_buffer, upload_f32, upload_u32, POISON};
 pub use device::{BackendChoice, Caps, Gpu, GpuError, GpuOptions, Variant};
+pub use graph::DispatchGraph;
 pub use pipeline::{specialised_source, Kernel, Lib, PipelineKey};
-pub use record::Recorder;
+pub use profile::{CounterSnapshot, GpuCounters, KernelTimes};
+pub use record::{PendingRead, Recorder};
 pub use weights::{WeightPart, WeightTensor};

@@ -18,6 +18,8 @@ pub enum Lib {
     Reduce,
     /// Per-type GGUF block dequantization (`wgsl/dequant.wgsl`), selected by `const QUANT`.
     Dequant,
+    /// `silu` and `gelu_tanh` (`wgsl/activation.wgsl`).
+    Activation,
 }
 
 impl Lib {
@@ -26,6 +28,7 @@ impl Lib {
             (Lib::Reduce, true) => include_str!("../../wgsl/reduce_subgroup.wgsl"),
             (Lib::Reduce, false) => include_str!("../../wgsl/reduce_workgroup.wgsl"),
             (Lib::Dequant, _) => include_str!("../../wgsl/dequant.wgsl"),
+            (Lib::Activation, _) => include_str!("../../wgsl/activation.wgsl"),
         }
     }
 }
@@ -52,6 +55,8 @@ pub struct PipelineKey {
 #[derive(Default)]
 pub(super) struct PipelineCache {
     compiled: Mutex<HashMap<PipelineKey, Arc<wgpu::ComputePipeline>>>,
+    /// The kernel family of each compiled pipeline, for profiles.
+    families: Mutex<HashMap<wgpu::ComputePipeline, &'static str>>,
 }
 
 /// The exact WGSL text compiled for `kernel` in `variant` with `consts`.
@@ -106,7 +111,20 @@ impl Gpu {
         }
         let pipeline = Arc::new(self.compile(kernel, &key));
         compiled.insert(key, pipeline.clone());
+        if let Ok(mut families) = self.pipelines.families.lock() {
+            families.insert((*pipeline).clone(), kernel.name);
+        }
         pipeline
+    }
+
+    /// The kernel family `pipeline` was compiled from.
+    pub fn pipeline_family(&self, pipeline: &wgpu::ComputePipeline) -> &'static str {
+        self.pipelines
+            .families
+            .lock()
+            .ok()
+            .and_then(|families| families.get(pipeline).copied())
+            .unwrap_or("unknown")
     }
 
     fn compile(&self, kernel: &Kernel, key: &PipelineKey) -> wgpu::ComputePipeline {

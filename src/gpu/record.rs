@@ -2,9 +2,11 @@
 //!
 //! Kernel parameters go into 64 KiB uniform blocks written once at submit; blocks return to a
 //! pool on the `Gpu` afterwards. Reusing a block in the next submit is safe because queue writes
-//! and submits execute in queue order.
+//! and submits execute in queue order. A recorder given a `DispatchGraph` instead reuses the
+//! bind groups of the graph's previous recording (see `graph.rs`).
 
 use super::device::{Gpu, Variant};
+use super::graph::{make_bind_group, DispatchGraph, GraphBinding};
 use super::pipeline::Kernel;
 
 const UNIFORM_BLOCK_BYTES: u64 = 64 * 1024;
@@ -21,6 +23,7 @@ pub struct Recorder<'g> {
     encoder: Option<wgpu::CommandEncoder>,
     pass: Option<wgpu::ComputePass<'static>>,
     blocks: Vec<UniformBlock>,
+    graph: Option<&'g mut DispatchGraph>,
     dispatches: u32,
 }
 
@@ -38,8 +41,18 @@ impl<'g> Recorder<'g> {
             encoder: Some(gpu.device.create_command_encoder(&Default::default())),
             pass: None,
             blocks: Vec::new(),
+            graph: None,
             dispatches: 0,
         }
+    }
+
+    /// A recorder for a sequence recorded again and again (a decode step), reusing the bind
+    /// groups `graph` kept from the last recording.
+    pub fn with_graph(gpu: &'g Gpu, graph: &'g mut DispatchGraph) -> Self {
+        graph.begin();
+        let mut recorder = Self::new(gpu);
+        recorder.graph = Some(graph);
+        recorder
     }
 
     pub fn gpu(&self) -> &'g Gpu {
@@ -68,36 +81,33 @@ impl<'g> Recorder<'g> {
         storage: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) {
-        let (uniform, offset, size) = self.push_uniform(bytemuck::bytes_of(params));
-        let mut entries = vec![wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &uniform,
-                offset,
-                size: std::num::NonZeroU64::new(size),
-            }),
-        }];
-        entries.extend(
-            storage
-                .iter()
-                .enumerate()
-                .map(|(i, resource)| wgpu::BindGroupEntry {
-                    binding: i as u32 + 1,
-                    resource: resource.clone(),
-                }),
-        );
-        let bind_group = self
-            .gpu
-            .device
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &pipeline.get_bind_group_layout(0),
-                entries: &entries,
-            });
-        let pass = self.pass();
+        let mut bytes = bytemuck::bytes_of(params).to_vec();
+        bytes.resize(bytes.len().next_multiple_of(16), 0);
+        let bound = match self.graph.as_deref_mut() {
+            Some(graph) => graph.bind(self.gpu, pipeline, &bytes, storage),
+            None => GraphBinding::NoSlot,
+        };
+        let bind_group = match bound {
+            GraphBinding::Bound(bind_group) => bind_group,
+            GraphBinding::NoSlot => {
+                let (uniform, offset) = self.push_uniform(&bytes);
+                make_bind_group(self.gpu, pipeline, &uniform, offset, bytes.len(), storage)
+            }
+        };
+        let timed = self.gpu.timed_pass(self.gpu.pipeline_family(pipeline));
+        if timed.is_some() {
+            self.pass = None;
+        }
+        let pass = match &timed {
+            Some(timed) => self.timed_pass(timed),
+            None => self.pass(),
+        };
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(workgroups[0], workgroups[1], workgroups[2]);
+        if timed.is_some() {
+            self.pass = None;
+        }
         self.dispatches += 1;
     }
 
@@ -127,16 +137,24 @@ impl<'g> Recorder<'g> {
     /// Writes the parameters and submits everything recorded.
     pub fn submit(mut self) -> wgpu::SubmissionIndex {
         let commands = self.finish();
+        self.gpu.counters.add_submit();
         self.gpu.queue.submit([commands])
     }
 
     /// Submits, then reads `bytes` bytes at `offset` of `buffer` in the same submit.
     pub async fn submit_and_read(
-        mut self,
+        self,
         buffer: &wgpu::Buffer,
         offset: u64,
         bytes: u64,
     ) -> Result<Vec<u8>, super::GpuError> {
+        let gpu = self.gpu;
+        self.submit_with_read(buffer, offset, bytes).wait(gpu).await
+    }
+
+    /// Submits with a copy of `bytes` bytes at `offset` of `buffer` appended, without waiting:
+    /// the host can record and submit more work before it collects the bytes.
+    pub fn submit_with_read(mut self, buffer: &wgpu::Buffer, offset: u64, bytes: u64) -> PendingRead {
         let size = bytes.next_multiple_of(4);
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("result read-back"),
@@ -145,15 +163,22 @@ impl<'g> Recorder<'g> {
             mapped_at_creation: false,
         });
         self.copy(buffer, offset, &staging, 0, size);
-        let gpu = self.gpu;
-        self.submit();
-        let mut out = super::buffer::map_and_read(gpu, &staging).await?;
-        out.truncate(bytes as usize);
-        Ok(out)
+        let submission = self.submit();
+        PendingRead {
+            staging,
+            bytes,
+            submission,
+        }
     }
 
     fn finish(&mut self) -> wgpu::CommandBuffer {
         self.pass = None;
+        self.gpu.counters.add_dispatches(u64::from(self.dispatches));
+        if let Some(graph) = self.graph.as_deref_mut() {
+            graph.finish(self.gpu);
+        }
+        let gpu = self.gpu;
+        gpu.resolve_profile(self.encoder());
         for block in &self.blocks {
             self.gpu.queue.write_buffer(&block.buffer, 0, &block.bytes);
         }
@@ -182,10 +207,26 @@ impl<'g> Recorder<'g> {
         self.pass.as_mut().expect("pass was just created")
     }
 
-    /// Appends `data` to the current uniform block: (block, offset, size).
-    fn push_uniform(&mut self, data: &[u8]) -> (wgpu::Buffer, u64, u64) {
+    /// A pass of its own for one profiled dispatch, timestamped at both ends.
+    fn timed_pass(&mut self, timed: &super::profile::TimedPass) -> &mut wgpu::ComputePass<'static> {
+        let pass = self
+            .encoder()
+            .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                    query_set: &timed.queries,
+                    beginning_of_pass_write_index: Some(timed.begin),
+                    end_of_pass_write_index: Some(timed.begin + 1),
+                }),
+            })
+            .forget_lifetime();
+        self.pass.insert(pass)
+    }
+
+    /// Appends `data` (a multiple of 16 bytes) to the current uniform block: (block, offset).
+    fn push_uniform(&mut self, data: &[u8]) -> (wgpu::Buffer, usize) {
         let align = u64::from(self.gpu.caps.min_uniform_alignment).max(16) as usize;
-        let needed = data.len().next_multiple_of(16);
+        let needed = data.len();
         let fits = self
             .blocks
             .last()
@@ -197,8 +238,7 @@ impl<'g> Recorder<'g> {
         let offset = block.bytes.len().next_multiple_of(align);
         block.bytes.resize(offset, 0);
         block.bytes.extend_from_slice(data);
-        block.bytes.resize(offset + needed, 0);
-        (block.buffer.clone(), offset as u64, needed as u64)
+        (block.buffer.clone(), offset)
     }
 
     fn take_block(&self) -> UniformBlock {
@@ -220,5 +260,22 @@ impl<'g> Recorder<'g> {
             buffer,
             bytes: Vec::with_capacity(UNIFORM_BLOCK_BYTES as usize),
         }
+    }
+}
+
+/// Bytes a submit will copy back, collected with `wait`.
+pub struct PendingRead {
+    staging: wgpu::Buffer,
+    bytes: u64,
+    submission: wgpu::SubmissionIndex,
+}
+
+impl PendingRead {
+    /// Waits for the submit that fills the bytes (not for later ones) and returns them.
+    pub async fn wait(self, gpu: &Gpu) -> Result<Vec<u8>, super::GpuError> {
+        let mut out =
+            super::buffer::map_and_read_after(gpu, &self.staging, Some(self.submission)).await?;
+        out.truncate(self.bytes as usize);
+        Ok(out)
     }
 }

@@ -37,6 +37,27 @@ pub async fn device_variants() -> Result<Vec<(Arc<Gpu>, Variant)>, GpuError> {
         .collect())
 }
 
+/// `device_variants`, plus each CPU adapter again with the GPU work split, for kernels whose
+/// work split depends on the adapter's kind.
+pub async fn device_variants_both_splits() -> Result<Vec<(Arc<Gpu>, Variant)>, GpuError> {
+    let mut pairs = device_variants().await?;
+    let cpu_devices: Vec<Arc<Gpu>> = devices_under_test()
+        .await?
+        .into_iter()
+        .filter(|gpu| gpu.caps.cpu_work_split)
+        .collect();
+    for device in cpu_devices {
+        let options = GpuOptions {
+            backend: BackendChoice::parse(&device.caps.backend).unwrap_or_default(),
+            gpu_work_split: true,
+            ..Default::default()
+        };
+        let gpu = Gpu::new(&options).await?;
+        pairs.extend(gpu.caps.all_variants().into_iter().map(|v| (gpu.clone(), v)));
+    }
+    Ok(pairs)
+}
+
 fn default_backends() -> String {
     if cfg!(target_arch = "wasm32") {
         "webgpu".into()

@@ -12,7 +12,7 @@ use crate::ops::rope::RopeParams;
 use crate::ops::{norm, quant, rope};
 
 use super::config::{ConfigError, ModelConfig, SlidingWindow};
-use super::llama::{attend, feed_forward, project};
+use super::llama::{attend, feed_forward, normed_projections, FeedForwardOut};
 use super::loader::Vector;
 use super::LayerStep;
 
@@ -45,24 +45,17 @@ pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
         layer,
         ..
     } = *step;
-    let (d, eps) = (cfg.d_model, cfg.rms_eps);
     let local = cfg.is_local_layer(layer);
     let rope_params = match (local, &cfg.rope_local) {
         (true, Some(local_rope)) => local_rope,
         _ => &cfg.rope,
     };
-    norm::rms_norm(
+    normed_projections(
         rec,
-        &s.hidden,
-        &w.attn_norm.buffer,
-        &s.normed,
-        tokens,
-        d,
-        eps,
+        step,
+        &w.attn_norm,
+        &[(&w.wq, None, &s.q), (&w.wk, None, &s.k), (&w.wv, None, &s.v)],
     );
-    project(rec, &w.wq, None, &s.normed, &s.q, tokens);
-    project(rec, &w.wk, None, &s.normed, &s.k, tokens);
-    project(rec, &w.wv, None, &s.normed, &s.v, tokens);
     head_norm(
         rec,
         &s.q,
@@ -92,16 +85,7 @@ pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
     attend(rec, step, window);
     quant::matmul(rec, &w.wo.view(), &s.attn, &s.normed, tokens);
     post_norm(rec, w.post_attn_norm.as_ref(), &s.normed, &s.delta, step);
-    norm::rms_norm(
-        rec,
-        &s.hidden,
-        &w.ffn_norm.buffer,
-        &s.normed,
-        tokens,
-        d,
-        eps,
-    );
-    feed_forward(rec, step, Activation::GeluTanh);
+    feed_forward(rec, step, Activation::GeluTanh, FeedForwardOut::Delta);
     post_norm(rec, w.post_ffn_norm.as_ref(), &s.delta, &s.normed, step);
 }
 

@@ -4,10 +4,14 @@
 //! x += Wo · attention(rope(Wq·n + bq), rope(Wk·n + bk), Wv·n + bv)    n = rms_norm(x)
 //! x += Wdown · (silu(Wgate·n) ⊙ Wup·n)                                 n = rms_norm(x)
 //! ```
+//!
+//! Decode (one token) fuses each norm into the products that read it, the bias and the gate
+//! activation into the products' epilogues, and the residual add into the output products.
 
 use crate::gpu::Recorder;
 use crate::ops::attention::{self, AttentionParams};
 use crate::ops::elementwise::{self, Activation};
+use crate::ops::quant::{Epilogue, Fusion};
 use crate::ops::{norm, quant, rope};
 
 use super::loader::{Matrix, Vector};
@@ -21,49 +25,72 @@ pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
         tokens,
         ..
     } = *step;
-    norm::rms_norm(
+    normed_projections(
         rec,
-        &s.hidden,
-        &w.attn_norm.buffer,
-        &s.normed,
-        tokens,
-        cfg.d_model,
-        cfg.rms_eps,
+        step,
+        &w.attn_norm,
+        &[
+            (&w.wq, w.bq.as_ref(), &s.q),
+            (&w.wk, w.bk.as_ref(), &s.k),
+            (&w.wv, w.bv.as_ref(), &s.v),
+        ],
     );
-    project(rec, &w.wq, w.bq.as_ref(), &s.normed, &s.q, tokens);
-    project(rec, &w.wk, w.bk.as_ref(), &s.normed, &s.k, tokens);
-    project(rec, &w.wv, w.bv.as_ref(), &s.normed, &s.v, tokens);
     rope::rope(rec, &s.q, tokens, cfg.n_heads, step.start_pos, &cfg.rope);
     rope::rope(rec, &s.k, tokens, cfg.n_kv_heads, step.start_pos, &cfg.rope);
     attend(rec, step, None);
-    quant::matmul(rec, &w.wo.view(), &s.attn, &s.delta, tokens);
-    elementwise::add_in_place(rec, &s.hidden, &s.delta, tokens * cfg.d_model);
+    project_into_residual(rec, step, &w.wo, &s.attn);
+    feed_forward(rec, step, Activation::Silu, FeedForwardOut::Residual);
+}
+
+/// `out = W · rms_norm(hidden) (+ bias)` for each (W, bias, out). One token fuses the norm
+/// (and bias) into each product; more normalise once into `normed` for the tiled products.
+pub(super) fn normed_projections(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    norm_weight: &Vector,
+    projections: &[(&Matrix, Option<&Vector>, &wgpu::Buffer)],
+) {
+    let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
+    if tokens == 1 {
+        for &(matrix, bias, out) in projections {
+            let fusion = Fusion {
+                norm: Some((&norm_weight.buffer, cfg.rms_eps)),
+                epilogue: bias.map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer)),
+            };
+            quant::matvec(rec, &matrix.view(), &s.hidden, out, &fusion);
+        }
+        return;
+    }
     norm::rms_norm(
         rec,
         &s.hidden,
-        &w.ffn_norm.buffer,
+        &norm_weight.buffer,
         &s.normed,
         tokens,
         cfg.d_model,
         cfg.rms_eps,
     );
-    feed_forward(rec, step, Activation::Silu);
-    elementwise::add_in_place(rec, &s.hidden, &s.delta, tokens * cfg.d_model);
+    for &(matrix, bias, out) in projections {
+        quant::matmul(rec, &matrix.view(), &s.normed, out, tokens);
+        if let Some(bias) = bias {
+            elementwise::add_bias(rec, out, &bias.buffer, tokens, bias.len);
+        }
+    }
 }
 
-/// `out = W·x (+ bias)` for every token.
-pub(super) fn project(
-    rec: &mut Recorder,
-    matrix: &Matrix,
-    bias: Option<&Vector>,
-    x: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    tokens: u32,
-) {
-    quant::matmul(rec, &matrix.view(), x, out, tokens);
-    if let Some(bias) = bias {
-        elementwise::add_bias(rec, out, &bias.buffer, tokens, bias.len);
+/// `hidden += W · input`: accumulated by the product itself for one token.
+fn project_into_residual(rec: &mut Recorder, step: &LayerStep, matrix: &Matrix, input: &wgpu::Buffer) {
+    let (s, tokens) = (step.scratch, step.tokens);
+    if tokens == 1 {
+        let fusion = Fusion {
+            norm: None,
+            epilogue: Epilogue::Accumulate,
+        };
+        quant::matvec(rec, &matrix.view(), input, &s.hidden, &fusion);
+        return;
     }
+    quant::matmul(rec, &matrix.view(), input, &s.delta, tokens);
+    elementwise::add_in_place(rec, &s.hidden, &s.delta, tokens * step.cfg.d_model);
 }
 
 /// Writes this step's k and v into the cache and attends from q, leaving the result in `attn`.
@@ -98,18 +125,61 @@ pub(super) fn attend(rec: &mut Recorder, step: &LayerStep, window: Option<u32>) 
     );
 }
 
-/// The gated MLP from `normed` into `delta`.
-pub(super) fn feed_forward(rec: &mut Recorder, step: &LayerStep, activation: Activation) {
-    let (w, s, tokens) = (step.weights, step.scratch, step.tokens);
+/// Where the MLP's output goes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) enum FeedForwardOut {
+    /// Added to the residual stream.
+    Residual,
+    /// Into `delta`, for a post-norm before it joins the stream.
+    Delta,
+}
+
+/// The gated MLP over `rms_norm(hidden)` with the block's ffn norm. One token fuses the norm
+/// into the gate and up products and the activation into the up product.
+pub(super) fn feed_forward(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    activation: Activation,
+    out: FeedForwardOut,
+) {
+    let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
+    if tokens == 1 {
+        let norm = Some((&w.ffn_norm.buffer, cfg.rms_eps));
+        let gate = Fusion {
+            norm,
+            epilogue: Epilogue::Store,
+        };
+        quant::matvec(rec, &w.w_gate.view(), &s.hidden, &s.gate, &gate);
+        let up = Fusion {
+            norm,
+            epilogue: Epilogue::Gated(&s.gate, activation),
+        };
+        quant::matvec(rec, &w.w_up.view(), &s.hidden, &s.act, &up);
+        let (target, epilogue) = match out {
+            FeedForwardOut::Residual => (&s.hidden, Epilogue::Accumulate),
+            FeedForwardOut::Delta => (&s.delta, Epilogue::Store),
+        };
+        let down = Fusion {
+            norm: None,
+            epilogue,
+        };
+        quant::matvec(rec, &w.w_down.view(), &s.act, target, &down);
+        return;
+    }
+    norm::rms_norm(
+        rec,
+        &s.hidden,
+        &w.ffn_norm.buffer,
+        &s.normed,
+        tokens,
+        cfg.d_model,
+        cfg.rms_eps,
+    );
     quant::matmul(rec, &w.w_gate.view(), &s.normed, &s.gate, tokens);
     quant::matmul(rec, &w.w_up.view(), &s.normed, &s.up, tokens);
-    elementwise::gated_activation(
-        rec,
-        &s.gate,
-        &s.up,
-        &s.act,
-        tokens * step.cfg.ff_dim,
-        activation,
-    );
+    elementwise::gated_activation(rec, &s.gate, &s.up, &s.act, tokens * cfg.ff_dim, activation);
     quant::matmul(rec, &w.w_down.view(), &s.act, &s.delta, tokens);
+    if out == FeedForwardOut::Residual {
+        elementwise::add_in_place(rec, &s.hidden, &s.delta, tokens * cfg.d_model);
+    }
 }

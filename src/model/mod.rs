@@ -2,6 +2,7 @@
 //! a range of blocks on one device, with the embedding and head where it holds them.
 
 pub mod config;
+pub mod decode;
 pub mod gemma3;
 pub mod llama;
 pub mod loader;
@@ -10,6 +11,7 @@ mod scratch;
 pub mod stage;
 pub mod weights;
 
+pub use decode::GreedyDecoder;
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use loader::{LoadOptions, LoadProgress};
 pub use stage::{Stage, StageInput, StageSpec};

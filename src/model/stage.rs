@@ -1,11 +1,12 @@
 //! A stage: layers `[a, b)` of a model on one device, plus the embedding if it is first and the
 //! head if it is last. A single device runs the stage `[0, n_layers)` with both.
 
+use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::gguf::{Header, RangeSource};
-use crate::gpu::{Gpu, Recorder};
+use crate::gpu::{DispatchGraph, Gpu, Recorder};
 use crate::ops::attention::KvCache;
 use crate::ops::{norm, quant, select};
 
@@ -63,8 +64,17 @@ pub struct Stage {
     layers: Vec<LayerWeights>,
     edges: EdgeWeights,
     cache: KvCache,
-    scratch: Scratch,
+    pub(super) scratch: Scratch,
+    /// Bind groups of the step shapes this stage records again and again, by (step, tokens).
+    graphs: Mutex<HashMap<GraphKey, DispatchGraph>>,
 }
+
+/// Which recurring recording a graph belongs to: the step's name and its token count.
+pub(super) type GraphKey = (&'static str, u32);
+
+/// More distinct step shapes than this and the graphs start over (prefill of odd lengths
+/// would otherwise keep adding them).
+const MAX_GRAPHS: usize = 16;
 
 impl Stage {
     /// Loads the stage's tensors from `source`, streaming them into GPU buffers.
@@ -112,7 +122,23 @@ impl Stage {
             edges,
             cache,
             scratch,
+            graphs: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Runs `body` with a recorder reusing the bind groups of the last recording under `key`.
+    /// `body` must submit: the graph is only borrowed while recording.
+    pub(super) fn with_recorder<T>(
+        &self,
+        key: GraphKey,
+        body: impl FnOnce(Recorder<'_>) -> Result<T, ModelError>,
+    ) -> Result<T, ModelError> {
+        let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
+        if graphs.len() >= MAX_GRAPHS && !graphs.contains_key(&key) {
+            graphs.clear();
+        }
+        let graph = graphs.entry(key).or_default();
+        body(Recorder::with_graph(&self.gpu, graph))
     }
 
     /// Runs the stage's layers over `input` at positions `start_pos..`, leaving the residual
@@ -128,20 +154,10 @@ impl Stage {
         let s = &self.scratch;
         match input {
             StageInput::Tokens(ids) => {
-                let embedding = self.edges.embedding.as_ref().ok_or_else(|| {
-                    ModelError::Plan("this stage holds no embedding to embed tokens".into())
-                })?;
                 self.gpu
                     .queue
                     .write_buffer(&s.ids, 0, bytemuck::cast_slice(ids));
-                quant::embed(
-                    rec,
-                    &embedding.view(),
-                    &s.ids,
-                    &s.hidden,
-                    tokens,
-                    self.embed_scale(),
-                );
+                self.record_embedding(rec, tokens)?;
             }
             StageInput::Hidden(hidden) => {
                 self.gpu
@@ -149,6 +165,23 @@ impl Stage {
                     .write_buffer(&s.hidden, 0, bytemuck::cast_slice(hidden));
             }
         }
+        self.record_blocks(rec, start_pos, tokens);
+        Ok(tokens)
+    }
+
+    /// Embeds the `tokens` ids already in the scratch's id buffer into the residual stream.
+    pub(super) fn record_embedding(&self, rec: &mut Recorder, tokens: u32) -> Result<(), ModelError> {
+        let embedding = self.edges.embedding.as_ref().ok_or_else(|| {
+            ModelError::Plan("this stage holds no embedding to embed tokens".into())
+        })?;
+        let s = &self.scratch;
+        quant::embed(rec, &embedding.view(), &s.ids, &s.hidden, tokens, self.embed_scale());
+        Ok(())
+    }
+
+    /// The stage's blocks over the residual stream of `tokens` tokens at `start_pos..`.
+    pub(super) fn record_blocks(&self, rec: &mut Recorder, start_pos: u32, tokens: u32) {
+        let s = &self.scratch;
         for (index, weights) in self.layers.iter().enumerate() {
             let layer = self.spec.layers.start + index as u32;
             let step = super::LayerStep {
@@ -167,7 +200,6 @@ impl Stage {
                 Arch::Gemma3 => gemma3::forward_layer(rec, &step),
             }
         }
-        Ok(tokens)
     }
 
     /// Final norm and head over rows `rows` of the residual stream (at most `HEAD_ROWS`),
@@ -211,10 +243,12 @@ impl Stage {
     /// Runs the layers and submits, keeping only what they write into the KV cache (prefill
     /// chunks before the last).
     pub fn forward(&self, input: &StageInput<'_>, start_pos: u32) -> Result<(), ModelError> {
-        let mut rec = Recorder::new(&self.gpu);
-        self.record_layers(&mut rec, input, start_pos)?;
-        rec.submit();
-        Ok(())
+        let tokens = input.tokens(self.cfg.d_model) as u32;
+        self.with_recorder(("layers", tokens), |mut rec| {
+            self.record_layers(&mut rec, input, start_pos)?;
+            rec.submit();
+            Ok(())
+        })
     }
 
     /// Greedy next token after `input`: only 4 bytes come back from the GPU.
@@ -223,17 +257,21 @@ impl Stage {
         input: &StageInput<'_>,
         start_pos: u32,
     ) -> Result<u32, ModelError> {
-        let mut rec = Recorder::new(&self.gpu);
-        let tokens = self.record_layers(&mut rec, input, start_pos)?;
-        self.record_head(&mut rec, tokens - 1..tokens)?;
-        select::argmax(
-            &mut rec,
-            &self.scratch.logits,
-            self.cfg.vocab,
-            &self.scratch.argmax,
-        );
-        let bytes = rec.submit_and_read(&self.scratch.argmax, 0, 4).await?;
+        let tokens = input.tokens(self.cfg.d_model) as u32;
+        let pending = self.with_recorder(("argmax", tokens), |mut rec| {
+            self.record_layers(&mut rec, input, start_pos)?;
+            self.record_argmax(&mut rec, tokens)?;
+            Ok(rec.submit_with_read(&self.scratch.argmax, 0, 4))
+        })?;
+        let bytes = pending.wait(&self.gpu).await?;
         Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    /// Head and argmax over the last of `tokens` rows, into the scratch's argmax slot.
+    pub(super) fn record_argmax(&self, rec: &mut Recorder, tokens: u32) -> Result<(), ModelError> {
+        self.record_head(rec, tokens - 1..tokens)?;
+        select::argmax(rec, &self.scratch.logits, self.cfg.vocab, &self.scratch.argmax);
+        Ok(())
     }
 
     /// Full logits for the last `rows` tokens of `input` (teacher-forced scoring, sampling).
@@ -243,20 +281,24 @@ impl Stage {
         start_pos: u32,
         last_rows: u32,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
-        let mut rec = Recorder::new(&self.gpu);
-        let tokens = self.record_layers(&mut rec, input, start_pos)?;
-        rec.submit();
+        let tokens = input.tokens(self.cfg.d_model) as u32;
+        self.with_recorder(("layers", tokens), |mut rec| {
+            self.record_layers(&mut rec, input, start_pos)?;
+            rec.submit();
+            Ok(())
+        })?;
         let mut out = Vec::new();
         let first = tokens.saturating_sub(last_rows);
         let mut row = first;
         while row < tokens {
             let end = (row + super::scratch::HEAD_ROWS).min(tokens);
-            let mut rec = Recorder::new(&self.gpu);
-            self.record_head(&mut rec, row..end)?;
             let vocab = u64::from(self.cfg.vocab);
-            let bytes = rec
-                .submit_and_read(&self.scratch.logits, 0, u64::from(end - row) * vocab * 4)
-                .await?;
+            let pending = self.with_recorder(("head", end - row), |mut rec| {
+                self.record_head(&mut rec, row..end)?;
+                let bytes = u64::from(end - row) * vocab * 4;
+                Ok(rec.submit_with_read(&self.scratch.logits, 0, bytes))
+            })?;
+            let bytes = pending.wait(&self.gpu).await?;
             let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
             out.extend(values.chunks(vocab as usize).map(<[f32]>::to_vec));
             row = end;
@@ -270,10 +312,13 @@ impl Stage {
         input: &StageInput<'_>,
         start_pos: u32,
     ) -> Result<Vec<f32>, ModelError> {
-        let mut rec = Recorder::new(&self.gpu);
-        let tokens = self.record_layers(&mut rec, input, start_pos)?;
-        let bytes = u64::from(tokens) * u64::from(self.cfg.d_model) * 4;
-        let out = rec.submit_and_read(&self.scratch.hidden, 0, bytes).await?;
+        let tokens = input.tokens(self.cfg.d_model) as u32;
+        let pending = self.with_recorder(("hidden", tokens), |mut rec| {
+            self.record_layers(&mut rec, input, start_pos)?;
+            let bytes = u64::from(tokens) * u64::from(self.cfg.d_model) * 4;
+            Ok(rec.submit_with_read(&self.scratch.hidden, 0, bytes))
+        })?;
+        let out = pending.wait(&self.gpu).await?;
         Ok(bytemuck::pod_collect_to_vec(&out))
     }
 
@@ -284,7 +329,7 @@ impl Stage {
         }
     }
 
-    fn check_batch(&self, tokens: u32, start_pos: u32) -> Result<(), ModelError> {
+    pub(super) fn check_batch(&self, tokens: u32, start_pos: u32) -> Result<(), ModelError> {
         if tokens == 0 || tokens > self.spec.max_batch {
             return Err(ModelError::Plan(format!(
                 "{tokens} tokens in one forward (1..={})",

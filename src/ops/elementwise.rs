@@ -2,7 +2,7 @@
 //!
 //! All stay f32 in every variant (each element is touched once; f16 would only lose accuracy).
 
-use crate::gpu::{Gpu, Kernel, Recorder};
+use crate::gpu::{Gpu, Kernel, Lib, Recorder};
 
 const SOURCE: &str = include_str!("../../wgsl/elementwise.wgsl");
 const WG: u32 = 256;
@@ -11,25 +11,25 @@ const ADD: Kernel = Kernel {
     name: "add",
     source: SOURCE,
     entry: "add",
-    libs: &[],
+    libs: &[Lib::Activation],
 };
 const ADD_IN_PLACE: Kernel = Kernel {
     name: "add_in_place",
     source: SOURCE,
     entry: "add_in_place",
-    libs: &[],
+    libs: &[Lib::Activation],
 };
 const ADD_BIAS: Kernel = Kernel {
     name: "add_bias",
     source: SOURCE,
     entry: "add_bias",
-    libs: &[],
+    libs: &[Lib::Activation],
 };
 const GATED_ACTIVATION: Kernel = Kernel {
     name: "gated_activation",
     source: SOURCE,
     entry: "gated_activation",
-    libs: &[],
+    libs: &[Lib::Activation],
 };
 
 /// The activation applied to the gate of a gated feed-forward block.

@@ -4,9 +4,11 @@
 //! per-type block decoding of `wgsl/dequant.wgsl`.
 
 mod dequant;
+mod matvec;
 pub mod testing;
 
 pub use dequant::{dequant_row_reference, matmul_reference};
+pub use matvec::{matvec, matvec_reference, Epilogue, Fusion, ReferenceEpilogue};
 
 use crate::gpu::{Kernel, Lib, Recorder, WeightPart, WeightTensor};
 
@@ -186,12 +188,12 @@ impl<'a> QuantMatrix<'a> {
         })
     }
 
-    fn blocks_per_row(&self) -> u32 {
+    pub(super) fn blocks_per_row(&self) -> u32 {
         self.cols / self.quant.kernel_block().0
     }
 
     /// The constants every kernel of this family is specialised with.
-    fn quant_consts(&self) -> [(&'static str, u32); 4] {
+    pub(super) fn quant_consts(&self) -> [(&'static str, u32); 4] {
         let (block, block_bytes) = self.quant.kernel_block();
         [
             ("QUANT", self.quant.code()),
@@ -229,23 +231,6 @@ struct EmbedParams {
     pad: u32,
 }
 
-const MATVEC: Kernel = Kernel {
-    name: "matvec",
-    source: include_str!("../../wgsl/matvec.wgsl"),
-    entry: "matvec",
-    libs: &[Lib::Dequant],
-};
-
-const MATVEC_SUBGROUP: Kernel = Kernel {
-    name: "matvec_subgroup",
-    source: concat!(
-        include_str!("../../wgsl/matvec.wgsl"),
-        include_str!("../../wgsl/matvec_subgroup.wgsl")
-    ),
-    entry: "matvec_subgroup",
-    libs: &[Lib::Dequant],
-};
-
 const MATMUL: Kernel = Kernel {
     name: "matmul",
     source: include_str!("../../wgsl/matmul.wgsl"),
@@ -260,12 +245,6 @@ const EMBED: Kernel = Kernel {
     libs: &[Lib::Dequant],
 };
 
-/// Threads per matvec workgroup.
-const MATVEC_WG: u32 = 64;
-/// Threads sharing one matvec row group along K (at most the subgroup size with subgroups).
-const MATVEC_THREADS_PER_ROW: u32 = 8;
-/// Rows each matvec thread accumulates, reusing every activation it loads.
-const MATVEC_ROWS_PER_THREAD: u32 = 4;
 /// Prefill tile: rows, tokens, and each thread's rows and tokens within it (64 threads).
 const MATMUL_TILE: [(&str, u32); 5] = [("TR", 32), ("TT", 32), ("RPT", 4), ("TPT", 4), ("WG", 64)];
 const EMBED_WG: u32 = 64;
@@ -280,14 +259,14 @@ pub fn matmul(
     tokens: u32,
 ) {
     if tokens == 1 {
-        matvec(rec, w, x, out);
+        matvec::matvec(rec, w, x, out, &Fusion::default());
     } else {
         matmul_tiled(rec, w, x, out, tokens);
     }
 }
 
 /// Workgroups along x and y for `groups` workgroups, within the per-dimension limit.
-fn fold_groups(groups: u32, max_per_dim: u32) -> [u32; 2] {
+pub(super) fn fold_groups(groups: u32, max_per_dim: u32) -> [u32; 2] {
     let x = groups.clamp(1, max_per_dim);
     [x, groups.div_ceil(x)]
 }
@@ -302,43 +281,6 @@ fn product_params(w: &QuantMatrix, part: &WeightPart, groups_x: u32, tokens: u32
         cols: w.cols,
         tokens,
         out_stride: w.rows,
-    }
-}
-
-fn matvec(rec: &mut Recorder, w: &QuantMatrix, x: &wgpu::Buffer, out: &wgpu::Buffer) {
-    let caps = &rec.gpu().caps;
-    let max_per_dim = caps.max_workgroups_per_dim;
-    let rows_per_thread = MATVEC_ROWS_PER_THREAD;
-    // The shuffle reduction needs all of a row group's threads in one subgroup.
-    let (kernel, threads_per_row) = if rec.variant().subgroups && caps.subgroup_min >= 1 {
-        let fitting = MATVEC_THREADS_PER_ROW.min(caps.subgroup_min);
-        (&MATVEC_SUBGROUP, 1 << (31 - fitting.leading_zeros()))
-    } else {
-        (&MATVEC, MATVEC_THREADS_PER_ROW)
-    };
-    let rows_per_group = MATVEC_WG / threads_per_row * rows_per_thread;
-    let mut consts = vec![
-        ("WG", MATVEC_WG),
-        ("TPR", threads_per_row),
-        ("RPT", rows_per_thread),
-    ];
-    consts.extend(w.quant_consts());
-    let pipeline = rec.pipeline(kernel, &consts);
-    for part in &w.weights.parts {
-        let [groups_x, groups_y] =
-            fold_groups((part.rows as u32).div_ceil(rows_per_group), max_per_dim);
-        let params = product_params(w, part, groups_x, 1);
-        rec.dispatch(
-            &pipeline,
-            &params,
-            &[
-                part.buffer.as_entire_binding(),
-                x.as_entire_binding(),
-                out.as_entire_binding(),
-                part.buffer.as_entire_binding(),
-            ],
-            [groups_x, groups_y, 1],
-        );
     }
 }
 

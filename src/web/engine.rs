@@ -149,6 +149,7 @@ async fn open_gpu(settings: &LoadSettings) -> Result<Arc<Gpu>, WebError> {
         disable_f16: settings.disable_f16,
         disable_subgroups: settings.disable_subgroups,
         max_binding_override: None,
+        gpu_work_split: false,
     };
     Gpu::new(&options).await.map_err(|err| match err {
         GpuError::NoAdapter { .. } => {

@@ -1,0 +1,155 @@
+//! Reusing a dispatch sequence's bind groups from one recording to the next.
+//!
+//! Every decode step records the same dispatches on the same buffers; only parameters such as
+//! the position change. Creating a bind group per dispatch per token is the largest host cost
+//! of a step, so a `DispatchGraph` keeps, for dispatch `i` of a sequence, the bind group made
+//! the last time together with what it bound. Parameters live in one uniform buffer with a
+//! fixed slot per dispatch, rewritten with a single queue write per recording; a bind group is
+//! remade only when dispatch `i` now binds another pipeline or other buffers.
+
+use std::num::NonZeroU64;
+
+use super::device::Gpu;
+
+/// What one cached bind group was made for.
+struct GraphEntry {
+    pipeline: wgpu::ComputePipeline,
+    storage: Vec<(wgpu::Buffer, u64, Option<NonZeroU64>)>,
+    bind_group: wgpu::BindGroup,
+}
+
+/// The bind groups and parameter slots of one recurring dispatch sequence.
+#[derive(Default)]
+pub struct DispatchGraph {
+    /// One `slot`-sized parameter slot per dispatch; sized from the previous recording.
+    uniform: Option<wgpu::Buffer>,
+    slots: usize,
+    entries: Vec<GraphEntry>,
+    /// This recording's parameters, slot by slot.
+    bytes: Vec<u8>,
+    recorded: usize,
+}
+
+/// How a graph dispatch gets its bind group.
+pub(super) enum GraphBinding {
+    Bound(wgpu::BindGroup),
+    /// No slot left (first recording, or a longer sequence than last time): the recorder
+    /// binds this dispatch the uncached way.
+    NoSlot,
+}
+
+impl DispatchGraph {
+    pub(super) fn begin(&mut self) {
+        self.bytes.clear();
+        self.recorded = 0;
+    }
+
+    fn slot_bytes(gpu: &Gpu) -> usize {
+        (gpu.caps.min_uniform_alignment as usize).max(16)
+    }
+
+    /// The bind group for the next dispatch, its parameters stored in its slot.
+    pub(super) fn bind(
+        &mut self,
+        gpu: &Gpu,
+        pipeline: &wgpu::ComputePipeline,
+        params: &[u8],
+        storage: &[wgpu::BindingResource<'_>],
+    ) -> GraphBinding {
+        let index = self.recorded;
+        self.recorded += 1;
+        let slot = Self::slot_bytes(gpu);
+        let (Some(uniform), true) = (self.uniform.clone(), index < self.slots) else {
+            return GraphBinding::NoSlot;
+        };
+        let Some(buffers) = buffer_bindings(storage) else {
+            return GraphBinding::NoSlot;
+        };
+        if params.len() > slot {
+            return GraphBinding::NoSlot;
+        }
+        self.bytes.resize(index * slot, 0);
+        self.bytes.extend_from_slice(params);
+        if let Some(entry) = self.entries.get(index) {
+            if entry.pipeline == *pipeline && entry.storage == buffers {
+                return GraphBinding::Bound(entry.bind_group.clone());
+            }
+        }
+        let bind_group = make_bind_group(gpu, pipeline, &uniform, index * slot, params.len(), storage);
+        let entry = GraphEntry {
+            pipeline: pipeline.clone(),
+            storage: buffers,
+            bind_group: bind_group.clone(),
+        };
+        self.entries.truncate(index);
+        self.entries.push(entry);
+        GraphBinding::Bound(bind_group)
+    }
+
+    /// Writes this recording's parameters, and sizes the slots for the next recording when
+    /// this one ran out of them.
+    pub(super) fn finish(&mut self, gpu: &Gpu) {
+        if let Some(uniform) = &self.uniform {
+            if !self.bytes.is_empty() {
+                gpu.queue.write_buffer(uniform, 0, &self.bytes);
+            }
+        }
+        if self.recorded > self.slots {
+            let slot = Self::slot_bytes(gpu);
+            self.slots = self.recorded;
+            self.entries.clear();
+            self.uniform = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("dispatch graph params"),
+                size: (self.slots * slot) as u64,
+                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }));
+        }
+    }
+}
+
+/// The (buffer, offset, size) of every storage binding, or None if one is not a buffer.
+fn buffer_bindings(
+    storage: &[wgpu::BindingResource<'_>],
+) -> Option<Vec<(wgpu::Buffer, u64, Option<NonZeroU64>)>> {
+    storage
+        .iter()
+        .map(|resource| match resource {
+            wgpu::BindingResource::Buffer(b) => Some((b.buffer.clone(), b.offset, b.size)),
+            _ => None,
+        })
+        .collect()
+}
+
+/// A bind group with the uniform `params` at binding 0 and `storage[i]` at `i + 1`.
+pub(super) fn make_bind_group(
+    gpu: &Gpu,
+    pipeline: &wgpu::ComputePipeline,
+    uniform: &wgpu::Buffer,
+    offset: usize,
+    size: usize,
+    storage: &[wgpu::BindingResource<'_>],
+) -> wgpu::BindGroup {
+    let mut entries = vec![wgpu::BindGroupEntry {
+        binding: 0,
+        resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: uniform,
+            offset: offset as u64,
+            size: NonZeroU64::new(size as u64),
+        }),
+    }];
+    entries.extend(
+        storage
+            .iter()
+            .enumerate()
+            .map(|(i, resource)| wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: resource.clone(),
+            }),
+    );
+    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: None,
+        layout: &pipeline.get_bind_group_layout(0),
+        entries: &entries,
+    })
+}

@@ -1,0 +1,200 @@
+//! The matrix-vector product of decode (`wgsl/matvec.wgsl`), with the fusions that spare a
+//! decode step whole dispatches: the RMS norm of its input, and an epilogue that adds a bias,
+//! accumulates into the residual stream, or gates by the activated gate projection.
+
+use crate::gpu::{Kernel, Lib, Recorder};
+use crate::ops::elementwise::{activation_reference, Activation};
+use crate::ops::norm::rms_norm_reference;
+
+use super::{fold_groups, matmul_reference, QuantMatrix};
+
+const MATVEC: Kernel = Kernel {
+    name: "matvec",
+    source: include_str!("../../../wgsl/matvec.wgsl"),
+    entry: "matvec",
+    libs: &[Lib::Reduce, Lib::Activation, Lib::Dequant],
+};
+
+const MATVEC_SUBGROUP: Kernel = Kernel {
+    name: "matvec_subgroup",
+    source: concat!(
+        include_str!("../../../wgsl/matvec.wgsl"),
+        include_str!("../../../wgsl/matvec_subgroup.wgsl")
+    ),
+    entry: "matvec_subgroup",
+    libs: &[Lib::Reduce, Lib::Activation, Lib::Dequant],
+};
+
+/// Work split of one matvec: threads per workgroup, threads sharing a row group along K, and
+/// rows per thread.
+struct Shape {
+    wg: u32,
+    threads_per_row: u32,
+    rows_per_thread: u32,
+}
+
+/// CPU adapters run each lane as a loop iteration: few threads, each reusing every activation
+/// it loads for 4 rows.
+const CPU_SHAPE: Shape = Shape {
+    wg: 64,
+    threads_per_row: 8,
+    rows_per_thread: 4,
+};
+
+/// GPUs need many workgroups in flight for rows of a few hundred values: a subgroup (up to 32
+/// lanes) per row, so a row's units are read by neighbouring lanes at once.
+const GPU_SHAPE: Shape = Shape {
+    wg: 128,
+    threads_per_row: 32,
+    rows_per_thread: 1,
+};
+
+/// What happens to the dot products.
+#[derive(Clone, Copy, Default)]
+pub enum Epilogue<'a> {
+    #[default]
+    Store,
+    /// `out[r] = dot + bias[r]`.
+    Bias(&'a wgpu::Buffer),
+    /// `out[r] += dot`.
+    Accumulate,
+    /// `out[r] = act(gate[r]) * dot`.
+    Gated(&'a wgpu::Buffer, Activation),
+}
+
+impl Epilogue<'_> {
+    fn code(&self) -> u32 {
+        match self {
+            Epilogue::Store => 0,
+            Epilogue::Bias(_) => 1,
+            Epilogue::Accumulate => 2,
+            Epilogue::Gated(_, Activation::Silu) => 3,
+            Epilogue::Gated(_, Activation::GeluTanh) => 4,
+        }
+    }
+
+    fn aux(&self) -> Option<&wgpu::Buffer> {
+        match *self {
+            Epilogue::Bias(buffer) | Epilogue::Gated(buffer, _) => Some(buffer),
+            Epilogue::Store | Epilogue::Accumulate => None,
+        }
+    }
+}
+
+/// Operations fused into one matvec.
+#[derive(Clone, Copy, Default)]
+pub struct Fusion<'a> {
+    /// RMS-normalise x first, with this weight and epsilon.
+    pub norm: Option<(&'a wgpu::Buffer, f32)>,
+    pub epilogue: Epilogue<'a>,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MatvecParams {
+    rows: u32,
+    first_row: u32,
+    row_bytes: u32,
+    blocks_per_row: u32,
+    groups_x: u32,
+    cols: u32,
+    eps: f32,
+    pad: u32,
+}
+
+/// `out = epilogue(W · fused_norm(x))` for one token; `x` holds `cols` f32 values.
+pub fn matvec(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    fusion: &Fusion,
+) {
+    let gpu = rec.gpu();
+    let shape = if gpu.caps.cpu_work_split { &CPU_SHAPE } else { &GPU_SHAPE };
+    // The shuffle reduction needs all of a row group's threads in one subgroup.
+    let (kernel, threads_per_row) = if rec.variant().subgroups && gpu.caps.subgroup_min >= 1 {
+        let fitting = shape.threads_per_row.min(gpu.caps.subgroup_min);
+        (&MATVEC_SUBGROUP, 1 << (31 - fitting.leading_zeros()))
+    } else {
+        (&MATVEC, shape.threads_per_row.min(shape.wg))
+    };
+    let rows_per_group = shape.wg / threads_per_row * shape.rows_per_thread;
+    let mut consts = vec![
+        ("WG", shape.wg),
+        ("TPR", threads_per_row),
+        ("RPT", shape.rows_per_thread),
+        ("NORM", u32::from(fusion.norm.is_some())),
+        ("EPILOGUE", fusion.epilogue.code()),
+    ];
+    consts.extend(w.quant_consts());
+    let pipeline = rec.pipeline(kernel, &consts);
+    let placeholder = gpu.placeholder();
+    let aux = fusion.epilogue.aux().unwrap_or(placeholder);
+    let (norm_weight, eps) = fusion.norm.unwrap_or((placeholder, 0.0));
+    let max_per_dim = gpu.caps.max_workgroups_per_dim;
+    for part in &w.weights.parts {
+        let [groups_x, groups_y] =
+            fold_groups((part.rows as u32).div_ceil(rows_per_group), max_per_dim);
+        let params = MatvecParams {
+            rows: part.rows as u32,
+            first_row: part.first_row as u32,
+            row_bytes: w.weights.row_bytes as u32,
+            blocks_per_row: w.blocks_per_row(),
+            groups_x,
+            cols: w.cols,
+            eps,
+            pad: 0,
+        };
+        rec.dispatch(
+            &pipeline,
+            &params,
+            &[
+                part.buffer.as_entire_binding(),
+                x.as_entire_binding(),
+                out.as_entire_binding(),
+                part.buffer.as_entire_binding(),
+                aux.as_entire_binding(),
+                norm_weight.as_entire_binding(),
+            ],
+            [groups_x, groups_y, 1],
+        );
+    }
+}
+
+/// What `matvec` computes, on the CPU: `out` holds the output's previous contents (read by
+/// `Accumulate`), `aux` the bias or gate values.
+#[allow(clippy::too_many_arguments)]
+pub fn matvec_reference(
+    quant: super::QuantType,
+    weights: &[u8],
+    rows: usize,
+    x: &[f32],
+    norm: Option<(&[f32], f32)>,
+    epilogue: ReferenceEpilogue,
+    aux: &[f32],
+    out: &mut [f32],
+) {
+    let input = match norm {
+        Some((weight, eps)) => rms_norm_reference(x, weight, eps),
+        None => x.to_vec(),
+    };
+    let dots = matmul_reference(quant, weights, rows, x.len(), &input, 1);
+    for ((r, slot), dot) in out.iter_mut().enumerate().zip(dots) {
+        *slot = match epilogue {
+            ReferenceEpilogue::Store => dot,
+            ReferenceEpilogue::Bias => dot + aux[r],
+            ReferenceEpilogue::Accumulate => *slot + dot,
+            ReferenceEpilogue::Gated(act) => activation_reference(aux[r], act) * dot,
+        };
+    }
+}
+
+/// `Epilogue` without its buffers, for the reference.
+#[derive(Clone, Copy, Debug)]
+pub enum ReferenceEpilogue {
+    Store,
+    Bias,
+    Accumulate,
+    Gated(Activation),
+}
