@@ -123,6 +123,8 @@ pub struct RunReport {
     /// Of which not in any stage's forward: transfers, queueing, encoding.
     pub transfer_ms_mean: f64,
     pub decode_tokens_per_s: f64,
+    /// Most requests in the chain at once (micro-batching).
+    pub max_in_flight: usize,
     pub recoveries: u32,
     pub recovery_ms: Vec<f64>,
     pub verified_steps: u64,

@@ -184,6 +184,7 @@ impl<T: Transport> Coordinator<T> {
             }
             session.active.push(active);
             let position = session.active.len() - 1;
+            self.report.max_in_flight = self.report.max_in_flight.max(session.active.len());
             self.send_next(session, position).await?;
         }
         Ok(())
