@@ -18,7 +18,14 @@ use webshard::shard::roles::{
     Coordinator, CoordinatorConfig, DonorExit, FleetOutput, GenerationRequest, TokenUpdate,
     VerifyConfig,
 };
-use webshard::shard::{InProcessConfig, InProcessNetwork, InProcessTransport};
+use webshard::shard::frame::{
+    Assign, ErrorCode, Forward, Reply, StageInput, StageOutput, StageRuntime,
+};
+use webshard::shard::transport::send_message;
+use webshard::shard::{
+    decode_frame, ByteVocab, Encoding, InProcessConfig, InProcessNetwork, InProcessTransport,
+    Message, Transport, TransportEvent,
+};
 
 const PROMPTS: [&str; 5] = [
     "Once upon a time, in a small village,",
@@ -260,4 +267,98 @@ fn concurrent_requests_get_their_own_ids() {
     for (index, ((_, want), got)) in reference.iter().zip(&run.outputs).enumerate() {
         assert_eq!(&got.ids, want, "request {index}");
     }
+}
+
+/// The next message on `transport` other than greetings and peer events.
+async fn next_message(transport: &InProcessTransport) -> (webshard::shard::PeerId, Message) {
+    loop {
+        if let TransportEvent::Frame { from, frame } = transport.recv().await.expect("recv") {
+            match decode_frame(&frame).expect("donor frames decode") {
+                Message::Hello(_) | Message::Heartbeat(_) => {}
+                message => return (from, message),
+            }
+        }
+    }
+}
+
+fn expect_error(message: Message, code: ErrorCode, needle: &str) {
+    match message {
+        Message::Error(report) => {
+            assert_eq!(report.code, code, "{}", report.message);
+            assert!(report.message.contains(needle), "{}", report.message);
+        }
+        other => panic!("expected Error({code:?}), got {other:?}"),
+    }
+}
+
+/// A test playing the coordinator (and a stranger) feeds a donor bad frames: each is answered
+/// with an Error, and the donor still serves good ones correctly.
+#[test]
+fn a_donor_answers_bad_frames_and_keeps_serving() {
+    let file = support::SMOLLM2.1;
+    let (prompt, want) = single_device_ids(file, &PROMPTS[1..2], 2)[0].clone();
+    let gpu = gpu();
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let coordinator = network.join();
+    let stranger = network.join();
+    let donor = spawn_donor(&network, &gpu, TOKEN, |t| t);
+    let url = model_url(file);
+    with_deadline(DEADLINE, move || pollster::block_on(async move {
+        let source = webshard::gguf::open_source(&url).await.unwrap();
+        let header = webshard::gguf::read_header(source.as_ref()).await.unwrap();
+        let tokenizer = webshard::tokenizer::Tokenizer::from_metadata(&header.metadata).unwrap();
+        let me = coordinator.local_id();
+        let assign = Assign {
+            epoch: 1,
+            stage_id: 0,
+            n_stages: 1,
+            model_url: url.clone(),
+            layer_start: 0,
+            layer_end: 30,
+            n_layers: 30,
+            embedding: true,
+            head: true,
+            d_model: 576,
+            upstream: me,
+            downstream: me,
+            vocab: ByteVocab::from_tokenizer(&tokenizer).unwrap().to_bytes(),
+            runtime: StageRuntime { max_context: 64, max_batch: 16, kv_slots: 2, hidden: Encoding::F16 },
+        };
+        let send = |to, message: Message| {
+            let coordinator = &coordinator;
+            async move { send_message(coordinator, to, &message).await.unwrap() }
+        };
+        send(donor.id, Message::Assign(assign)).await;
+        assert!(matches!(next_message(&coordinator).await.1, Message::Ready(r) if r.epoch == 1));
+        let step = |request_id, seq, start_pos: u32, ids: Vec<u32>| Forward {
+            epoch: 1,
+            request_id,
+            seq,
+            stage_id: 0,
+            start_pos,
+            n_tokens: ids.len() as u32,
+            input: StageInput::Tokens(ids),
+            reply: Reply::Greedy,
+            tap: false,
+            trace: Vec::new(),
+        };
+        coordinator.send(donor.id, b"not a frame").await.unwrap();
+        expect_error(next_message(&coordinator).await.1, ErrorCode::BadFrame, "magic");
+        let wrong_stage = Forward { stage_id: 1, ..step(2, 0, 0, prompt.clone()) };
+        send(donor.id, Message::Forward(wrong_stage)).await;
+        expect_error(next_message(&coordinator).await.1, ErrorCode::BadFrame, "stage");
+        send_message(&stranger, donor.id, &Message::Forward(step(4, 0, 0, prompt.clone()))).await.unwrap();
+        expect_error(next_message(&stranger).await.1, ErrorCode::BadFrame, "upstream");
+        send(donor.id, Message::Forward(step(6, 0, 5, vec![1]))).await;
+        expect_error(next_message(&coordinator).await.1, ErrorCode::Compute, "replay");
+        stranger.send_raw_chunk(donor.id, vec![0xC1; 3]).await.unwrap();
+        send(donor.id, Message::Forward(step(2, 0, 0, prompt.clone()))).await;
+        let (_, first) = next_message(&coordinator).await;
+        assert!(matches!(&first, Message::Result(r) if r.output == StageOutput::Sampled(want[0])), "{first:?}");
+        let next = step(2, 1, prompt.len() as u32, vec![want[0]]);
+        send(donor.id, Message::Forward(next)).await;
+        let (_, second) = next_message(&coordinator).await;
+        assert!(matches!(&second, Message::Result(r) if r.output == StageOutput::Sampled(want[1])), "{second:?}");
+        assert!(donor.status().refused_frames >= 4);
+    }));
 }

@@ -6,6 +6,7 @@
 //! peer whose `Assign` this donor accepted first; only it may re-assign, dismiss or feed
 //! `Token`s and heartbeats, and only the assigned upstream peer may send `Forward`s.
 
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -87,6 +88,8 @@ pub struct Donor<T: Transport> {
     host: Option<StageHost>,
     vocab: Option<ByteVocab>,
     coordinator: Option<PeerId>,
+    /// Peers greeted already: a peer present at start is also announced by `PeerJoined`.
+    greeted: HashSet<PeerId>,
     /// The request whose text is shown, and its tokens so far.
     shown: Option<(u64, Vec<u32>)>,
     status: DonorStatus,
@@ -107,6 +110,7 @@ impl<T: Transport> Donor<T> {
             host: None,
             vocab: None,
             coordinator: None,
+            greeted: HashSet::new(),
             shown: None,
             status,
             on_status: None,
@@ -151,7 +155,9 @@ impl<T: Transport> Donor<T> {
                 TransportEvent::PeerLeft(peer) if Some(peer) == self.coordinator => {
                     return Ok(DonorExit::CoordinatorLeft)
                 }
-                TransportEvent::PeerLeft(_) => {}
+                TransportEvent::PeerLeft(peer) => {
+                    self.greeted.remove(&peer);
+                }
                 TransportEvent::BadChunk { from, error } => {
                     self.note_refused(&format!("bad chunk from {from}: {error}"))
                 }
@@ -165,6 +171,9 @@ impl<T: Transport> Donor<T> {
     }
 
     async fn hello(&mut self, peer: PeerId) {
+        if !self.greeted.insert(peer) {
+            return;
+        }
         let hello = Message::Hello(Hello {
             fleet_token: self.config.fleet_token.clone(),
             donor: DonorInfo {
