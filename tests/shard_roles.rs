@@ -12,14 +12,14 @@ use std::time::Duration;
 use roles_support::*;
 use webshard::gpu::Gpu;
 use webshard::sample::SamplerConfig;
+use webshard::shard::frame::{
+    Assign, ErrorCode, Forward, Reply, StageInput, StageOutput, StageRuntime,
+};
 use webshard::shard::roles::coordinator::RunReport;
 use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
 use webshard::shard::roles::{
     Coordinator, CoordinatorConfig, DonorExit, FleetOutput, GenerationRequest, TokenUpdate,
     VerifyConfig,
-};
-use webshard::shard::frame::{
-    Assign, ErrorCode, Forward, Reply, StageInput, StageOutput, StageRuntime,
 };
 use webshard::shard::transport::send_message;
 use webshard::shard::{
@@ -70,7 +70,9 @@ fn coordinate(
 ) -> Run {
     with_deadline(DEADLINE, move || {
         pollster::block_on(async move {
-            let mut coordinator = Coordinator::connect(transport, config).await.expect("connect");
+            let mut coordinator = Coordinator::connect(transport, config)
+                .await
+                .expect("connect");
             let outputs = coordinator
                 .generate(&requests, &mut |update| on_token(&update))
                 .await
@@ -87,7 +89,10 @@ fn coordinate(
     })
 }
 
-fn fleet(gpu: &Arc<Gpu>, donors: usize) -> (InProcessNetwork, InProcessTransport, Vec<DonorHandle>) {
+fn fleet(
+    gpu: &Arc<Gpu>,
+    donors: usize,
+) -> (InProcessNetwork, InProcessTransport, Vec<DonorHandle>) {
     let network = InProcessNetwork::new(InProcessConfig::default());
     let coordinator = network.join();
     let handles = (0..donors)
@@ -109,7 +114,12 @@ fn two_and_three_donors_give_the_single_device_ids() {
     let file_bytes = std::fs::metadata(support::model_path(file)).unwrap().len();
     for donors in [2, 3] {
         let (_network, transport, handles) = fleet(&gpu, donors);
-        let run = coordinate(transport, config(file, donors), vec![greedy(&prompt, 16)], |_| {});
+        let run = coordinate(
+            transport,
+            config(file, donors),
+            vec![greedy(&prompt, 16)],
+            |_| {},
+        );
         print_report(&format!("{donors} donors"), &run.report);
         assert_eq!(run.outputs[0].ids, want, "{donors} donors");
         assert_eq!(run.report.plan.len(), donors);
@@ -117,9 +127,15 @@ fn two_and_three_donors_give_the_single_device_ids() {
         assert!(run.report.hops.iter().all(|hop| hop.steps >= 16));
         let mut layers = Vec::new();
         for handle in &handles {
-            assert_eq!(handle.exit(Duration::from_secs(30)), Ok(DonorExit::Dismissed("done".into())));
+            assert_eq!(
+                handle.exit(Duration::from_secs(30)),
+                Ok(DonorExit::Dismissed("done".into()))
+            );
             let status = handle.status();
-            println!("donor {}: layers {:?}, {} of {file_bytes} bytes", handle.id, status.layers, status.bytes_downloaded);
+            println!(
+                "donor {}: layers {:?}, {} of {file_bytes} bytes",
+                handle.id, status.layers, status.bytes_downloaded
+            );
             assert!(status.bytes_downloaded > 0 && status.bytes_downloaded < file_bytes);
             assert_eq!(status.text, run.outputs[0].text);
             layers.push(status.layers.expect("assigned"));
@@ -159,12 +175,27 @@ fn a_lost_donor_changes_no_token() {
                 let _ = kill.take().map(|k| k.send(()));
             }
         };
-        let run = coordinate(transport, config(file, donors), vec![greedy(&prompt, 16)], on_token);
-        print_report(&format!("{donors} donors, #{victim} killed after {kill_at}"), &run.report);
-        assert_eq!(run.outputs[0].ids, want, "{donors} donors, #{victim} killed after {kill_at}");
+        let run = coordinate(
+            transport,
+            config(file, donors),
+            vec![greedy(&prompt, 16)],
+            on_token,
+        );
+        print_report(
+            &format!("{donors} donors, #{victim} killed after {kill_at}"),
+            &run.report,
+        );
+        assert_eq!(
+            run.outputs[0].ids, want,
+            "{donors} donors, #{victim} killed after {kill_at}"
+        );
         assert_eq!(run.report.recoveries, 1);
         assert_eq!(run.report.plan.len(), donors - 1);
-        assert!(run.report.plan.iter().all(|stage| stage.donor != handles[victim].id.to_string()));
+        assert!(run
+            .report
+            .plan
+            .iter()
+            .all(|stage| stage.donor != handles[victim].id.to_string()));
     }
 }
 
@@ -179,8 +210,13 @@ fn a_silent_donor_is_found_by_heartbeats() {
     let transport = network.join();
     let frozen = Arc::new(AtomicBool::new(false));
     let switch = Arc::clone(&frozen);
-    let silent = spawn_donor(&network, &gpu, TOKEN, move |inner| Freezable { inner, frozen: switch });
-    let _others: Vec<DonorHandle> = (0..2).map(|_| spawn_donor(&network, &gpu, TOKEN, |t| t)).collect();
+    let silent = spawn_donor(&network, &gpu, TOKEN, move |inner| Freezable {
+        inner,
+        frozen: switch,
+    });
+    let _others: Vec<DonorHandle> = (0..2)
+        .map(|_| spawn_donor(&network, &gpu, TOKEN, |t| t))
+        .collect();
     let mut config = config(file, 3);
     config.heartbeat_interval = Duration::from_millis(200);
     config.heartbeat_timeout = Duration::from_secs(4);
@@ -193,7 +229,11 @@ fn a_silent_donor_is_found_by_heartbeats() {
     print_report("silent donor", &run.report);
     assert_eq!(run.outputs[0].ids, want);
     assert_eq!(run.report.recoveries, 1);
-    assert!(run.report.plan.iter().all(|stage| stage.donor != silent.id.to_string()));
+    assert!(run
+        .report
+        .plan
+        .iter()
+        .all(|stage| stage.donor != silent.id.to_string()));
 }
 
 #[test]
@@ -209,8 +249,13 @@ fn a_donor_with_the_wrong_token_is_refused() {
         move || coordinate(transport, config, vec![greedy(&prompt, 4)], |_| {})
     });
     let intruder = spawn_donor(&network, &gpu, "not-the-token", |t| t);
-    let refused = intruder.exit(Duration::from_secs(120)).expect_err("refused");
-    assert!(refused.contains("Refused") && refused.contains("wrong fleet token"), "{refused}");
+    let refused = intruder
+        .exit(Duration::from_secs(120))
+        .expect_err("refused");
+    assert!(
+        refused.contains("Refused") && refused.contains("wrong fleet token"),
+        "{refused}"
+    );
     let _donor = spawn_donor(&network, &gpu, TOKEN, |t| t);
     let run = run.join().expect("coordinator");
     assert_eq!(run.refused_hellos, 1);
@@ -234,19 +279,38 @@ fn verify_flags_a_donor_with_wrong_activations() {
         let network = InProcessNetwork::new(InProcessConfig::default());
         let transport = network.join();
         let scale = if faulty { 0.05 } else { 0.0 };
-        let suspect = spawn_donor(&network, &gpu, TOKEN, move |inner| Perturbing { inner, scale });
+        let suspect = spawn_donor(&network, &gpu, TOKEN, move |inner| Perturbing {
+            inner,
+            scale,
+        });
         let _honest = spawn_donor(&network, &gpu, TOKEN, |t| t);
         let mut config = config(file, 2);
         config.verify = Some(verify.clone());
         let run = coordinate(transport, config, vec![greedy(&prompt, 6)], |_| {});
-        print_report(if faulty { "verify, faulty" } else { "verify, honest" }, &run.report);
+        print_report(
+            if faulty {
+                "verify, faulty"
+            } else {
+                "verify, honest"
+            },
+            &run.report,
+        );
         assert!(run.report.verified_steps >= 6);
         if faulty {
             assert!(!run.report.flags.is_empty());
-            assert!(run.report.flags.iter().all(|flag| flag.donor == suspect.id.to_string()));
+            assert!(run
+                .report
+                .flags
+                .iter()
+                .all(|flag| flag.donor == suspect.id.to_string()));
         } else {
             assert!(run.report.flags.is_empty(), "{:?}", run.report.flags);
-            let worst = run.report.verify_max_error.iter().copied().fold(0.0, f32::max);
+            let worst = run
+                .report
+                .verify_max_error
+                .iter()
+                .copied()
+                .fold(0.0, f32::max);
             assert!(worst < DEFAULT_TOLERANCE / 5.0, "honest error {worst}");
         }
     }
@@ -260,7 +324,10 @@ fn concurrent_requests_get_their_own_ids() {
     let reference = single_device_ids(file, &PROMPTS, 8);
     let gpu = gpu();
     let (_network, transport, _handles) = fleet(&gpu, 2);
-    let requests = reference.iter().map(|(prompt, _)| greedy(prompt, 8)).collect();
+    let requests = reference
+        .iter()
+        .map(|(prompt, _)| greedy(prompt, 8))
+        .collect();
     let run = coordinate(transport, config(file, 2), requests, |_| {});
     print_report("5 requests, 4 slots", &run.report);
     assert_eq!(run.report.max_in_flight, 4);
@@ -303,62 +370,106 @@ fn a_donor_answers_bad_frames_and_keeps_serving() {
     let stranger = network.join();
     let donor = spawn_donor(&network, &gpu, TOKEN, |t| t);
     let url = model_url(file);
-    with_deadline(DEADLINE, move || pollster::block_on(async move {
-        let source = webshard::gguf::open_source(&url).await.unwrap();
-        let header = webshard::gguf::read_header(source.as_ref()).await.unwrap();
-        let tokenizer = webshard::tokenizer::Tokenizer::from_metadata(&header.metadata).unwrap();
-        let me = coordinator.local_id();
-        let assign = Assign {
-            epoch: 1,
-            stage_id: 0,
-            n_stages: 1,
-            model_url: url.clone(),
-            layer_start: 0,
-            layer_end: 30,
-            n_layers: 30,
-            embedding: true,
-            head: true,
-            d_model: 576,
-            upstream: me,
-            downstream: me,
-            vocab: ByteVocab::from_tokenizer(&tokenizer).unwrap().to_bytes(),
-            runtime: StageRuntime { max_context: 64, max_batch: 16, kv_slots: 2, hidden: Encoding::F16 },
-        };
-        let send = |to, message: Message| {
-            let coordinator = &coordinator;
-            async move { send_message(coordinator, to, &message).await.unwrap() }
-        };
-        send(donor.id, Message::Assign(assign)).await;
-        assert!(matches!(next_message(&coordinator).await.1, Message::Ready(r) if r.epoch == 1));
-        let step = |request_id, seq, start_pos: u32, ids: Vec<u32>| Forward {
-            epoch: 1,
-            request_id,
-            seq,
-            stage_id: 0,
-            start_pos,
-            n_tokens: ids.len() as u32,
-            input: StageInput::Tokens(ids),
-            reply: Reply::Greedy,
-            tap: false,
-            trace: Vec::new(),
-        };
-        coordinator.send(donor.id, b"not a frame").await.unwrap();
-        expect_error(next_message(&coordinator).await.1, ErrorCode::BadFrame, "magic");
-        let wrong_stage = Forward { stage_id: 1, ..step(2, 0, 0, prompt.clone()) };
-        send(donor.id, Message::Forward(wrong_stage)).await;
-        expect_error(next_message(&coordinator).await.1, ErrorCode::BadFrame, "stage");
-        send_message(&stranger, donor.id, &Message::Forward(step(4, 0, 0, prompt.clone()))).await.unwrap();
-        expect_error(next_message(&stranger).await.1, ErrorCode::BadFrame, "upstream");
-        send(donor.id, Message::Forward(step(6, 0, 5, vec![1]))).await;
-        expect_error(next_message(&coordinator).await.1, ErrorCode::Compute, "replay");
-        stranger.send_raw_chunk(donor.id, vec![0xC1; 3]).await.unwrap();
-        send(donor.id, Message::Forward(step(2, 0, 0, prompt.clone()))).await;
-        let (_, first) = next_message(&coordinator).await;
-        assert!(matches!(&first, Message::Result(r) if r.output == StageOutput::Sampled(want[0])), "{first:?}");
-        let next = step(2, 1, prompt.len() as u32, vec![want[0]]);
-        send(donor.id, Message::Forward(next)).await;
-        let (_, second) = next_message(&coordinator).await;
-        assert!(matches!(&second, Message::Result(r) if r.output == StageOutput::Sampled(want[1])), "{second:?}");
-        assert!(donor.status().refused_frames >= 4);
-    }));
+    with_deadline(DEADLINE, move || {
+        pollster::block_on(async move {
+            let source = webshard::gguf::open_source(&url).await.unwrap();
+            let header = webshard::gguf::read_header(source.as_ref()).await.unwrap();
+            let tokenizer =
+                webshard::tokenizer::Tokenizer::from_metadata(&header.metadata).unwrap();
+            let me = coordinator.local_id();
+            let assign = Assign {
+                epoch: 1,
+                stage_id: 0,
+                n_stages: 1,
+                model_url: url.clone(),
+                layer_start: 0,
+                layer_end: 30,
+                n_layers: 30,
+                embedding: true,
+                head: true,
+                d_model: 576,
+                upstream: me,
+                downstream: me,
+                vocab: ByteVocab::from_tokenizer(&tokenizer).unwrap().to_bytes(),
+                runtime: StageRuntime {
+                    max_context: 64,
+                    max_batch: 16,
+                    kv_slots: 2,
+                    hidden: Encoding::F16,
+                },
+            };
+            let send = |to, message: Message| {
+                let coordinator = &coordinator;
+                async move { send_message(coordinator, to, &message).await.unwrap() }
+            };
+            send(donor.id, Message::Assign(assign)).await;
+            assert!(
+                matches!(next_message(&coordinator).await.1, Message::Ready(r) if r.epoch == 1)
+            );
+            let step = |request_id, seq, start_pos: u32, ids: Vec<u32>| Forward {
+                epoch: 1,
+                request_id,
+                seq,
+                stage_id: 0,
+                start_pos,
+                n_tokens: ids.len() as u32,
+                input: StageInput::Tokens(ids),
+                reply: Reply::Greedy,
+                tap: false,
+                trace: Vec::new(),
+            };
+            coordinator.send(donor.id, b"not a frame").await.unwrap();
+            expect_error(
+                next_message(&coordinator).await.1,
+                ErrorCode::BadFrame,
+                "magic",
+            );
+            let wrong_stage = Forward {
+                stage_id: 1,
+                ..step(2, 0, 0, prompt.clone())
+            };
+            send(donor.id, Message::Forward(wrong_stage)).await;
+            expect_error(
+                next_message(&coordinator).await.1,
+                ErrorCode::BadFrame,
+                "stage",
+            );
+            send_message(
+                &stranger,
+                donor.id,
+                &Message::Forward(step(4, 0, 0, prompt.clone())),
+            )
+            .await
+            .unwrap();
+            expect_error(
+                next_message(&stranger).await.1,
+                ErrorCode::BadFrame,
+                "upstream",
+            );
+            send(donor.id, Message::Forward(step(6, 0, 5, vec![1]))).await;
+            expect_error(
+                next_message(&coordinator).await.1,
+                ErrorCode::Compute,
+                "replay",
+            );
+            stranger
+                .send_raw_chunk(donor.id, vec![0xC1; 3])
+                .await
+                .unwrap();
+            send(donor.id, Message::Forward(step(2, 0, 0, prompt.clone()))).await;
+            let (_, first) = next_message(&coordinator).await;
+            assert!(
+                matches!(&first, Message::Result(r) if r.output == StageOutput::Sampled(want[0])),
+                "{first:?}"
+            );
+            let next = step(2, 1, prompt.len() as u32, vec![want[0]]);
+            send(donor.id, Message::Forward(next)).await;
+            let (_, second) = next_message(&coordinator).await;
+            assert!(
+                matches!(&second, Message::Result(r) if r.output == StageOutput::Sampled(want[1])),
+                "{second:?}"
+            );
+            assert!(donor.status().refused_frames >= 4);
+        })
+    });
 }

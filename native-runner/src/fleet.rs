@@ -99,7 +99,10 @@ fn gpu_options(backend: &str) -> anyhow::Result<GpuOptions> {
     })
 }
 
-pub async fn run_coordinator<T: Transport>(transport: T, args: &CoordinateArgs) -> anyhow::Result<()> {
+pub async fn run_coordinator<T: Transport>(
+    transport: T,
+    args: &CoordinateArgs,
+) -> anyhow::Result<()> {
     let mut config = CoordinatorConfig::new(&args.model, &args.fleet, args.donors);
     config.runtime.max_context = args.ctx;
     if args.f32_activations {

@@ -5,8 +5,8 @@ use std::collections::HashMap;
 
 use super::activations::Activations;
 use super::frame::{
-    decode_frame, Assign, DonorInfo, Forward, FrameError, Kind, Message, Reply, StageInput,
-    HopTrace, StageOutput, StageResult, StageRuntime,
+    decode_frame, Assign, DonorInfo, Forward, FrameError, HopTrace, Kind, Message, Reply,
+    StageInput, StageOutput, StageResult, StageRuntime,
 };
 use super::plan::MAX_DONORS;
 use super::vocab::ByteVocab;

@@ -30,11 +30,18 @@ pub fn gpu() -> Arc<Gpu> {
 }
 
 pub fn model_url(file: &str) -> String {
-    support::model_path(file).to_str().expect("utf-8 path").to_string()
+    support::model_path(file)
+        .to_str()
+        .expect("utf-8 path")
+        .to_string()
 }
 
 /// Greedy ids of one device (the `Engine`) for each prompt.
-pub fn single_device_ids(file: &str, prompts: &[&str], max_tokens: u32) -> Vec<(Vec<u32>, Vec<u32>)> {
+pub fn single_device_ids(
+    file: &str,
+    prompts: &[&str],
+    max_tokens: u32,
+) -> Vec<(Vec<u32>, Vec<u32>)> {
     pollster::block_on(async {
         let mut engine = support::load_engine(file, GpuOptions::default()).await;
         let mut out = Vec::new();
@@ -46,7 +53,10 @@ pub fn single_device_ids(file: &str, prompts: &[&str], max_tokens: u32) -> Vec<(
                 stop: Vec::new(),
             };
             engine.reset();
-            let generated = engine.generate(&ids, &options, &mut |_| true).await.expect("generate");
+            let generated = engine
+                .generate(&ids, &options, &mut |_| true)
+                .await
+                .expect("generate");
             out.push((ids, generated.ids));
         }
         out
@@ -72,11 +82,18 @@ impl DonorHandle {
     }
 
     pub fn exit(&self, limit: Duration) -> Result<DonorExit, String> {
-        self.exit.recv_timeout(limit).map_err(|e| format!("donor did not finish: {e}"))?
+        self.exit
+            .recv_timeout(limit)
+            .map_err(|e| format!("donor did not finish: {e}"))?
     }
 }
 
-pub fn spawn_donor<T, W>(network: &InProcessNetwork, gpu: &Arc<Gpu>, token: &str, wrap: W) -> DonorHandle
+pub fn spawn_donor<T, W>(
+    network: &InProcessNetwork,
+    gpu: &Arc<Gpu>,
+    token: &str,
+    wrap: W,
+) -> DonorHandle
 where
     T: Transport + Send + 'static,
     W: FnOnce(webshard::shard::InProcessTransport) -> T,
@@ -114,7 +131,10 @@ where
 }
 
 /// Runs `work` on its own thread and fails the test if it takes longer than `limit`.
-pub fn with_deadline<R: Send + 'static>(limit: Duration, work: impl FnOnce() -> R + Send + 'static) -> R {
+pub fn with_deadline<R: Send + 'static>(
+    limit: Duration,
+    work: impl FnOnce() -> R + Send + 'static,
+) -> R {
     let (done, result) = mpsc::channel();
     thread::spawn(move || {
         let _ = done.send(work());
@@ -171,7 +191,9 @@ impl<T: Transport + Send + Sync> Transport for Perturbing<T> {
             },
             _ => {}
         }
-        self.inner.send(to, &encode_frame(&message).expect("encode")).await
+        self.inner
+            .send(to, &encode_frame(&message).expect("encode"))
+            .await
     }
     async fn recv(&self) -> Result<TransportEvent, TransportError> {
         self.inner.recv().await

@@ -5,8 +5,8 @@
 
 use std::collections::HashMap;
 
-use web_time::Instant;
 use std::time::Duration;
+use web_time::Instant;
 
 use serde::Serialize;
 
@@ -20,7 +20,7 @@ use super::super::validate::{FrameLimits, FrameValidator, ModelShape};
 use super::super::vocab::ByteVocab;
 use super::donor::error_report;
 use super::timer::with_timeout;
-use super::verify::{VerifyConfig, VerifyFlag, Verifier};
+use super::verify::{Verifier, VerifyConfig, VerifyFlag};
 use super::RoleError;
 use crate::gguf::{open_source, read_header, Header};
 use crate::model::ModelConfig;
@@ -168,7 +168,10 @@ pub struct Coordinator<T: Transport> {
 
 impl<T: Transport> Coordinator<T> {
     /// Reads the model's header, waits for `config.donors` donors, plans and loads the chain.
-    pub async fn connect(transport: T, config: CoordinatorConfig) -> Result<Coordinator<T>, RoleError> {
+    pub async fn connect(
+        transport: T,
+        config: CoordinatorConfig,
+    ) -> Result<Coordinator<T>, RoleError> {
         let source = open_source(&config.model_url)
             .await
             .map_err(|e| RoleError::Source(e.to_string()))?;
@@ -178,7 +181,8 @@ impl<T: Transport> Coordinator<T> {
         let cfg = crate::model::config_for(&header)?;
         let tokenizer = Tokenizer::from_metadata(&header.metadata)
             .map_err(|e| RoleError::Tokenizer(e.to_string()))?;
-        let template = ChatTemplate::new(&tokenizer).map_err(|e| RoleError::Tokenizer(e.to_string()))?;
+        let template =
+            ChatTemplate::new(&tokenizer).map_err(|e| RoleError::Tokenizer(e.to_string()))?;
         let vocab_blob = ByteVocab::from_tokenizer(&tokenizer)
             .map_err(|e| RoleError::Tokenizer(e.to_string()))?
             .to_bytes();
@@ -268,10 +272,13 @@ impl<T: Transport> Coordinator<T> {
     }
 
     async fn on_join_frame(&mut self, from: PeerId, frame: &[u8]) {
-        let message = decode_frame(frame).and_then(|m| m.check(&self.config.limits, None).map(|()| m));
+        let message =
+            decode_frame(frame).and_then(|m| m.check(&self.config.limits, None).map(|()| m));
         match message {
             Ok(Message::Hello(hello)) => self.on_hello(from, hello).await,
-            Ok(other) => tracing::debug!(%from, kind = ?other.kind(), "ignored while gathering donors"),
+            Ok(other) => {
+                tracing::debug!(%from, kind = ?other.kind(), "ignored while gathering donors")
+            }
             Err(error) => tracing::warn!(%from, %error, "refused a frame"),
         }
     }
@@ -318,7 +325,8 @@ impl<T: Transport> Coordinator<T> {
                 .collect();
         }
         for (hop, step) in self.report.hops.iter_mut().zip(trace) {
-            let total = hop.compute_ms_mean * hop.steps as f64 + f64::from(step.compute_us) / 1000.0;
+            let total =
+                hop.compute_ms_mean * hop.steps as f64 + f64::from(step.compute_us) / 1000.0;
             hop.steps += 1;
             hop.compute_ms_mean = total / hop.steps as f64;
             hop.bytes_out += u64::from(step.payload_bytes);

@@ -304,9 +304,14 @@ impl<T: Transport> Donor<T> {
 
     async fn on_forward(&mut self, from: PeerId, forward: Forward) {
         // The validator refuses a Forward before any stage is assigned.
-        let Some(host) = self.host.as_mut() else { return };
+        let Some(host) = self.host.as_mut() else {
+            return;
+        };
         if from != host.assign.upstream {
-            let reason = format!("Forward from {from}, but this stage's upstream is {}", host.assign.upstream);
+            let reason = format!(
+                "Forward from {from}, but this stage's upstream is {}",
+                host.assign.upstream
+            );
             self.refuse(from, Some(forward.request_id), &reason).await;
             return;
         }
@@ -326,9 +331,16 @@ impl<T: Transport> Donor<T> {
         self.status.steps += 1;
         self.status.last_step_ms = compute_us as f32 / 1000.0;
         match output {
-            Ok(output) => self.send_output(&forward, output, compute_us, coordinator).await,
+            Ok(output) => {
+                self.send_output(&forward, output, compute_us, coordinator)
+                    .await
+            }
             Err(error) => {
-                let report = error_report(ErrorCode::Compute, Some(forward.request_id), &error.to_string());
+                let report = error_report(
+                    ErrorCode::Compute,
+                    Some(forward.request_id),
+                    &error.to_string(),
+                );
                 self.send_or_log(coordinator, &report).await;
             }
         }
@@ -337,8 +349,16 @@ impl<T: Transport> Donor<T> {
 
     /// Passes the step on: activations to the next stage (and to the coordinator when
     /// tapped), or the last stage's reply to the coordinator.
-    async fn send_output(&mut self, forward: &Forward, output: StepOutput, compute_us: u32, coordinator: PeerId) {
-        let Some(host) = self.host.as_ref() else { return };
+    async fn send_output(
+        &mut self,
+        forward: &Forward,
+        output: StepOutput,
+        compute_us: u32,
+        coordinator: PeerId,
+    ) {
+        let Some(host) = self.host.as_ref() else {
+            return;
+        };
         let assign = host.assign.clone();
         let output = match to_wire(output, &assign) {
             Ok(output) => output,
@@ -379,12 +399,17 @@ impl<T: Transport> Donor<T> {
                 });
                 self.send_or_log(assign.downstream, &next).await;
             }
-            output => self.send_or_log(assign.downstream, &result(output, trace)).await,
+            output => {
+                self.send_or_log(assign.downstream, &result(output, trace))
+                    .await
+            }
         }
     }
 
     fn show_token(&mut self, token: TokenEvent) {
-        let Some(vocab) = self.vocab.as_ref() else { return };
+        let Some(vocab) = self.vocab.as_ref() else {
+            return;
+        };
         let shown = match self.shown.take() {
             Some((request, ids)) if request == token.request_id => (request, ids),
             _ => (token.request_id, Vec::new()),
@@ -458,10 +483,14 @@ fn to_wire(output: StepOutput, assign: &Assign) -> Result<StageOutput, String> {
 /// Encodes in the epoch's encoding, falling back to f32 when a value overflows f16.
 fn encode_hidden(values: &[f32], assign: &Assign) -> Result<Activations, String> {
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
-        return Err(format!("the stage produced a non-finite activation at {index}"));
+        return Err(format!(
+            "the stage produced a non-finite activation at {index}"
+        ));
     }
     match Activations::encode(values, assign.d_model, assign.runtime.hidden) {
-        Err(FrameError::F16Overflow { .. }) => Activations::encode(values, assign.d_model, Encoding::F32),
+        Err(FrameError::F16Overflow { .. }) => {
+            Activations::encode(values, assign.d_model, Encoding::F32)
+        }
         other => other,
     }
     .map_err(|error| error.to_string())

@@ -21,7 +21,10 @@ pub(super) enum StepOutput {
     Hidden(Vec<f32>),
     Sampled(u32),
     /// Highest logits of the last position, highest first.
-    TopK { ids: Vec<u32>, logits: Vec<f32> },
+    TopK {
+        ids: Vec<u32>,
+        logits: Vec<f32>,
+    },
 }
 
 struct Slot {
@@ -59,7 +62,8 @@ impl StageHost {
     pub fn can_serve(&self, assign: &Assign) -> bool {
         let (old, new) = (&self.assign, assign);
         old.model_url == new.model_url
-            && (old.layer_start, old.layer_end, old.n_layers) == (new.layer_start, new.layer_end, new.n_layers)
+            && (old.layer_start, old.layer_end, old.n_layers)
+                == (new.layer_start, new.layer_end, new.n_layers)
             && (old.embedding, old.head) == (new.embedding, new.head)
             && same_buffers(&old.runtime, &new.runtime)
     }
@@ -68,7 +72,11 @@ impl StageHost {
     /// since the coordinator replays requests from position 0 after a re-plan.
     pub fn reassign(&mut self, assign: &Assign) {
         self.assign = assign.clone();
-        let caches: Vec<KvCache> = self.slots.iter_mut().filter_map(|s| s.cache.take()).collect();
+        let caches: Vec<KvCache> = self
+            .slots
+            .iter_mut()
+            .filter_map(|s| s.cache.take())
+            .collect();
         self.slots = empty_slots(assign.runtime.kv_slots);
         for (slot, cache) in self.slots.iter_mut().skip(1).zip(caches) {
             slot.cache = Some(cache);
@@ -117,7 +125,9 @@ impl StageHost {
         let stage = &self.stage;
         let start = forward.start_pos;
         if !stage.spec.head {
-            return Ok(StepOutput::Hidden(stage.forward_hidden(&input, start).await?));
+            return Ok(StepOutput::Hidden(
+                stage.forward_hidden(&input, start).await?,
+            ));
         }
         Ok(match forward.reply {
             Reply::Greedy => StepOutput::Sampled(stage.forward_argmax(&input, start).await?),
@@ -152,7 +162,15 @@ async fn load_stage(
             assign.n_layers, assign.d_model, cfg.n_layers, cfg.d_model
         )));
     }
-    Stage::load(gpu, source, header, spec, LoadOptions::default(), &mut |_| {}).await
+    Stage::load(
+        gpu,
+        source,
+        header,
+        spec,
+        LoadOptions::default(),
+        &mut |_| {},
+    )
+    .await
 }
 
 fn same_buffers(a: &StageRuntime, b: &StageRuntime) -> bool {

@@ -46,7 +46,9 @@ impl<T: Transport> Coordinator<T> {
         self.last_seen = self.plan.stages.iter().map(|s| (s.donor, now)).collect();
         self.report.plan = self.plan_entries();
         if let Some(verifier) = self.verifier.as_mut() {
-            verifier.prepare(&self.config.model_url, &self.plan, &self.config.runtime).await?;
+            verifier
+                .prepare(&self.config.model_url, &self.plan, &self.config.runtime)
+                .await?;
         }
         Ok(())
     }
@@ -171,7 +173,8 @@ impl<T: Transport> Coordinator<T> {
             Ok(message) => message,
             Err(error) => {
                 tracing::warn!(%from, %error, "refused a frame");
-                let report = super::donor::error_report(ErrorCode::BadFrame, None, &error.to_string());
+                let report =
+                    super::donor::error_report(ErrorCode::BadFrame, None, &error.to_string());
                 let _ = send_message(&self.transport, from, &report).await;
                 return Incoming::Nothing;
             }

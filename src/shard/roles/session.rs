@@ -13,7 +13,9 @@ use std::ops::Range;
 use futures::FutureExt;
 use web_time::Instant;
 
-use super::super::frame::{ErrorCode, Forward, Heartbeat, Message, Reply, StageInput, StageOutput, StageResult, TokenEvent};
+use super::super::frame::{
+    ErrorCode, Forward, Heartbeat, Message, Reply, StageInput, StageOutput, StageResult, TokenEvent,
+};
 use super::super::transport::{send_message, PeerId, Transport};
 use super::coordinator::{Coordinator, FleetOutput, GenerationRequest, TokenUpdate};
 use super::recovery::Incoming;
@@ -117,7 +119,8 @@ impl<T: Transport> Coordinator<T> {
                     Incoming::Nothing => Vec::new(),
                     Incoming::Lost(peer) => vec![peer],
                     Incoming::Message(from, message) => {
-                        self.on_message(&mut session, from, message, on_token).await?;
+                        self.on_message(&mut session, from, message, on_token)
+                            .await?;
                         Vec::new()
                     }
                 },
@@ -131,7 +134,11 @@ impl<T: Transport> Coordinator<T> {
             }
         }
         self.finish_report(&session, started);
-        Ok(session.outputs.into_iter().map(Option::unwrap_or_default).collect())
+        Ok(session
+            .outputs
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect())
     }
 
     fn check_request(&self, request: &GenerationRequest) -> Result<(), RoleError> {
@@ -139,7 +146,9 @@ impl<T: Transport> Coordinator<T> {
             return Err(RoleError::Invalid("a prompt is empty".into()));
         }
         if let Some(&id) = request.prompt_ids.iter().find(|&&id| id >= self.cfg.vocab) {
-            return Err(RoleError::Invalid(format!("prompt token {id} is outside the vocabulary")));
+            return Err(RoleError::Invalid(format!(
+                "prompt token {id} is outside the vocabulary"
+            )));
         }
         let needed = request.prompt_ids.len() as u64 + u64::from(request.max_tokens);
         if needed > u64::from(self.config.runtime.max_context) {
@@ -153,7 +162,9 @@ impl<T: Transport> Coordinator<T> {
 
     async fn start_queued(&mut self, session: &mut Session<'_>) -> Result<(), RoleError> {
         while let Some(slot) = session.free_slots.last().copied() {
-            let Some(index) = session.queued.pop_front() else { break };
+            let Some(index) = session.queued.pop_front() else {
+                break;
+            };
             session.free_slots.pop();
             let request = &session.requests[index];
             let kv_slots = u64::from(self.config.runtime.kv_slots);
@@ -191,7 +202,11 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// Sends the request's next span into stage 0.
-    pub(super) async fn send_next(&mut self, session: &mut Session<'_>, position: usize) -> Result<(), RoleError> {
+    pub(super) async fn send_next(
+        &mut self,
+        session: &mut Session<'_>,
+        position: usize,
+    ) -> Result<(), RoleError> {
         let active = &mut session.active[position];
         let span_index = active.next_span;
         let span = active.spans[span_index].clone();
@@ -199,7 +214,9 @@ impl<T: Transport> Coordinator<T> {
         let verify = is_final && self.verifier.as_mut().is_some_and(|v| v.pick());
         let reply = match is_final {
             false => Reply::Greedy,
-            true if verify => Reply::TopK { k: self.config.top_k },
+            true if verify => Reply::TopK {
+                k: self.config.top_k,
+            },
             true => reply_for(&active.sampler, self.config.top_k),
         };
         let forward = Forward {
@@ -209,7 +226,9 @@ impl<T: Transport> Coordinator<T> {
             stage_id: 0,
             start_pos: span.start,
             n_tokens: span.len() as u32,
-            input: StageInput::Tokens(active.tokens[span.start as usize..span.end as usize].to_vec()),
+            input: StageInput::Tokens(
+                active.tokens[span.start as usize..span.end as usize].to_vec(),
+            ),
             reply,
             tap: verify,
             trace: Vec::new(),
@@ -220,7 +239,9 @@ impl<T: Transport> Coordinator<T> {
         if verify {
             let tokens = active.tokens[..span.end as usize].to_vec();
             let check = PendingCheck::new(tokens, self.plan.stages.len());
-            session.checks.insert((active.request_id, span.start), check);
+            session
+                .checks
+                .insert((active.request_id, span.start), check);
         }
         let first = self.plan.stages[0].donor;
         // A failed send means the first stage is gone; its PeerLeft triggers the re-plan.
@@ -239,8 +260,12 @@ impl<T: Transport> Coordinator<T> {
     ) -> Result<(), RoleError> {
         match message {
             Message::Result(result) => self.on_result(session, from, result, on_token).await,
-            Message::Error(report) if report.code == ErrorCode::Compute && self.is_stage_donor(from) => {
-                let ours = report.request_id.is_some_and(|id| session.active.iter().any(|a| a.request_id == id));
+            Message::Error(report)
+                if report.code == ErrorCode::Compute && self.is_stage_donor(from) =>
+            {
+                let ours = report
+                    .request_id
+                    .is_some_and(|id| session.active.iter().any(|a| a.request_id == id));
                 if !ours {
                     return Ok(());
                 }
@@ -265,12 +290,16 @@ impl<T: Transport> Coordinator<T> {
         result: StageResult,
         on_token: &mut dyn FnMut(TokenUpdate<'_>),
     ) -> Result<(), RoleError> {
-        let stage = self.plan.stages.iter().find(|s| s.stage_id == result.stage_id);
+        let stage = self
+            .plan
+            .stages
+            .iter()
+            .find(|s| s.stage_id == result.stage_id);
         if stage.is_none_or(|s| s.donor != from) {
             tracing::warn!(%from, stage = result.stage_id, "result from a peer that does not hold that stage");
             return Ok(());
         }
-        if !self.plan.stages.last().is_some_and(|s| s.donor == from) {
+        if self.plan.stages.last().is_none_or(|s| s.donor != from) {
             self.on_tap(session, result).await;
             return Ok(());
         }
@@ -279,14 +308,26 @@ impl<T: Transport> Coordinator<T> {
             tracing::debug!(%from, %error, "refused a result");
             return Ok(());
         }
-        let Message::Result(result) = message else { return Ok(()) };
-        let Some(position) = session.active.iter().position(|a| a.request_id == result.request_id) else {
+        let Message::Result(result) = message else {
+            return Ok(());
+        };
+        let Some(position) = session
+            .active
+            .iter()
+            .position(|a| a.request_id == result.request_id)
+        else {
             return Ok(());
         };
         let active = &session.active[position];
-        let awaited = active.next_span.checked_sub(1).map(|i| active.spans[i].clone());
+        let awaited = active
+            .next_span
+            .checked_sub(1)
+            .map(|i| active.spans[i].clone());
         if awaited != Some(result.start_pos..result.start_pos + result.n_tokens) {
-            tracing::warn!(request = result.request_id, "result for a span that is not awaited");
+            tracing::warn!(
+                request = result.request_id,
+                "result for a span that is not awaited"
+            );
             return Ok(());
         }
         self.record_step(session, position, &result);
@@ -298,7 +339,12 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// The next token from the last stage's reply (sampled here from its top-k).
-    async fn token_from(&mut self, session: &mut Session<'_>, position: usize, result: &StageResult) -> Result<u32, RoleError> {
+    async fn token_from(
+        &mut self,
+        session: &mut Session<'_>,
+        position: usize,
+        result: &StageResult,
+    ) -> Result<u32, RoleError> {
         let key = (result.request_id, result.start_pos);
         if let Some(check) = session.checks.get_mut(&key) {
             check.set_final(&result.output);
@@ -310,7 +356,10 @@ impl<T: Transport> Coordinator<T> {
         let active = &mut session.active[position];
         match &result.output {
             StageOutput::Sampled(id) => Ok(*id),
-            StageOutput::TopK { ids, logits } if active.sampler.config().is_greedy() && active.sampler.config().repeat_penalty == 1.0 => {
+            StageOutput::TopK { ids, logits }
+                if active.sampler.config().is_greedy()
+                    && active.sampler.config().repeat_penalty == 1.0 =>
+            {
                 Ok(ids[0])
             }
             StageOutput::TopK { ids, logits } => {
@@ -320,7 +369,9 @@ impl<T: Transport> Coordinator<T> {
                 }
                 Ok(active.sampler.sample(&sparse, &active.tokens))
             }
-            StageOutput::Hidden(_) => Err(RoleError::Invalid("the last stage returned activations instead of a token".into())),
+            StageOutput::Hidden(_) => Err(RoleError::Invalid(
+                "the last stage returned activations instead of a token".into(),
+            )),
         }
     }
 
@@ -375,7 +426,11 @@ impl<T: Transport> Coordinator<T> {
     }
 
     async fn broadcast_token(&mut self, request_id: u64, index: u32, id: u32) {
-        let token = Message::Token(TokenEvent { request_id, index, id });
+        let token = Message::Token(TokenEvent {
+            request_id,
+            index,
+            id,
+        });
         let donors: Vec<PeerId> = self.plan.stages.iter().map(|s| s.donor).collect();
         for donor in donors {
             let _ = send_message(&self.transport, donor, &token).await;
@@ -400,7 +455,10 @@ impl<T: Transport> Coordinator<T> {
         for donor in donors {
             let _ = send_message(&self.transport, donor, &beat).await;
         }
-        let stalled = session.active.iter().any(|a| a.sent_at.is_some_and(|t| now.duration_since(t) > self.config.step_timeout));
+        let stalled = session.active.iter().any(|a| {
+            a.sent_at
+                .is_some_and(|t| now.duration_since(t) > self.config.step_timeout)
+        });
         if stalled && lost.is_empty() {
             return Err(RoleError::Timeout {
                 what: "a step through the chain".into(),
@@ -411,7 +469,11 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// Re-plans without `lost`, reloads, and replays every request in flight.
-    async fn recover(&mut self, session: &mut Session<'_>, lost: &[PeerId]) -> Result<(), RoleError> {
+    async fn recover(
+        &mut self,
+        session: &mut Session<'_>,
+        lost: &[PeerId],
+    ) -> Result<(), RoleError> {
         let started = Instant::now();
         tracing::warn!(?lost, "donor lost; re-planning");
         let plan = self.plan_without(lost)?;
@@ -421,15 +483,23 @@ impl<T: Transport> Coordinator<T> {
             self.send_next(session, position).await?;
         }
         self.report.recoveries += 1;
-        self.report.recovery_ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        self.report
+            .recovery_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
         Ok(())
     }
 
     fn record_step(&mut self, session: &mut Session<'_>, position: usize, result: &StageResult) {
         let active = &mut session.active[position];
-        let Some(sent_at) = active.sent_at.take() else { return };
+        let Some(sent_at) = active.sent_at.take() else {
+            return;
+        };
         let step_ms = sent_at.elapsed().as_secs_f64() * 1000.0;
-        let compute_ms: f64 = result.trace.iter().map(|t| f64::from(t.compute_us) / 1000.0).sum();
+        let compute_ms: f64 = result
+            .trace
+            .iter()
+            .map(|t| f64::from(t.compute_us) / 1000.0)
+            .sum();
         if result.n_tokens == 1 {
             session.steps += 1;
             session.step_ms_total += step_ms;

@@ -120,7 +120,12 @@ impl Verifier {
     }
 
     /// Loads reference stages with the plan's layer ranges (kept when they did not change).
-    pub async fn prepare(&mut self, model_url: &str, plan: &Plan, runtime: &StageRuntime) -> Result<(), RoleError> {
+    pub async fn prepare(
+        &mut self,
+        model_url: &str,
+        plan: &Plan,
+        runtime: &StageRuntime,
+    ) -> Result<(), RoleError> {
         self.encoding = runtime.hidden;
         let wanted: Vec<Range<u32>> = plan.stages.iter().map(|s| s.layers.clone()).collect();
         let loaded: Vec<Range<u32>> = self.stages.iter().map(|s| s.spec.layers.clone()).collect();
@@ -128,8 +133,12 @@ impl Verifier {
             return Ok(());
         }
         self.stages.clear();
-        let source = open_source(model_url).await.map_err(|e| RoleError::Source(e.to_string()))?;
-        let header = read_header(source.as_ref()).await.map_err(|e| RoleError::Source(e.to_string()))?;
+        let source = open_source(model_url)
+            .await
+            .map_err(|e| RoleError::Source(e.to_string()))?;
+        let header = read_header(source.as_ref())
+            .await
+            .map_err(|e| RoleError::Source(e.to_string()))?;
         for stage in &plan.stages {
             let spec = StageSpec {
                 layers: stage.layers.clone(),
@@ -139,7 +148,15 @@ impl Verifier {
                 max_batch: runtime.max_batch,
             };
             let gpu = Arc::clone(&self.config.gpu);
-            let loaded = Stage::load(gpu, source.as_ref(), &header, spec, LoadOptions::default(), &mut |_| {}).await?;
+            let loaded = Stage::load(
+                gpu,
+                source.as_ref(),
+                &header,
+                spec,
+                LoadOptions::default(),
+                &mut |_| {},
+            )
+            .await?;
             self.stages.push(loaded);
         }
         Ok(())
@@ -151,10 +168,21 @@ impl Verifier {
         let (reference_rows, reference_logits) = self.reference(&check.tokens).await?;
         let mut errors = Vec::with_capacity(self.stages.len());
         for (tap, reference) in check.taps.iter().zip(&reference_rows) {
-            errors.push(relative_error(tap.as_deref().unwrap_or_default(), reference));
+            errors.push(relative_error(
+                tap.as_deref().unwrap_or_default(),
+                reference,
+            ));
         }
         if let Some((ids, logits)) = &check.top_k {
-            let expected: Vec<f32> = ids.iter().map(|&id| reference_logits.get(id as usize).copied().unwrap_or(f32::NAN)).collect();
+            let expected: Vec<f32> = ids
+                .iter()
+                .map(|&id| {
+                    reference_logits
+                        .get(id as usize)
+                        .copied()
+                        .unwrap_or(f32::NAN)
+                })
+                .collect();
             errors.push(relative_error(logits, &expected));
         }
         Ok(errors)
@@ -177,7 +205,10 @@ impl Verifier {
                     None => StageInput::Tokens(ids),
                     Some(values) => StageInput::Hidden(values),
                 };
-                let output = self.round_trip(stage.forward_hidden(&input, start).await?, stage.cfg.d_model)?;
+                let output = self.round_trip(
+                    stage.forward_hidden(&input, start).await?,
+                    stage.cfg.d_model,
+                )?;
                 rows[stage_index] = last_row(&output, stage.cfg.d_model);
                 hidden = Some(output);
             }
@@ -186,7 +217,11 @@ impl Verifier {
                 Some(values) => StageInput::Hidden(values),
             };
             if is_final {
-                logits = last.forward_logits(&input, start, 1).await?.pop().unwrap_or_default();
+                logits = last
+                    .forward_logits(&input, start, 1)
+                    .await?
+                    .pop()
+                    .unwrap_or_default();
             } else {
                 last.forward(&input, start)?;
             }
@@ -232,8 +267,12 @@ impl<T: Transport> Coordinator<T> {
             return;
         }
         let key = (result.request_id, result.start_pos);
-        let StageOutput::Hidden(hidden) = &result.output else { return };
-        let Some(check) = session.checks.get_mut(&key) else { return };
+        let StageOutput::Hidden(hidden) = &result.output else {
+            return;
+        };
+        let Some(check) = session.checks.get_mut(&key) else {
+            return;
+        };
         check.set_tap(result.stage_id as usize, hidden);
         if check.is_complete() {
             let check = session.checks.remove(&key).expect("present");
@@ -244,8 +283,14 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// Compares a complete step with the reference and flags the first stage that is off.
-    pub(super) async fn run_check(&mut self, check: PendingCheck, request_id: u64) -> Result<(), RoleError> {
-        let Some(verifier) = self.verifier.as_ref() else { return Ok(()) };
+    pub(super) async fn run_check(
+        &mut self,
+        check: PendingCheck,
+        request_id: u64,
+    ) -> Result<(), RoleError> {
+        let Some(verifier) = self.verifier.as_ref() else {
+            return Ok(());
+        };
         let errors = verifier.errors(&check).await?;
         let tolerance = verifier.tolerance();
         let report = &mut self.report;
