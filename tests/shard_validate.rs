@@ -6,7 +6,7 @@ mod shard_support;
 use shard_support::*;
 use webshard::shard::frame::{
     Assign, DonorInfo, Forward, Hello, Leave, Reply, StageInput, StageOutput, StageResult,
-    TokenEvent,
+    StageRuntime, TokenEvent,
 };
 use webshard::shard::{
     Activations, Encoding, FrameError, FrameLimits, FrameValidator, Kind, Message, VocabError,
@@ -126,6 +126,34 @@ fn join_and_assign_rejections() {
                 ..a.clone()
             },
             FrameError::Empty { field: "model_url" },
+        ),
+        (
+            Assign {
+                runtime: StageRuntime {
+                    kv_slots: 0,
+                    ..a.runtime
+                },
+                ..a.clone()
+            },
+            FrameError::BadRuntime {
+                field: "kv_slots",
+                value: 0,
+                max: 256,
+            },
+        ),
+        (
+            Assign {
+                runtime: StageRuntime {
+                    max_batch: 4097,
+                    ..a.runtime
+                },
+                ..a.clone()
+            },
+            FrameError::BadRuntime {
+                field: "max_batch",
+                value: 4097,
+                max: 4096,
+            },
         ),
     ];
     for (bad, expected) in cases {

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use native_runner::bench::{bench, BenchArgs};
+use native_runner::fleet::{coordinate, donor, CoordinateArgs, DonorArgs};
 use native_runner::generate::{chat, generate, ChatArgs, GenerateArgs};
 use native_runner::info::{inspect, render_text};
 use native_runner::score::{score, tokenize, ScoreArgs, TokenizeArgs};
@@ -60,6 +61,10 @@ enum Command {
     Score(ScoreArgs),
     /// Prompt-processing and generation throughput, load time, peak host memory.
     Bench(BenchArgs),
+    /// Split a model over donors in a fleet room and generate through the chain.
+    Coordinate(CoordinateArgs),
+    /// Offer this GPU to a fleet: load the layers assigned and serve them.
+    Donor(DonorArgs),
 }
 
 fn main() -> ExitCode {
@@ -144,6 +149,8 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Tokenize(args) => runtime.block_on(tokenize(&args))?,
         Command::Score(args) => runtime.block_on(score(&args))?,
         Command::Bench(args) => runtime.block_on(bench(&args))?,
+        Command::Coordinate(args) => runtime.block_on(coordinate(&args))?,
+        Command::Donor(args) => runtime.block_on(donor(&args))?,
     }
     Ok(())
 }

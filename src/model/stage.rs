@@ -322,6 +322,24 @@ impl Stage {
         Ok(bytemuck::pod_collect_to_vec(&out))
     }
 
+    /// A fresh, empty KV cache shaped like this stage's own, so a host serving several
+    /// sequences can keep one per sequence and swap it in (`swap_kv_cache`) before each call.
+    pub fn new_kv_cache(&self) -> Result<KvCache, ModelError> {
+        Ok(KvCache::new(
+            &self.gpu,
+            self.spec.layers.len() as u32,
+            self.spec.max_context,
+            self.cfg.n_kv_heads,
+            self.cfg.head_dim,
+        )?)
+    }
+
+    /// Makes `cache` the one forward calls read and write, and returns the previous one.
+    /// Work already submitted keeps the buffers it was recorded with.
+    pub fn swap_kv_cache(&mut self, cache: KvCache) -> KvCache {
+        std::mem::replace(&mut self.cache, cache)
+    }
+
     fn embed_scale(&self) -> f32 {
         match self.cfg.arch {
             Arch::Gemma3 => (self.cfg.d_model as f32).sqrt(),

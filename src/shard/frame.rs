@@ -95,6 +95,21 @@ pub struct Assign {
     /// `ByteVocab::to_bytes`, so the donor can show text.
     #[serde(with = "serde_bytes")]
     pub vocab: Vec<u8>,
+    /// How the coordinator will drive the stage, so the donor sizes its caches to match.
+    pub runtime: StageRuntime,
+}
+
+/// Sizes and encodings the coordinator commits to for one epoch.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StageRuntime {
+    /// Longest sequence (prompt and generation) any request reaches.
+    pub max_context: u32,
+    /// Most positions in one Forward (prefill chunk size).
+    pub max_batch: u32,
+    /// Requests in flight at once: each gets its own KV cache on every stage.
+    pub kv_slots: u32,
+    /// Encoding of the residual stream sent from stage to stage.
+    pub hidden: Encoding,
 }
 
 /// A donor has loaded its stage.
@@ -121,6 +136,20 @@ pub struct Forward {
     pub input: StageInput,
     /// What the last stage should send back.
     pub reply: Reply,
+    /// Also send this stage's output activations to the coordinator (a `Result` with
+    /// `StageOutput::Hidden`), so it can check them against a reference (`--verify`).
+    pub tap: bool,
+    /// One entry per stage this step has passed through so far, in chain order.
+    pub trace: Vec<HopTrace>,
+}
+
+/// What one stage spent on a step, carried along the chain for per-hop reports.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HopTrace {
+    /// Time in the stage's forward, microseconds.
+    pub compute_us: u32,
+    /// Bytes of the output the stage sent on (activations, top-k, or 4 for an id).
+    pub payload_bytes: u32,
 }
 
 /// Token ids (into the first stage) or the residual stream (into any later stage).
@@ -153,6 +182,8 @@ pub struct StageResult {
     pub start_pos: u32,
     pub n_tokens: u32,
     pub output: StageOutput,
+    /// The step's trace through every stage up to and including the producing one.
+    pub trace: Vec<HopTrace>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -277,6 +308,12 @@ pub enum FrameError {
         field: &'static str,
         len: usize,
         max: usize,
+    },
+    #[error("{field} = {value} is out of range (1..={max})")]
+    BadRuntime {
+        field: &'static str,
+        value: u32,
+        max: u32,
     },
     #[error("{field} must not be empty")]
     Empty { field: &'static str },

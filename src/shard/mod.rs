@@ -8,6 +8,7 @@ pub mod activations;
 pub mod chunk;
 pub mod frame;
 pub mod plan;
+pub mod roles;
 pub mod transport;
 pub mod validate;
 pub mod vocab;

@@ -5,9 +5,10 @@ use std::collections::HashMap;
 
 use super::activations::Activations;
 use super::frame::{
-    decode_frame, Assign, DonorInfo, Forward, FrameError, Kind, Message, Reply, StageInput,
-    StageOutput, StageResult,
+    decode_frame, Assign, DonorInfo, Forward, FrameError, HopTrace, Kind, Message, Reply,
+    StageInput, StageOutput, StageResult, StageRuntime,
 };
+use super::plan::MAX_DONORS;
 use super::vocab::ByteVocab;
 
 /// Bounds on message fields, beyond the frame size limit.
@@ -19,8 +20,10 @@ pub struct FrameLimits {
     pub max_tokens: u32,
     pub max_top_k: u32,
     pub max_d_model: u32,
-    /// Most requests tracked at once by a `FrameValidator`.
+    /// Most requests tracked at once by a `FrameValidator` (and KV slots an Assign may ask).
     pub max_requests: usize,
+    /// Longest context an Assign may ask a donor to cache.
+    pub max_context: u32,
 }
 
 impl Default for FrameLimits {
@@ -31,6 +34,7 @@ impl Default for FrameLimits {
             max_top_k: 1024,
             max_d_model: 65536,
             max_requests: 256,
+            max_context: 1 << 20,
         }
     }
 }
@@ -147,7 +151,24 @@ fn check_assign(assign: &Assign, limits: &FrameLimits) -> Result<(), FrameError>
         });
     }
     check_d_model(assign.d_model, limits)?;
+    check_runtime(&assign.runtime, limits)?;
     ByteVocab::from_bytes(&assign.vocab)?;
+    Ok(())
+}
+
+/// Bounds what an Assign may ask a donor to allocate; whether it fits the donor's memory is
+/// the donor's own check when it loads.
+fn check_runtime(runtime: &StageRuntime, limits: &FrameLimits) -> Result<(), FrameError> {
+    let bounds = [
+        ("max_context", runtime.max_context, limits.max_context),
+        ("max_batch", runtime.max_batch, limits.max_tokens),
+        ("kv_slots", runtime.kv_slots, limits.max_requests as u32),
+    ];
+    for (field, value, max) in bounds {
+        if value == 0 || value > max {
+            return Err(FrameError::BadRuntime { field, value, max });
+        }
+    }
     Ok(())
 }
 
@@ -183,6 +204,7 @@ fn check_forward(
     model: Option<ModelShape>,
 ) -> Result<(), FrameError> {
     check_span(forward.start_pos, forward.n_tokens, limits)?;
+    check_trace(&forward.trace)?;
     match &forward.input {
         StageInput::Tokens(ids) => {
             check_count("input ids", forward.n_tokens as usize, ids.len())?;
@@ -204,6 +226,7 @@ fn check_result(
     model: Option<ModelShape>,
 ) -> Result<(), FrameError> {
     check_span(result.start_pos, result.n_tokens, limits)?;
+    check_trace(&result.trace)?;
     match &result.output {
         StageOutput::Hidden(hidden) => {
             check_hidden("output activations", hidden, result.n_tokens, limits, model)
@@ -222,6 +245,18 @@ fn check_result(
         }
         StageOutput::Sampled(id) => check_id("sampled id", 0, *id, model),
     }
+}
+
+/// A trace has at most one entry per stage, and stages are bounded by the planner.
+fn check_trace(trace: &[HopTrace]) -> Result<(), FrameError> {
+    if trace.len() > MAX_DONORS {
+        return Err(FrameError::Count {
+            field: "trace",
+            expected: MAX_DONORS,
+            found: trace.len(),
+        });
+    }
+    Ok(())
 }
 
 fn check_count(field: &'static str, expected: usize, found: usize) -> Result<(), FrameError> {

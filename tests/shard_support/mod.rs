@@ -6,7 +6,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use webshard::shard::frame::{
     Assign, DonorInfo, ErrorCode, ErrorReport, Forward, Heartbeat, Hello, Leave, Ready, Reply,
-    StageInput, StageOutput, StageResult, TokenEvent,
+    StageInput, StageOutput, StageResult, StageRuntime, TokenEvent,
 };
 use webshard::shard::{
     encode_frame, Activations, ByteVocab, Encoding, FrameError, FrameLimits, FrameValidator,
@@ -52,6 +52,12 @@ pub fn assign() -> Assign {
         upstream: PeerId(1),
         downstream: PeerId(u128::MAX),
         vocab: vocab_blob(),
+        runtime: StageRuntime {
+            max_context: 2048,
+            max_batch: 128,
+            kv_slots: 4,
+            hidden: Encoding::F16,
+        },
     }
 }
 
@@ -65,6 +71,8 @@ pub fn forward(seq: u64, start_pos: u32, n_tokens: u32) -> Forward {
         n_tokens,
         input: StageInput::Hidden(hidden(n_tokens, Encoding::F16)),
         reply: Reply::TopK { k: 3 },
+        tap: false,
+        trace: Vec::new(),
     }
 }
 
@@ -77,6 +85,7 @@ pub fn result(seq: u64, start_pos: u32, output: StageOutput) -> StageResult {
         start_pos,
         n_tokens: 1,
         output,
+        trace: Vec::new(),
     }
 }
 

@@ -1,0 +1,354 @@
+//! The coordinator role: holds the tokenizer, chat template and sampler; admits donors with
+//! the fleet token, plans the layers over them, assigns stages, then drives generation
+//! (`session.rs`), re-planning when a donor is lost (`recovery.rs`) and spot-checking stages
+//! against a local reference when asked (`verify.rs`).
+
+use std::collections::HashMap;
+
+use std::time::Duration;
+use web_time::Instant;
+
+use serde::Serialize;
+
+use super::super::activations::Encoding;
+use super::super::frame::{
+    decode_frame, DonorInfo, ErrorCode, Hello, HopTrace, Leave, Message, StageRuntime,
+};
+use super::super::plan::{DonorCapacity, ModelSizes, Plan};
+use super::super::transport::{send_message, PeerId, Transport, TransportEvent};
+use super::super::validate::{FrameLimits, FrameValidator, ModelShape};
+use super::super::vocab::ByteVocab;
+use super::donor::error_report;
+use super::timer::with_timeout;
+use super::verify::{Verifier, VerifyConfig, VerifyFlag};
+use super::RoleError;
+use crate::gguf::{open_source, read_header, Header};
+use crate::model::ModelConfig;
+use crate::sample::SamplerConfig;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+
+pub struct CoordinatorConfig {
+    /// Where donors fetch the model from (a URL they can reach, or a path for local donors).
+    pub model_url: String,
+    pub fleet_token: String,
+    /// Donors to wait for before planning.
+    pub donors: usize,
+    pub runtime: StageRuntime,
+    /// Logits the last stage returns when the coordinator samples.
+    pub top_k: u32,
+    pub heartbeat_interval: Duration,
+    /// A donor silent for this long (no frame at all) is taken as lost.
+    pub heartbeat_timeout: Duration,
+    pub join_timeout: Duration,
+    /// Longest a stage may take to load before the plan is given up.
+    pub load_timeout: Duration,
+    /// Longest one step may stay unanswered while every donor still answers heartbeats.
+    pub step_timeout: Duration,
+    pub limits: FrameLimits,
+    pub verify: Option<VerifyConfig>,
+}
+
+impl CoordinatorConfig {
+    /// Defaults: 2048 context, prefill chunks of 128, 4 requests in flight, f16 activations.
+    pub fn new(model_url: &str, fleet_token: &str, donors: usize) -> CoordinatorConfig {
+        CoordinatorConfig {
+            model_url: model_url.to_string(),
+            fleet_token: fleet_token.to_string(),
+            donors,
+            runtime: StageRuntime {
+                max_context: 2048,
+                max_batch: 128,
+                kv_slots: 4,
+                hidden: Encoding::F16,
+            },
+            top_k: 64,
+            heartbeat_interval: Duration::from_secs(1),
+            heartbeat_timeout: Duration::from_secs(10),
+            join_timeout: Duration::from_secs(300),
+            load_timeout: Duration::from_secs(600),
+            step_timeout: Duration::from_secs(300),
+            limits: FrameLimits::default(),
+            verify: None,
+        }
+    }
+}
+
+/// One prompt to complete.
+#[derive(Clone, Debug)]
+pub struct GenerationRequest {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+}
+
+/// A token as it is generated, for streaming output.
+#[derive(Clone, Debug)]
+pub struct TokenUpdate<'a> {
+    /// Index of the request in the slice given to `generate`.
+    pub request: usize,
+    pub index: u32,
+    pub id: u32,
+    /// Text that became printable with this token.
+    pub text: &'a str,
+}
+
+/// One stage's share of the work of a generation.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct HopReport {
+    pub stage_id: u16,
+    pub donor: String,
+    pub layers: [u32; 2],
+    pub steps: u64,
+    /// Mean time in the stage's forward per step.
+    pub compute_ms_mean: f64,
+    /// Payload bytes this stage sent on (activations, or the reply for the last stage).
+    pub bytes_out: u64,
+}
+
+/// What `generate` returns for one request.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FleetOutput {
+    pub ids: Vec<u32>,
+    pub text: String,
+}
+
+/// What the whole run did, for `--json`.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunReport {
+    pub plan: Vec<PlanEntry>,
+    pub hops: Vec<HopReport>,
+    /// Round trip of a decode step (coordinator → every stage → coordinator), mean.
+    pub step_ms_mean: f64,
+    /// Of which not in any stage's forward: transfers, queueing, encoding.
+    pub transfer_ms_mean: f64,
+    pub decode_tokens_per_s: f64,
+    /// Most requests in the chain at once (micro-batching).
+    pub max_in_flight: usize,
+    pub recoveries: u32,
+    pub recovery_ms: Vec<f64>,
+    pub verified_steps: u64,
+    /// Largest relative error seen per stage on verified steps.
+    pub verify_max_error: Vec<f32>,
+    pub flags: Vec<VerifyFlag>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PlanEntry {
+    pub stage_id: u16,
+    pub donor: String,
+    pub layers: [u32; 2],
+    pub embedding: bool,
+    pub head: bool,
+}
+
+pub struct Coordinator<T: Transport> {
+    pub(super) transport: T,
+    pub(super) config: CoordinatorConfig,
+    pub header: Header,
+    pub cfg: ModelConfig,
+    pub tokenizer: Tokenizer,
+    pub template: ChatTemplate,
+    pub(super) sizes: ModelSizes,
+    pub(super) vocab_blob: Vec<u8>,
+    /// Donors admitted, with what they said in Hello.
+    pub(super) donors: HashMap<PeerId, DonorInfo>,
+    /// Admitted donors outside the plan, joined at the next re-plan.
+    pub(super) standby: Vec<DonorCapacity>,
+    pub(super) plan: Plan,
+    pub(super) epoch: u32,
+    pub(super) validator: FrameValidator,
+    /// When each stage's donor was last heard from (any frame).
+    pub(super) last_seen: HashMap<PeerId, Instant>,
+    pub(super) verifier: Option<Verifier>,
+    pub(super) next_request_round: u64,
+    pub(super) report: RunReport,
+    pub refused_hellos: u32,
+}
+
+impl<T: Transport> Coordinator<T> {
+    /// Reads the model's header, waits for `config.donors` donors, plans and loads the chain.
+    pub async fn connect(
+        transport: T,
+        config: CoordinatorConfig,
+    ) -> Result<Coordinator<T>, RoleError> {
+        let source = open_source(&config.model_url)
+            .await
+            .map_err(|e| RoleError::Source(e.to_string()))?;
+        let header = read_header(source.as_ref())
+            .await
+            .map_err(|e| RoleError::Source(e.to_string()))?;
+        let cfg = crate::model::config_for(&header)?;
+        let tokenizer = Tokenizer::from_metadata(&header.metadata)
+            .map_err(|e| RoleError::Tokenizer(e.to_string()))?;
+        let template =
+            ChatTemplate::new(&tokenizer).map_err(|e| RoleError::Tokenizer(e.to_string()))?;
+        let vocab_blob = ByteVocab::from_tokenizer(&tokenizer)
+            .map_err(|e| RoleError::Tokenizer(e.to_string()))?
+            .to_bytes();
+        let mut sizes = ModelSizes::from_header(&header)?;
+        sizes.runtime_bytes_per_layer = kv_bytes_per_layer(&cfg, &config.runtime);
+        let mut validator = FrameValidator::new(config.limits);
+        validator.set_model(ModelShape {
+            vocab_size: cfg.vocab,
+            d_model: cfg.d_model,
+        });
+        let verifier = config.verify.clone().map(Verifier::new);
+        let mut coordinator = Coordinator {
+            transport,
+            config,
+            header,
+            cfg,
+            tokenizer,
+            template,
+            sizes,
+            vocab_blob,
+            donors: HashMap::new(),
+            standby: Vec::new(),
+            plan: Plan {
+                stages: Vec::new(),
+                donors: Vec::new(),
+            },
+            epoch: 0,
+            validator,
+            last_seen: HashMap::new(),
+            verifier,
+            next_request_round: 0,
+            report: RunReport::default(),
+            refused_hellos: 0,
+        };
+        coordinator.gather_donors().await?;
+        let donors = std::mem::take(&mut coordinator.standby);
+        let plan = super::super::plan::plan(&coordinator.sizes, &donors)?;
+        coordinator.establish(plan).await?;
+        Ok(coordinator)
+    }
+
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    pub fn epoch(&self) -> u32 {
+        self.epoch
+    }
+
+    /// The run's figures so far: plan, hops, recoveries, verification.
+    pub fn report(&self) -> &RunReport {
+        &self.report
+    }
+
+    /// Dismisses every donor (they return `DonorExit::Dismissed`).
+    pub async fn shutdown(self, reason: &str) {
+        let leave = Message::Leave(Leave {
+            reason: reason.to_string(),
+        });
+        for peer in self.donors.keys() {
+            let _ = send_message(&self.transport, *peer, &leave).await;
+        }
+    }
+
+    /// Admits donors (in the order their Hello arrives) until there are enough.
+    async fn gather_donors(&mut self) -> Result<(), RoleError> {
+        let wanted = self.config.donors.max(1);
+        let limit = self.config.join_timeout;
+        with_timeout(limit, async {
+            while self.standby.len() < wanted {
+                match self.transport.recv().await? {
+                    TransportEvent::Frame { from, frame } => self.on_join_frame(from, &frame).await,
+                    TransportEvent::PeerLeft(peer) => {
+                        self.donors.remove(&peer);
+                        self.standby.retain(|d| d.id != peer);
+                    }
+                    TransportEvent::PeerJoined(_) | TransportEvent::BadChunk { .. } => {}
+                }
+            }
+            Ok::<(), RoleError>(())
+        })
+        .await
+        .map_err(|_| RoleError::Timeout {
+            what: format!("{wanted} donors (have {})", self.standby.len()),
+            seconds: limit.as_secs_f64(),
+        })?
+    }
+
+    async fn on_join_frame(&mut self, from: PeerId, frame: &[u8]) {
+        let message =
+            decode_frame(frame).and_then(|m| m.check(&self.config.limits, None).map(|()| m));
+        match message {
+            Ok(Message::Hello(hello)) => self.on_hello(from, hello).await,
+            Ok(other) => {
+                tracing::debug!(%from, kind = ?other.kind(), "ignored while gathering donors")
+            }
+            Err(error) => tracing::warn!(%from, %error, "refused a frame"),
+        }
+    }
+
+    /// Admits a donor with the right fleet token (to the standby list); refuses the others.
+    pub(super) async fn on_hello(&mut self, from: PeerId, hello: Hello) {
+        if hello.fleet_token != self.config.fleet_token {
+            self.refused_hellos += 1;
+            let refusal = error_report(ErrorCode::Refused, None, "wrong fleet token");
+            let _ = send_message(&self.transport, from, &refusal).await;
+            return;
+        }
+        if self.donors.contains_key(&from) {
+            return;
+        }
+        self.standby.push(DonorCapacity {
+            id: from,
+            usable_bytes: hello.donor.usable_gpu_bytes,
+            ms_per_layer: hello.donor.ms_per_layer,
+        });
+        self.donors.insert(from, hello.donor);
+    }
+
+    pub(super) fn shape(&self) -> ModelShape {
+        ModelShape {
+            vocab_size: self.cfg.vocab,
+            d_model: self.cfg.d_model,
+        }
+    }
+
+    /// Adds a step's trace (one entry per stage, in chain order) to the per-stage figures.
+    pub(super) fn record_hops(&mut self, trace: &[HopTrace]) {
+        if self.report.hops.len() != self.plan.stages.len() {
+            self.report.hops = self
+                .plan
+                .stages
+                .iter()
+                .map(|stage| HopReport {
+                    stage_id: stage.stage_id,
+                    donor: stage.donor.to_string(),
+                    layers: [stage.layers.start, stage.layers.end],
+                    ..HopReport::default()
+                })
+                .collect();
+        }
+        for (hop, step) in self.report.hops.iter_mut().zip(trace) {
+            let total =
+                hop.compute_ms_mean * hop.steps as f64 + f64::from(step.compute_us) / 1000.0;
+            hop.steps += 1;
+            hop.compute_ms_mean = total / hop.steps as f64;
+            hop.bytes_out += u64::from(step.payload_bytes);
+        }
+    }
+
+    pub(super) fn plan_entries(&self) -> Vec<PlanEntry> {
+        self.plan
+            .stages
+            .iter()
+            .map(|stage| PlanEntry {
+                stage_id: stage.stage_id,
+                donor: stage.donor.to_string(),
+                layers: [stage.layers.start, stage.layers.end],
+                embedding: stage.embedding,
+                head: stage.head,
+            })
+            .collect()
+    }
+}
+
+/// KV cache bytes one layer needs on its stage for every slot (keys and values, f32).
+fn kv_bytes_per_layer(cfg: &ModelConfig, runtime: &StageRuntime) -> u64 {
+    u64::from(runtime.max_context) * u64::from(cfg.kv_dim()) * 4 * 2 * u64::from(runtime.kv_slots)
+}

@@ -1,0 +1,518 @@
+//! The donor role: joins a fleet, loads the layers it is assigned over ranged reads, and
+//! serves `Forward` steps, passing activations down the chain.
+//!
+//! Every frame from a peer is untrusted: it goes through `FrameValidator`, and a refused
+//! frame is answered with `Error(BadFrame)` and otherwise dropped. The coordinator is the
+//! peer whose `Assign` this donor accepted first; only it may re-assign, dismiss or feed
+//! `Token`s and heartbeats, and only the assigned upstream peer may send `Forward`s.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::super::activations::{Activations, Encoding};
+use super::super::frame::{
+    Assign, DonorInfo, ErrorCode, ErrorReport, Forward, FrameError, Hello, HopTrace, Message,
+    Ready, StageInput as WireInput, StageOutput, StageResult, TokenEvent,
+};
+use super::super::transport::{send_message, PeerId, Transport, TransportError, TransportEvent};
+use super::super::validate::{FrameLimits, FrameValidator, InputKind, ModelShape};
+use super::super::vocab::ByteVocab;
+use super::host::{StageHost, StepOutput};
+use super::{probe, RoleError};
+use crate::gpu::Gpu;
+
+/// Longest message this role puts in an `Error` (the validator's text limit is larger).
+const MAX_ERROR_TEXT: usize = 1024;
+
+pub struct DonorConfig {
+    /// Must match the coordinator's, or the Hello is refused.
+    pub fleet_token: String,
+    pub gpu: Arc<Gpu>,
+    /// GPU memory offered for weights, KV caches and scratch (WebGPU does not report it).
+    pub usable_gpu_bytes: u64,
+    pub limits: FrameLimits,
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum DonorPhase {
+    #[default]
+    Joining,
+    Loading,
+    Serving,
+    Left,
+}
+
+/// What a donor page or CLI shows; handed to the status callback after every change.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct DonorStatus {
+    pub phase: DonorPhase,
+    pub adapter: String,
+    pub ms_per_layer: f32,
+    pub coordinator: Option<String>,
+    pub epoch: Option<u32>,
+    pub stage_id: Option<u16>,
+    pub layers: Option<Range<u32>>,
+    pub bytes_downloaded: u64,
+    pub load_ms: u32,
+    pub steps: u64,
+    /// Time of the last step in this stage (per token while decoding).
+    pub last_step_ms: f32,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+    pub refused_frames: u64,
+    /// Text generated so far for the latest request, decoded with the ByteVocab.
+    pub text: String,
+    pub last_error: Option<String>,
+}
+
+/// Why `Donor::run` returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DonorExit {
+    /// The coordinator sent `Leave`.
+    Dismissed(String),
+    /// The coordinator's connection went away.
+    CoordinatorLeft,
+    /// The transport closed.
+    Closed,
+}
+
+type StatusCallback = Box<dyn FnMut(&DonorStatus)>;
+
+pub struct Donor<T: Transport> {
+    transport: T,
+    config: DonorConfig,
+    validator: FrameValidator,
+    host: Option<StageHost>,
+    vocab: Option<ByteVocab>,
+    coordinator: Option<PeerId>,
+    /// Peers greeted already: a peer present at start is also announced by `PeerJoined`.
+    greeted: HashSet<PeerId>,
+    /// The request whose text is shown, and its tokens so far.
+    shown: Option<(u64, Vec<u32>)>,
+    status: DonorStatus,
+    on_status: Option<StatusCallback>,
+}
+
+impl<T: Transport> Donor<T> {
+    pub fn new(transport: T, config: DonorConfig) -> Donor<T> {
+        let validator = FrameValidator::new(config.limits);
+        let status = DonorStatus {
+            adapter: config.gpu.caps.adapter.clone(),
+            ..DonorStatus::default()
+        };
+        Donor {
+            transport,
+            config,
+            validator,
+            host: None,
+            vocab: None,
+            coordinator: None,
+            greeted: HashSet::new(),
+            shown: None,
+            status,
+            on_status: None,
+        }
+    }
+
+    /// Called with the status after every change (phase, step, token).
+    pub fn on_status(&mut self, callback: impl FnMut(&DonorStatus) + 'static) {
+        self.on_status = Some(Box::new(callback));
+    }
+
+    pub fn status(&self) -> &DonorStatus {
+        &self.status
+    }
+
+    /// Probes the GPU, says Hello to every peer, and serves until dismissed or disconnected.
+    pub async fn run(mut self) -> Result<DonorExit, RoleError> {
+        self.status.ms_per_layer = probe::probe_ms_per_layer(&self.config.gpu).await?;
+        self.publish();
+        for peer in self.transport.peers() {
+            self.hello(peer).await;
+        }
+        let exit = self.serve().await;
+        self.status.phase = DonorPhase::Left;
+        self.publish();
+        exit
+    }
+
+    async fn serve(&mut self) -> Result<DonorExit, RoleError> {
+        loop {
+            let event = match self.transport.recv().await {
+                Ok(event) => event,
+                Err(TransportError::Closed) => return Ok(DonorExit::Closed),
+                Err(error) => return Err(error.into()),
+            };
+            match event {
+                // The coordinator may arrive after us: greet every newcomer until assigned.
+                TransportEvent::PeerJoined(peer) if self.coordinator.is_none() => {
+                    self.hello(peer).await
+                }
+                TransportEvent::PeerJoined(_) => {}
+                TransportEvent::PeerLeft(peer) if Some(peer) == self.coordinator => {
+                    return Ok(DonorExit::CoordinatorLeft)
+                }
+                TransportEvent::PeerLeft(peer) => {
+                    self.greeted.remove(&peer);
+                }
+                TransportEvent::BadChunk { from, error } => {
+                    self.note_refused(&format!("bad chunk from {from}: {error}"))
+                }
+                TransportEvent::Frame { from, frame } => {
+                    if let Some(exit) = self.handle_frame(from, &frame).await? {
+                        return Ok(exit);
+                    }
+                }
+            }
+        }
+    }
+
+    async fn hello(&mut self, peer: PeerId) {
+        if !self.greeted.insert(peer) {
+            return;
+        }
+        let hello = Message::Hello(Hello {
+            fleet_token: self.config.fleet_token.clone(),
+            donor: DonorInfo {
+                adapter: self.status.adapter.chars().take(256).collect(),
+                usable_gpu_bytes: self.config.usable_gpu_bytes,
+                ms_per_layer: self.status.ms_per_layer,
+            },
+        });
+        self.send_or_log(peer, &hello).await;
+    }
+
+    async fn handle_frame(
+        &mut self,
+        from: PeerId,
+        frame: &[u8],
+    ) -> Result<Option<DonorExit>, RoleError> {
+        let message = match self.validator.decode(frame) {
+            Ok(message) => message,
+            Err(error) => {
+                self.refuse(from, None, &error.to_string()).await;
+                return Ok(None);
+            }
+        };
+        let from_coordinator = self.coordinator == Some(from);
+        match message {
+            Message::Assign(assign) if self.coordinator.is_none() || from_coordinator => {
+                self.on_assign(from, assign).await
+            }
+            Message::Forward(forward) => self.on_forward(from, forward).await,
+            Message::Token(token) if from_coordinator => self.show_token(token),
+            Message::Heartbeat(beat) if from_coordinator => {
+                self.send_or_log(from, &Message::Heartbeat(beat)).await
+            }
+            Message::Leave(leave) if from_coordinator => {
+                return Ok(Some(DonorExit::Dismissed(leave.reason)))
+            }
+            Message::Error(report) => return self.on_error(from, report),
+            // Other donors greet everyone in the room; only the coordinator answers.
+            Message::Hello(_) => {}
+            other => {
+                let reason = format!("{:?} from {from} is not expected by a donor", other.kind());
+                self.refuse(from, None, &reason).await;
+            }
+        }
+        Ok(None)
+    }
+
+    fn on_error(
+        &mut self,
+        from: PeerId,
+        report: ErrorReport,
+    ) -> Result<Option<DonorExit>, RoleError> {
+        tracing::warn!(%from, code = ?report.code, message = %report.message, "peer reported an error");
+        if report.code == ErrorCode::Refused && self.coordinator.is_none() {
+            return Err(RoleError::Peer {
+                peer: from,
+                code: report.code,
+                message: report.message,
+            });
+        }
+        self.status.last_error = Some(report.message);
+        self.publish();
+        Ok(None)
+    }
+
+    async fn on_assign(&mut self, from: PeerId, assign: Assign) {
+        self.coordinator = Some(from);
+        self.status.coordinator = Some(from.to_string());
+        self.status.phase = DonorPhase::Loading;
+        self.publish();
+        let started = web_time::Instant::now();
+        let loaded = match self.host.take() {
+            Some(mut host) if host.can_serve(&assign) => {
+                host.reassign(&assign);
+                host.bytes_downloaded = 0;
+                Ok(host)
+            }
+            previous => {
+                // Free the old stage's GPU memory before loading the new one.
+                drop(previous);
+                StageHost::load(Arc::clone(&self.config.gpu), &assign).await
+            }
+        };
+        let load_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
+        match loaded {
+            Ok(host) => self.serve_stage(from, host, &assign, load_ms).await,
+            Err(error) => {
+                self.validator = FrameValidator::new(self.config.limits);
+                self.status.phase = DonorPhase::Joining;
+                self.status.last_error = Some(error.to_string());
+                self.publish();
+                let report = error_report(ErrorCode::LoadFailed, None, &error.to_string());
+                self.send_or_log(from, &report).await;
+            }
+        }
+    }
+
+    async fn serve_stage(&mut self, from: PeerId, host: StageHost, assign: &Assign, load_ms: u32) {
+        let input = if assign.embedding {
+            InputKind::Tokens
+        } else {
+            InputKind::Hidden
+        };
+        self.validator.begin_epoch(assign.epoch);
+        self.validator.set_model(ModelShape {
+            vocab_size: host.stage.cfg.vocab,
+            d_model: assign.d_model,
+        });
+        self.validator.expect_stage(assign.stage_id, input);
+        // The Assign's vocabulary already parsed during validation.
+        self.vocab = ByteVocab::from_bytes(&assign.vocab).ok();
+        let ready = Message::Ready(Ready {
+            epoch: assign.epoch,
+            stage_id: assign.stage_id,
+            bytes_downloaded: host.bytes_downloaded,
+            load_ms,
+        });
+        self.status.phase = DonorPhase::Serving;
+        self.status.epoch = Some(assign.epoch);
+        self.status.stage_id = Some(assign.stage_id);
+        self.status.layers = Some(assign.layer_start..assign.layer_end);
+        self.status.bytes_downloaded += host.bytes_downloaded;
+        self.status.load_ms = load_ms;
+        self.host = Some(host);
+        self.publish();
+        self.send_or_log(from, &ready).await;
+    }
+
+    async fn on_forward(&mut self, from: PeerId, forward: Forward) {
+        // The validator refuses a Forward before any stage is assigned.
+        let Some(host) = self.host.as_mut() else {
+            return;
+        };
+        if from != host.assign.upstream {
+            let reason = format!(
+                "Forward from {from}, but this stage's upstream is {}",
+                host.assign.upstream
+            );
+            self.refuse(from, Some(forward.request_id), &reason).await;
+            return;
+        }
+        let coordinator = host.assign.downstream_coordinator(self.coordinator);
+        match host.select_slot(forward.request_id, forward.start_pos) {
+            Ok(Some(evicted)) => self.validator.forget_request(evicted),
+            Ok(None) => {}
+            Err(message) => {
+                let report = error_report(ErrorCode::Compute, Some(forward.request_id), &message);
+                self.send_or_log(coordinator, &report).await;
+                return;
+            }
+        }
+        let started = web_time::Instant::now();
+        let output = host.run(&forward).await;
+        let compute_us = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
+        self.status.steps += 1;
+        self.status.last_step_ms = compute_us as f32 / 1000.0;
+        match output {
+            Ok(output) => {
+                self.send_output(&forward, output, compute_us, coordinator)
+                    .await
+            }
+            Err(error) => {
+                let report = error_report(
+                    ErrorCode::Compute,
+                    Some(forward.request_id),
+                    &error.to_string(),
+                );
+                self.send_or_log(coordinator, &report).await;
+            }
+        }
+        self.publish();
+    }
+
+    /// Passes the step on: activations to the next stage (and to the coordinator when
+    /// tapped), or the last stage's reply to the coordinator.
+    async fn send_output(
+        &mut self,
+        forward: &Forward,
+        output: StepOutput,
+        compute_us: u32,
+        coordinator: PeerId,
+    ) {
+        let Some(host) = self.host.as_ref() else {
+            return;
+        };
+        let assign = host.assign.clone();
+        let output = match to_wire(output, &assign) {
+            Ok(output) => output,
+            Err(message) => {
+                let report = error_report(ErrorCode::Compute, Some(forward.request_id), &message);
+                self.send_or_log(coordinator, &report).await;
+                return;
+            }
+        };
+        let mut trace = forward.trace.clone();
+        trace.push(HopTrace {
+            compute_us,
+            payload_bytes: payload_bytes(&output),
+        });
+        let result = |output: StageOutput, trace: Vec<HopTrace>| {
+            Message::Result(StageResult {
+                epoch: forward.epoch,
+                request_id: forward.request_id,
+                seq: forward.seq,
+                stage_id: forward.stage_id,
+                start_pos: forward.start_pos,
+                n_tokens: forward.n_tokens,
+                output,
+                trace,
+            })
+        };
+        match output {
+            StageOutput::Hidden(hidden) if !assign.head => {
+                if forward.tap {
+                    let tapped = result(StageOutput::Hidden(hidden.clone()), trace.clone());
+                    self.send_or_log(coordinator, &tapped).await;
+                }
+                let next = Message::Forward(Forward {
+                    stage_id: forward.stage_id + 1,
+                    input: WireInput::Hidden(hidden),
+                    trace,
+                    ..forward.clone()
+                });
+                self.send_or_log(assign.downstream, &next).await;
+            }
+            output => {
+                self.send_or_log(assign.downstream, &result(output, trace))
+                    .await
+            }
+        }
+    }
+
+    fn show_token(&mut self, token: TokenEvent) {
+        let Some(vocab) = self.vocab.as_ref() else {
+            return;
+        };
+        let shown = match self.shown.take() {
+            Some((request, ids)) if request == token.request_id => (request, ids),
+            _ => (token.request_id, Vec::new()),
+        };
+        let (request, mut ids) = shown;
+        // Tokens arrive in order; a repeated index (after a recovery) is not shown twice.
+        if token.index as usize == ids.len() {
+            ids.push(token.id);
+        }
+        let mut decoder = vocab.stream();
+        let mut text = String::new();
+        for &id in &ids {
+            text.push_str(&decoder.push(id).unwrap_or_default());
+        }
+        text.push_str(&decoder.finish());
+        self.status.text = text;
+        self.shown = Some((request, ids));
+        self.publish();
+    }
+
+    async fn refuse(&mut self, to: PeerId, request_id: Option<u64>, reason: &str) {
+        self.note_refused(reason);
+        let report = error_report(ErrorCode::BadFrame, request_id, reason);
+        self.send_or_log(to, &report).await;
+    }
+
+    fn note_refused(&mut self, reason: &str) {
+        tracing::warn!(reason, "refused a frame");
+        self.status.refused_frames += 1;
+        self.status.last_error = Some(reason.to_string());
+    }
+
+    /// A peer that went away is the coordinator's to handle (it re-plans); the donor goes on.
+    async fn send_or_log(&mut self, to: PeerId, message: &Message) {
+        if let Err(error) = send_message(&self.transport, to, message).await {
+            tracing::warn!(%to, %error, kind = ?message.kind(), "send failed");
+        }
+    }
+
+    fn publish(&mut self) {
+        let stats = self.transport.stats();
+        self.status.bytes_in = stats.bytes_received;
+        self.status.bytes_out = stats.bytes_sent;
+        if let Some(callback) = self.on_status.as_mut() {
+            callback(&self.status);
+        }
+    }
+}
+
+impl Assign {
+    /// Where results and errors about a step go: the coordinator (the last stage's
+    /// downstream is the coordinator too).
+    fn downstream_coordinator(&self, coordinator: Option<PeerId>) -> PeerId {
+        coordinator.unwrap_or(self.downstream)
+    }
+}
+
+fn to_wire(output: StepOutput, assign: &Assign) -> Result<StageOutput, String> {
+    Ok(match output {
+        StepOutput::Hidden(values) => StageOutput::Hidden(encode_hidden(&values, assign)?),
+        StepOutput::Sampled(id) => StageOutput::Sampled(id),
+        StepOutput::TopK { ids, logits } => {
+            if logits.iter().any(|v| !v.is_finite()) {
+                return Err("the stage produced non-finite logits".into());
+            }
+            StageOutput::TopK { ids, logits }
+        }
+    })
+}
+
+/// Encodes in the epoch's encoding, falling back to f32 when a value overflows f16.
+fn encode_hidden(values: &[f32], assign: &Assign) -> Result<Activations, String> {
+    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
+        return Err(format!(
+            "the stage produced a non-finite activation at {index}"
+        ));
+    }
+    match Activations::encode(values, assign.d_model, assign.runtime.hidden) {
+        Err(FrameError::F16Overflow { .. }) => {
+            Activations::encode(values, assign.d_model, Encoding::F32)
+        }
+        other => other,
+    }
+    .map_err(|error| error.to_string())
+}
+
+fn payload_bytes(output: &StageOutput) -> u32 {
+    let bytes = match output {
+        StageOutput::Hidden(hidden) => hidden.data.len(),
+        StageOutput::TopK { ids, .. } => ids.len() * 8,
+        StageOutput::Sampled(_) => 4,
+    };
+    bytes.min(u32::MAX as usize) as u32
+}
+
+pub(super) fn error_report(code: ErrorCode, request_id: Option<u64>, message: &str) -> Message {
+    let mut end = message.len().min(MAX_ERROR_TEXT);
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    Message::Error(ErrorReport {
+        code,
+        request_id,
+        message: message[..end].to_string(),
+    })
+}

@@ -1,0 +1,54 @@
+//! The roles of the shard chain: donors run a contiguous range of layers on their GPU, the
+//! coordinator plans, feeds requests through the chain, samples, and recovers when a donor
+//! leaves. Both are generic over `Transport` and run under any executor (native and wasm).
+//!
+//! Data flow of one step: coordinator → `Forward` (token ids) → stage 0 → `Forward`
+//! (activations) → … → last stage → `Result` (greedy id or top-k) → coordinator, which
+//! samples and sends the next step. Details in `docs/protocol.md`.
+
+pub mod coordinator;
+pub mod donor;
+mod host;
+pub mod probe;
+mod recovery;
+mod session;
+pub mod timer;
+pub mod verify;
+
+pub use coordinator::{
+    Coordinator, CoordinatorConfig, FleetOutput, GenerationRequest, HopReport, TokenUpdate,
+};
+pub use donor::{Donor, DonorConfig, DonorExit, DonorPhase, DonorStatus};
+pub use probe::probe_ms_per_layer;
+pub use verify::{VerifyConfig, VerifyFlag};
+
+use super::frame::{ErrorCode, FrameError};
+use super::plan::PlanError;
+use super::transport::{PeerId, TransportError};
+use crate::model::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RoleError {
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("model source: {0}")]
+    Source(String),
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("peer {peer} reported {code:?}: {message}")]
+    Peer {
+        peer: PeerId,
+        code: ErrorCode,
+        message: String,
+    },
+    #[error("timed out after {seconds:.1} s waiting for {what}")]
+    Timeout { what: String, seconds: f64 },
+    #[error("{0}")]
+    Invalid(String),
+}

@@ -1,0 +1,200 @@
+//! Epochs: assigning a plan and waiting until every stage is loaded, and re-planning when a
+//! donor is lost (it left, stopped answering heartbeats, or failed to load).
+//!
+//! Every re-plan starts a new epoch and every stage is assigned again, even one whose layers
+//! did not change: it keeps its weights but forgets all keys and values, and the coordinator
+//! replays each request in flight from position 0 with exactly the spans it fed before (the
+//! same prefill chunks, then one decode token at a time). Replaying the same spans runs the
+//! same kernels on the same inputs, so the next token is the one an uninterrupted run would
+//! have produced (bit for bit with f32 activations; f16 rounds at the new stage boundaries).
+
+use std::collections::HashSet;
+
+use super::super::frame::{Assign, ErrorCode, Message};
+use super::super::plan::{replan, FleetChange, Plan};
+use super::super::transport::{send_message, PeerId, Transport, TransportEvent};
+use super::coordinator::Coordinator;
+use super::timer::with_timeout;
+use super::RoleError;
+
+/// An event after the checks every phase shares.
+pub(super) enum Incoming {
+    Nothing,
+    /// A stage's donor is gone: it left, said Leave, or could not load.
+    Lost(PeerId),
+    Message(PeerId, Message),
+}
+
+impl<T: Transport> Coordinator<T> {
+    /// Starts a new epoch on `plan`: assigns every stage and waits until each is Ready. A
+    /// donor lost meanwhile is planned out and the next epoch starts.
+    pub(super) async fn establish(&mut self, mut plan: Plan) -> Result<(), RoleError> {
+        loop {
+            self.epoch += 1;
+            self.validator.begin_epoch(self.epoch);
+            self.plan = plan;
+            let mut lost = self.send_assigns().await;
+            if lost.is_empty() {
+                lost = self.wait_ready().await?;
+            }
+            if lost.is_empty() {
+                break;
+            }
+            plan = self.plan_without(&lost)?;
+        }
+        let now = web_time::Instant::now();
+        self.last_seen = self.plan.stages.iter().map(|s| (s.donor, now)).collect();
+        self.report.plan = self.plan_entries();
+        if let Some(verifier) = self.verifier.as_mut() {
+            verifier
+                .prepare(&self.config.model_url, &self.plan, &self.config.runtime)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The plan after `lost` leave; admitted standby donors join first so they can take over.
+    pub(super) fn plan_without(&mut self, lost: &[PeerId]) -> Result<Plan, RoleError> {
+        let mut plan = self.plan.clone();
+        for donor in std::mem::take(&mut self.standby) {
+            plan = replan(&self.sizes, &plan, FleetChange::Join(donor))?;
+        }
+        for id in lost {
+            self.donors.remove(id);
+            if plan.donors.iter().any(|d| d.id == *id) {
+                plan = replan(&self.sizes, &plan, FleetChange::Leave(*id))?;
+            }
+        }
+        Ok(plan)
+    }
+
+    /// Sends every stage its Assign; returns the donors that could not be reached.
+    async fn send_assigns(&mut self) -> Vec<PeerId> {
+        let me = self.transport.local_id();
+        let stages = &self.plan.stages;
+        let mut assigns = Vec::with_capacity(stages.len());
+        for (index, stage) in stages.iter().enumerate() {
+            let upstream = index.checked_sub(1).map_or(me, |i| stages[i].donor);
+            let downstream = stages.get(index + 1).map_or(me, |s| s.donor);
+            assigns.push((
+                stage.donor,
+                Message::Assign(Assign {
+                    epoch: self.epoch,
+                    stage_id: stage.stage_id,
+                    n_stages: stages.len() as u16,
+                    model_url: self.config.model_url.clone(),
+                    layer_start: stage.layers.start,
+                    layer_end: stage.layers.end,
+                    n_layers: self.cfg.n_layers,
+                    embedding: stage.embedding,
+                    head: stage.head,
+                    d_model: self.cfg.d_model,
+                    upstream,
+                    downstream,
+                    vocab: self.vocab_blob.clone(),
+                    runtime: self.config.runtime,
+                }),
+            ));
+        }
+        let mut lost = Vec::new();
+        for (donor, assign) in assigns {
+            if let Err(error) = send_message(&self.transport, donor, &assign).await {
+                tracing::warn!(%donor, %error, "could not assign a stage");
+                lost.push(donor);
+            }
+        }
+        lost
+    }
+
+    /// Waits for every stage's Ready of this epoch; returns the donors lost meanwhile.
+    async fn wait_ready(&mut self) -> Result<Vec<PeerId>, RoleError> {
+        let mut waiting: HashSet<PeerId> = self.plan.stages.iter().map(|s| s.donor).collect();
+        let limit = self.config.load_timeout;
+        let epoch = self.epoch;
+        let outcome = with_timeout(limit, async {
+            while !waiting.is_empty() {
+                match self.next_incoming().await? {
+                    Incoming::Lost(peer) => return Ok(vec![peer]),
+                    Incoming::Message(from, Message::Ready(ready)) if ready.epoch == epoch => {
+                        waiting.remove(&from);
+                    }
+                    Incoming::Message(from, other) => {
+                        tracing::debug!(%from, kind = ?other.kind(), "ignored while stages load")
+                    }
+                    Incoming::Nothing => {}
+                }
+            }
+            Ok::<Vec<PeerId>, RoleError>(Vec::new())
+        })
+        .await;
+        outcome.map_err(|_| RoleError::Timeout {
+            what: format!("{} stage(s) to load", waiting.len()),
+            seconds: limit.as_secs_f64(),
+        })?
+    }
+
+    /// Receives one event and applies what every phase does the same way: admitting or
+    /// refusing Hellos, refusing bad frames, noticing lost stage donors.
+    pub(super) async fn next_incoming(&mut self) -> Result<Incoming, RoleError> {
+        let event = self.transport.recv().await?;
+        Ok(self.classify(event).await)
+    }
+
+    pub(super) async fn classify(&mut self, event: TransportEvent) -> Incoming {
+        match event {
+            TransportEvent::PeerJoined(_) => Incoming::Nothing,
+            TransportEvent::PeerLeft(peer) => self.on_peer_left(peer),
+            TransportEvent::BadChunk { from, error } => {
+                tracing::warn!(%from, %error, "bad chunk");
+                Incoming::Nothing
+            }
+            TransportEvent::Frame { from, frame } => {
+                if let Some(seen) = self.last_seen.get_mut(&from) {
+                    *seen = web_time::Instant::now();
+                }
+                self.on_frame(from, &frame).await
+            }
+        }
+    }
+
+    fn on_peer_left(&mut self, peer: PeerId) -> Incoming {
+        if self.is_stage_donor(peer) {
+            return Incoming::Lost(peer);
+        }
+        self.donors.remove(&peer);
+        self.standby.retain(|d| d.id != peer);
+        Incoming::Nothing
+    }
+
+    async fn on_frame(&mut self, from: PeerId, frame: &[u8]) -> Incoming {
+        let message = super::super::frame::decode_frame(frame)
+            .and_then(|m| m.check(&self.config.limits, Some(self.shape())).map(|()| m));
+        let message = match message {
+            Ok(message) => message,
+            Err(error) => {
+                tracing::warn!(%from, %error, "refused a frame");
+                let report =
+                    super::donor::error_report(ErrorCode::BadFrame, None, &error.to_string());
+                let _ = send_message(&self.transport, from, &report).await;
+                return Incoming::Nothing;
+            }
+        };
+        let stage_donor = self.is_stage_donor(from);
+        match message {
+            Message::Hello(hello) => {
+                self.on_hello(from, hello).await;
+                Incoming::Nothing
+            }
+            Message::Leave(_) if stage_donor => Incoming::Lost(from),
+            Message::Error(report) if stage_donor && report.code == ErrorCode::LoadFailed => {
+                tracing::warn!(%from, message = %report.message, "a stage failed to load");
+                Incoming::Lost(from)
+            }
+            other => Incoming::Message(from, other),
+        }
+    }
+
+    pub(super) fn is_stage_donor(&self, peer: PeerId) -> bool {
+        self.plan.stages.iter().any(|s| s.donor == peer)
+    }
+}

@@ -1,0 +1,533 @@
+//! Generation through the chain: several requests in flight at once (micro-batching), each
+//! with one span of positions in the chain at a time, so while one request's step is in
+//! stage 2 another's is in stage 1 and every donor has work on every tick.
+//!
+//! A request's spans are kept (prefill chunks, then one position per decode step) so that a
+//! re-plan can replay it exactly (`recovery.rs`). Request ids are `round * kv_slots + slot`:
+//! a donor keeps request `id`'s keys and values in slot `id % kv_slots`, and no two
+//! requests in flight share a slot.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+use futures::FutureExt;
+use web_time::Instant;
+
+use super::super::frame::{
+    ErrorCode, Forward, Heartbeat, Message, Reply, StageInput, StageOutput, StageResult, TokenEvent,
+};
+use super::super::transport::{send_message, PeerId, Transport};
+use super::coordinator::{Coordinator, FleetOutput, GenerationRequest, TokenUpdate};
+use super::recovery::Incoming;
+use super::timer::{sleep, unix_ms};
+use super::verify::PendingCheck;
+use super::RoleError;
+use crate::sample::{Sampler, StopChecker};
+
+pub(super) struct Active {
+    index: usize,
+    request_id: u64,
+    slot: usize,
+    /// Prompt and the tokens accepted so far.
+    tokens: Vec<u32>,
+    max_tokens: u32,
+    /// Positions fed, in the order fed; the last one is the step awaited.
+    spans: Vec<Range<u32>>,
+    /// The next span to send (spans before it are in the chain's caches or on their way).
+    next_span: usize,
+    /// Forward frames sent into stage 0 this epoch.
+    seq: u64,
+    sent_at: Option<Instant>,
+    sampler: Sampler,
+    stops: StopChecker,
+    output: FleetOutput,
+}
+
+pub(super) struct Session<'r> {
+    requests: &'r [GenerationRequest],
+    queued: VecDeque<usize>,
+    pub(super) active: Vec<Active>,
+    free_slots: Vec<usize>,
+    outputs: Vec<Option<FleetOutput>>,
+    pub(super) checks: HashMap<(u64, u32), PendingCheck>,
+    first_token_at: Option<Instant>,
+    decode_tokens: u64,
+    step_ms_total: f64,
+    transfer_ms_total: f64,
+    steps: u64,
+}
+
+impl<'r> Session<'r> {
+    fn new(requests: &'r [GenerationRequest], kv_slots: u32) -> Session<'r> {
+        Session {
+            requests,
+            queued: (0..requests.len()).collect(),
+            active: Vec::new(),
+            free_slots: (0..kv_slots as usize).rev().collect(),
+            outputs: vec![None; requests.len()],
+            checks: HashMap::new(),
+            first_token_at: None,
+            decode_tokens: 0,
+            step_ms_total: 0.0,
+            transfer_ms_total: 0.0,
+            steps: 0,
+        }
+    }
+
+    /// Sends every active request back to its first span (after a re-plan).
+    pub(super) fn rewind(&mut self) {
+        self.checks.clear();
+        for active in &mut self.active {
+            active.next_span = 0;
+            active.seq = 0;
+            active.sent_at = None;
+        }
+    }
+}
+
+impl<T: Transport> Coordinator<T> {
+    /// Generates every request, up to `kv_slots` at a time through the chain. Calls
+    /// `on_token` for each token as it is accepted.
+    pub async fn generate(
+        &mut self,
+        requests: &[GenerationRequest],
+        on_token: &mut dyn FnMut(TokenUpdate<'_>),
+    ) -> Result<Vec<FleetOutput>, RoleError> {
+        for request in requests {
+            self.check_request(request)?;
+        }
+        let mut session = Session::new(requests, self.config.runtime.kv_slots);
+        let started = Instant::now();
+        let mut next_tick = Instant::now() + self.config.heartbeat_interval;
+        loop {
+            self.start_queued(&mut session).await?;
+            if session.active.is_empty() && session.queued.is_empty() {
+                break;
+            }
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let event = {
+                let recv = self.transport.recv().fuse();
+                let tick = sleep(wait).fuse();
+                futures::pin_mut!(recv, tick);
+                futures::select_biased! {
+                    event = recv => Some(event?),
+                    () = tick => None,
+                }
+            };
+            let lost = match event {
+                Some(event) => match self.classify(event).await {
+                    Incoming::Nothing => Vec::new(),
+                    Incoming::Lost(peer) => vec![peer],
+                    Incoming::Message(from, message) => {
+                        self.on_message(&mut session, from, message, on_token)
+                            .await?;
+                        Vec::new()
+                    }
+                },
+                None => {
+                    next_tick = Instant::now() + self.config.heartbeat_interval;
+                    self.heartbeat(&session).await?
+                }
+            };
+            if !lost.is_empty() {
+                self.recover(&mut session, &lost).await?;
+            }
+        }
+        self.finish_report(&session, started);
+        Ok(session
+            .outputs
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect())
+    }
+
+    fn check_request(&self, request: &GenerationRequest) -> Result<(), RoleError> {
+        if request.prompt_ids.is_empty() {
+            return Err(RoleError::Invalid("a prompt is empty".into()));
+        }
+        if let Some(&id) = request.prompt_ids.iter().find(|&&id| id >= self.cfg.vocab) {
+            return Err(RoleError::Invalid(format!(
+                "prompt token {id} is outside the vocabulary"
+            )));
+        }
+        let needed = request.prompt_ids.len() as u64 + u64::from(request.max_tokens);
+        if needed > u64::from(self.config.runtime.max_context) {
+            return Err(RoleError::Invalid(format!(
+                "prompt and generation need {needed} positions, the chain caches {}",
+                self.config.runtime.max_context
+            )));
+        }
+        Ok(())
+    }
+
+    async fn start_queued(&mut self, session: &mut Session<'_>) -> Result<(), RoleError> {
+        while let Some(slot) = session.free_slots.last().copied() {
+            let Some(index) = session.queued.pop_front() else {
+                break;
+            };
+            session.free_slots.pop();
+            let request = &session.requests[index];
+            let kv_slots = u64::from(self.config.runtime.kv_slots);
+            let request_id = self.next_request_round * kv_slots + slot as u64;
+            self.next_request_round += 1;
+            let chunk = self.config.runtime.max_batch as usize;
+            let spans = (0..request.prompt_ids.len())
+                .step_by(chunk)
+                .map(|start| start as u32..(start + chunk).min(request.prompt_ids.len()) as u32)
+                .collect();
+            let active = Active {
+                index,
+                request_id,
+                slot,
+                tokens: request.prompt_ids.clone(),
+                max_tokens: request.max_tokens,
+                spans,
+                next_span: 0,
+                seq: 0,
+                sent_at: None,
+                sampler: Sampler::new(request.sampler.clone()),
+                stops: StopChecker::new(request.stop.clone()),
+                output: FleetOutput::default(),
+            };
+            if request.max_tokens == 0 {
+                self.finish(session, active);
+                continue;
+            }
+            session.active.push(active);
+            let position = session.active.len() - 1;
+            self.report.max_in_flight = self.report.max_in_flight.max(session.active.len());
+            self.send_next(session, position).await?;
+        }
+        Ok(())
+    }
+
+    /// Sends the request's next span into stage 0.
+    pub(super) async fn send_next(
+        &mut self,
+        session: &mut Session<'_>,
+        position: usize,
+    ) -> Result<(), RoleError> {
+        let active = &mut session.active[position];
+        let span_index = active.next_span;
+        let span = active.spans[span_index].clone();
+        let is_final = span_index + 1 == active.spans.len();
+        let verify = is_final && self.verifier.as_mut().is_some_and(|v| v.pick());
+        let reply = match is_final {
+            false => Reply::Greedy,
+            true if verify => Reply::TopK {
+                k: self.config.top_k,
+            },
+            true => reply_for(&active.sampler, self.config.top_k),
+        };
+        let forward = Forward {
+            epoch: self.epoch,
+            request_id: active.request_id,
+            seq: active.seq,
+            stage_id: 0,
+            start_pos: span.start,
+            n_tokens: span.len() as u32,
+            input: StageInput::Tokens(
+                active.tokens[span.start as usize..span.end as usize].to_vec(),
+            ),
+            reply,
+            tap: verify,
+            trace: Vec::new(),
+        };
+        active.next_span += 1;
+        active.seq += 1;
+        active.sent_at = Some(Instant::now());
+        if verify {
+            let tokens = active.tokens[..span.end as usize].to_vec();
+            let check = PendingCheck::new(tokens, self.plan.stages.len());
+            session
+                .checks
+                .insert((active.request_id, span.start), check);
+        }
+        let first = self.plan.stages[0].donor;
+        // A failed send means the first stage is gone; its PeerLeft triggers the re-plan.
+        if let Err(error) = send_message(&self.transport, first, &Message::Forward(forward)).await {
+            tracing::warn!(%error, "could not send a step to the first stage");
+        }
+        Ok(())
+    }
+
+    async fn on_message(
+        &mut self,
+        session: &mut Session<'_>,
+        from: PeerId,
+        message: Message,
+        on_token: &mut dyn FnMut(TokenUpdate<'_>),
+    ) -> Result<(), RoleError> {
+        match message {
+            Message::Result(result) => self.on_result(session, from, result, on_token).await,
+            Message::Error(report)
+                if report.code == ErrorCode::Compute && self.is_stage_donor(from) =>
+            {
+                let ours = report
+                    .request_id
+                    .is_some_and(|id| session.active.iter().any(|a| a.request_id == id));
+                if !ours {
+                    return Ok(());
+                }
+                Err(RoleError::Peer {
+                    peer: from,
+                    code: report.code,
+                    message: report.message,
+                })
+            }
+            Message::Error(report) => {
+                tracing::debug!(%from, code = ?report.code, message = %report.message, "peer error");
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    async fn on_result(
+        &mut self,
+        session: &mut Session<'_>,
+        from: PeerId,
+        result: StageResult,
+        on_token: &mut dyn FnMut(TokenUpdate<'_>),
+    ) -> Result<(), RoleError> {
+        let stage = self
+            .plan
+            .stages
+            .iter()
+            .find(|s| s.stage_id == result.stage_id);
+        if stage.is_none_or(|s| s.donor != from) {
+            tracing::warn!(%from, stage = result.stage_id, "result from a peer that does not hold that stage");
+            return Ok(());
+        }
+        if self.plan.stages.last().is_none_or(|s| s.donor != from) {
+            self.on_tap(session, result).await;
+            return Ok(());
+        }
+        let message = Message::Result(result);
+        if let Err(error) = self.validator.check(&message) {
+            tracing::debug!(%from, %error, "refused a result");
+            return Ok(());
+        }
+        let Message::Result(result) = message else {
+            return Ok(());
+        };
+        let Some(position) = session
+            .active
+            .iter()
+            .position(|a| a.request_id == result.request_id)
+        else {
+            return Ok(());
+        };
+        let active = &session.active[position];
+        let awaited = active
+            .next_span
+            .checked_sub(1)
+            .map(|i| active.spans[i].clone());
+        if awaited != Some(result.start_pos..result.start_pos + result.n_tokens) {
+            tracing::warn!(
+                request = result.request_id,
+                "result for a span that is not awaited"
+            );
+            return Ok(());
+        }
+        self.record_step(session, position, &result);
+        if session.active[position].next_span < session.active[position].spans.len() {
+            return self.send_next(session, position).await;
+        }
+        let id = self.token_from(session, position, &result).await?;
+        self.accept(session, position, id, on_token).await
+    }
+
+    /// The next token from the last stage's reply (sampled here from its top-k).
+    async fn token_from(
+        &mut self,
+        session: &mut Session<'_>,
+        position: usize,
+        result: &StageResult,
+    ) -> Result<u32, RoleError> {
+        let key = (result.request_id, result.start_pos);
+        if let Some(check) = session.checks.get_mut(&key) {
+            check.set_final(&result.output);
+            if check.is_complete() {
+                let check = session.checks.remove(&key).expect("present");
+                self.run_check(check, result.request_id).await?;
+            }
+        }
+        let active = &mut session.active[position];
+        match &result.output {
+            StageOutput::Sampled(id) => Ok(*id),
+            StageOutput::TopK { ids, logits }
+                if active.sampler.config().is_greedy()
+                    && active.sampler.config().repeat_penalty == 1.0 =>
+            {
+                Ok(ids[0])
+            }
+            StageOutput::TopK { ids, logits } => {
+                let mut sparse = vec![f32::NEG_INFINITY; self.cfg.vocab as usize];
+                for (&id, &logit) in ids.iter().zip(logits) {
+                    sparse[id as usize] = logit;
+                }
+                Ok(active.sampler.sample(&sparse, &active.tokens))
+            }
+            StageOutput::Hidden(_) => Err(RoleError::Invalid(
+                "the last stage returned activations instead of a token".into(),
+            )),
+        }
+    }
+
+    /// Takes a token as the engine does (stop strings, end of generation, max tokens), tells
+    /// the donors, and sends the next step or finishes the request.
+    async fn accept(
+        &mut self,
+        session: &mut Session<'_>,
+        position: usize,
+        id: u32,
+        on_token: &mut dyn FnMut(TokenUpdate<'_>),
+    ) -> Result<(), RoleError> {
+        session.first_token_at.get_or_insert_with(Instant::now);
+        let active = &mut session.active[position];
+        let step = active.stops.push_token(&self.tokenizer, id);
+        active.output.text.push_str(&step.text);
+        let index = active.output.ids.len() as u32;
+        let stop = step.stop.is_some();
+        if !stop || !self.tokenizer.is_eog(id) {
+            active.output.ids.push(id);
+        }
+        on_token(TokenUpdate {
+            request: active.index,
+            index,
+            id,
+            text: &step.text,
+        });
+        let request_id = active.request_id;
+        let done = stop || active.output.ids.len() as u32 >= active.max_tokens;
+        if !done {
+            let position_of_id = active.tokens.len() as u32;
+            active.tokens.push(id);
+            active.spans.push(position_of_id..position_of_id + 1);
+            session.decode_tokens += 1;
+        }
+        self.broadcast_token(request_id, index, id).await;
+        if done {
+            let active = session.active.swap_remove(position);
+            self.finish(session, active);
+            return Ok(());
+        }
+        self.send_next(session, position).await
+    }
+
+    fn finish(&mut self, session: &mut Session<'_>, mut active: Active) {
+        let tail = active.stops.flush();
+        active.output.text.push_str(&tail);
+        self.validator.forget_request(active.request_id);
+        session.checks.retain(|&(id, _), _| id != active.request_id);
+        session.free_slots.push(active.slot);
+        session.outputs[active.index] = Some(active.output);
+    }
+
+    async fn broadcast_token(&mut self, request_id: u64, index: u32, id: u32) {
+        let token = Message::Token(TokenEvent {
+            request_id,
+            index,
+            id,
+        });
+        let donors: Vec<PeerId> = self.plan.stages.iter().map(|s| s.donor).collect();
+        for donor in donors {
+            let _ = send_message(&self.transport, donor, &token).await;
+        }
+    }
+
+    /// Sends heartbeats; returns stage donors silent for longer than the timeout.
+    async fn heartbeat(&mut self, session: &Session<'_>) -> Result<Vec<PeerId>, RoleError> {
+        let timeout = self.config.heartbeat_timeout;
+        let now = Instant::now();
+        let lost: Vec<PeerId> = self
+            .last_seen
+            .iter()
+            .filter(|(_, seen)| now.duration_since(**seen) > timeout)
+            .map(|(peer, _)| *peer)
+            .collect();
+        let beat = Message::Heartbeat(Heartbeat {
+            nonce: self.epoch as u64,
+            sent_ms: unix_ms(),
+        });
+        let donors: Vec<PeerId> = self.plan.stages.iter().map(|s| s.donor).collect();
+        for donor in donors {
+            let _ = send_message(&self.transport, donor, &beat).await;
+        }
+        let stalled = session.active.iter().any(|a| {
+            a.sent_at
+                .is_some_and(|t| now.duration_since(t) > self.config.step_timeout)
+        });
+        if stalled && lost.is_empty() {
+            return Err(RoleError::Timeout {
+                what: "a step through the chain".into(),
+                seconds: self.config.step_timeout.as_secs_f64(),
+            });
+        }
+        Ok(lost)
+    }
+
+    /// Re-plans without `lost`, reloads, and replays every request in flight.
+    async fn recover(
+        &mut self,
+        session: &mut Session<'_>,
+        lost: &[PeerId],
+    ) -> Result<(), RoleError> {
+        let started = Instant::now();
+        tracing::warn!(?lost, "donor lost; re-planning");
+        let plan = self.plan_without(lost)?;
+        self.establish(plan).await?;
+        session.rewind();
+        for position in 0..session.active.len() {
+            self.send_next(session, position).await?;
+        }
+        self.report.recoveries += 1;
+        self.report
+            .recovery_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
+        Ok(())
+    }
+
+    fn record_step(&mut self, session: &mut Session<'_>, position: usize, result: &StageResult) {
+        let active = &mut session.active[position];
+        let Some(sent_at) = active.sent_at.take() else {
+            return;
+        };
+        let step_ms = sent_at.elapsed().as_secs_f64() * 1000.0;
+        let compute_ms: f64 = result
+            .trace
+            .iter()
+            .map(|t| f64::from(t.compute_us) / 1000.0)
+            .sum();
+        if result.n_tokens == 1 {
+            session.steps += 1;
+            session.step_ms_total += step_ms;
+            session.transfer_ms_total += (step_ms - compute_ms).max(0.0);
+        }
+        self.record_hops(&result.trace);
+    }
+
+    fn finish_report(&mut self, session: &Session<'_>, started: Instant) {
+        let report = &mut self.report;
+        if session.steps > 0 {
+            report.step_ms_mean = session.step_ms_total / session.steps as f64;
+            report.transfer_ms_mean = session.transfer_ms_total / session.steps as f64;
+        }
+        let decode_start = session.first_token_at.unwrap_or(started);
+        let seconds = decode_start.elapsed().as_secs_f64();
+        if seconds > 0.0 {
+            report.decode_tokens_per_s = session.decode_tokens as f64 / seconds;
+        }
+    }
+}
+
+/// Greedy sampling without a penalty needs only the id; anything else samples from top-k.
+fn reply_for(sampler: &Sampler, top_k: u32) -> Reply {
+    let config = sampler.config();
+    if config.is_greedy() && config.repeat_penalty == 1.0 {
+        Reply::Greedy
+    } else {
+        Reply::TopK { k: top_k }
+    }
+}

@@ -1,0 +1,235 @@
+//! A fleet in one process for the role tests: donors on their own threads (GPU waits block),
+//! the in-process transport between them, and transports that misbehave on purpose.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::thread;
+use std::time::Duration;
+
+use futures::channel::oneshot;
+use webshard::engine::GenerateOptions;
+use webshard::gpu::{Gpu, GpuOptions};
+use webshard::sample::SamplerConfig;
+use webshard::shard::frame::{Message, StageInput, StageOutput};
+use webshard::shard::roles::{Donor, DonorConfig, DonorExit, DonorStatus};
+use webshard::shard::transport::TransportStats;
+use webshard::shard::{
+    decode_frame, encode_frame, Activations, FrameLimits, InProcessNetwork, PeerId, Transport,
+    TransportError, TransportEvent,
+};
+
+use crate::support;
+
+pub const TOKEN: &str = "fleet-secret";
+pub const DONOR_BYTES: u64 = 1 << 30;
+
+pub fn gpu() -> Arc<Gpu> {
+    pollster::block_on(Gpu::new(&GpuOptions::default())).expect("gpu")
+}
+
+pub fn model_url(file: &str) -> String {
+    support::model_path(file)
+        .to_str()
+        .expect("utf-8 path")
+        .to_string()
+}
+
+/// Greedy ids of one device (the `Engine`) for each prompt.
+pub fn single_device_ids(
+    file: &str,
+    prompts: &[&str],
+    max_tokens: u32,
+) -> Vec<(Vec<u32>, Vec<u32>)> {
+    pollster::block_on(async {
+        let mut engine = support::load_engine(file, GpuOptions::default()).await;
+        let mut out = Vec::new();
+        for prompt in prompts {
+            let ids = engine.tokenize_prompt(prompt);
+            let options = GenerateOptions {
+                max_tokens,
+                sampler: SamplerConfig::greedy(),
+                stop: Vec::new(),
+            };
+            engine.reset();
+            let generated = engine
+                .generate(&ids, &options, &mut |_| true)
+                .await
+                .expect("generate");
+            out.push((ids, generated.ids));
+        }
+        out
+    })
+}
+
+/// A donor thread; `kill` drops it (and so its transport) wherever it is.
+pub struct DonorHandle {
+    pub id: PeerId,
+    pub status: Arc<Mutex<DonorStatus>>,
+    kill: Option<oneshot::Sender<()>>,
+    exit: mpsc::Receiver<Result<DonorExit, String>>,
+}
+
+impl DonorHandle {
+    /// Sending on it kills the donor.
+    pub fn take_kill(&mut self) -> oneshot::Sender<()> {
+        self.kill.take().expect("kill switch taken once")
+    }
+
+    pub fn status(&self) -> DonorStatus {
+        self.status.lock().unwrap().clone()
+    }
+
+    pub fn exit(&self, limit: Duration) -> Result<DonorExit, String> {
+        self.exit
+            .recv_timeout(limit)
+            .map_err(|e| format!("donor did not finish: {e}"))?
+    }
+}
+
+pub fn spawn_donor<T, W>(
+    network: &InProcessNetwork,
+    gpu: &Arc<Gpu>,
+    token: &str,
+    wrap: W,
+) -> DonorHandle
+where
+    T: Transport + Send + 'static,
+    W: FnOnce(webshard::shard::InProcessTransport) -> T,
+{
+    let transport = wrap(network.join());
+    let id = transport.local_id();
+    let (kill, killed) = oneshot::channel::<()>();
+    let (done, exit) = mpsc::channel();
+    let status = Arc::new(Mutex::new(DonorStatus::default()));
+    let shared = Arc::clone(&status);
+    let config = DonorConfig {
+        fleet_token: token.to_string(),
+        gpu: Arc::clone(gpu),
+        usable_gpu_bytes: DONOR_BYTES,
+        limits: FrameLimits::default(),
+    };
+    thread::spawn(move || {
+        let outcome = pollster::block_on(async move {
+            let mut donor = Donor::new(transport, config);
+            donor.on_status(move |now| *shared.lock().unwrap() = now.clone());
+            let run = Box::pin(donor.run());
+            match futures::future::select(run, killed).await {
+                futures::future::Either::Left((exit, _)) => exit.map_err(|e| e.to_string()),
+                futures::future::Either::Right(_) => Err("killed".to_string()),
+            }
+        });
+        let _ = done.send(outcome);
+    });
+    DonorHandle {
+        id,
+        status,
+        kill: Some(kill),
+        exit,
+    }
+}
+
+/// Runs `work` on its own thread and fails the test if it takes longer than `limit`.
+pub fn with_deadline<R: Send + 'static>(
+    limit: Duration,
+    work: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    let (done, result) = mpsc::channel();
+    thread::spawn(move || {
+        let _ = done.send(work());
+    });
+    result
+        .recv_timeout(limit)
+        .unwrap_or_else(|e| panic!("test did not finish within {limit:?}: {e}"))
+}
+
+/// Adds `scale` × the RMS of every outgoing activation tensor and top-k logit list to it:
+/// a donor whose results are wrong but well formed.
+pub struct Perturbing<T> {
+    pub inner: T,
+    pub scale: f32,
+}
+
+fn perturb(values: &mut [f32], scale: f32) {
+    let rms = (values.iter().map(|v| v * v).sum::<f32>() / values.len().max(1) as f32).sqrt();
+    for (index, value) in values.iter_mut().enumerate() {
+        let sign = if index % 2 == 0 { 1.0 } else { -1.0 };
+        *value += sign * scale * rms;
+    }
+}
+
+fn perturb_activations(hidden: &mut Activations, scale: f32) {
+    let mut values = hidden.to_f32();
+    perturb(&mut values, scale);
+    *hidden = Activations::encode(&values, hidden.d_model, hidden.encoding).expect("encode");
+}
+
+#[async_trait::async_trait]
+impl<T: Transport + Send + Sync> Transport for Perturbing<T> {
+    fn local_id(&self) -> PeerId {
+        self.inner.local_id()
+    }
+    fn peers(&self) -> Vec<PeerId> {
+        self.inner.peers()
+    }
+    fn stats(&self) -> TransportStats {
+        self.inner.stats()
+    }
+    async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {
+        let mut message = decode_frame(frame).expect("own frames decode");
+        match &mut message {
+            Message::Forward(forward) => {
+                if let StageInput::Hidden(hidden) = &mut forward.input {
+                    perturb_activations(hidden, self.scale);
+                }
+            }
+            Message::Result(result) => match &mut result.output {
+                StageOutput::Hidden(hidden) => perturb_activations(hidden, self.scale),
+                StageOutput::TopK { logits, .. } => perturb(logits, self.scale),
+                StageOutput::Sampled(_) => {}
+            },
+            _ => {}
+        }
+        self.inner
+            .send(to, &encode_frame(&message).expect("encode"))
+            .await
+    }
+    async fn recv(&self) -> Result<TransportEvent, TransportError> {
+        self.inner.recv().await
+    }
+}
+
+/// A peer that hangs when `frozen` is set: it stays connected but drops everything it
+/// would send or receive, as a crashed tab whose connection has not timed out yet.
+pub struct Freezable<T> {
+    pub inner: T,
+    pub frozen: Arc<AtomicBool>,
+}
+
+#[async_trait::async_trait]
+impl<T: Transport + Send + Sync> Transport for Freezable<T> {
+    fn local_id(&self) -> PeerId {
+        self.inner.local_id()
+    }
+    fn peers(&self) -> Vec<PeerId> {
+        self.inner.peers()
+    }
+    fn stats(&self) -> TransportStats {
+        self.inner.stats()
+    }
+    async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.inner.send(to, frame).await
+    }
+    async fn recv(&self) -> Result<TransportEvent, TransportError> {
+        loop {
+            let event = self.inner.recv().await?;
+            if !self.frozen.load(Ordering::SeqCst) {
+                return Ok(event);
+            }
+        }
+    }
+}

@@ -1,0 +1,475 @@
+//! The coordinator and donor roles over the in-process transport, on the real GPU with real
+//! models: split generations give the single device's greedy ids, also when a donor is lost
+//! midway, when several requests share the chain, and a wrong donor is refused or flagged.
+
+mod roles_support;
+mod support;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use roles_support::*;
+use webshard::gpu::Gpu;
+use webshard::sample::SamplerConfig;
+use webshard::shard::frame::{
+    Assign, ErrorCode, Forward, Reply, StageInput, StageOutput, StageRuntime,
+};
+use webshard::shard::roles::coordinator::RunReport;
+use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
+use webshard::shard::roles::{
+    Coordinator, CoordinatorConfig, DonorExit, FleetOutput, GenerationRequest, TokenUpdate,
+    VerifyConfig,
+};
+use webshard::shard::transport::send_message;
+use webshard::shard::{
+    decode_frame, ByteVocab, Encoding, InProcessConfig, InProcessNetwork, InProcessTransport,
+    Message, Transport, TransportEvent,
+};
+
+const PROMPTS: [&str; 5] = [
+    "Once upon a time, in a small village,",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "List three colors:",
+    "The quick brown fox",
+];
+const DEADLINE: Duration = Duration::from_secs(600);
+
+fn config(file: &str, donors: usize) -> CoordinatorConfig {
+    let mut config = CoordinatorConfig::new(&model_url(file), TOKEN, donors);
+    config.runtime.max_context = 256;
+    config.heartbeat_timeout = Duration::from_secs(60);
+    config.join_timeout = Duration::from_secs(120);
+    config.load_timeout = Duration::from_secs(300);
+    config.step_timeout = Duration::from_secs(120);
+    config
+}
+
+fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerationRequest {
+    GenerationRequest {
+        prompt_ids: prompt_ids.to_vec(),
+        max_tokens,
+        sampler: SamplerConfig::greedy(),
+        stop: Vec::new(),
+    }
+}
+
+struct Run {
+    outputs: Vec<FleetOutput>,
+    report: RunReport,
+    refused_hellos: u32,
+}
+
+/// Connects a coordinator on `transport`, generates, dismisses the donors.
+fn coordinate(
+    transport: InProcessTransport,
+    config: CoordinatorConfig,
+    requests: Vec<GenerationRequest>,
+    mut on_token: impl FnMut(&TokenUpdate<'_>) + Send + 'static,
+) -> Run {
+    with_deadline(DEADLINE, move || {
+        pollster::block_on(async move {
+            let mut coordinator = Coordinator::connect(transport, config)
+                .await
+                .expect("connect");
+            let outputs = coordinator
+                .generate(&requests, &mut |update| on_token(&update))
+                .await
+                .expect("generate");
+            let report = coordinator.report().clone();
+            let refused_hellos = coordinator.refused_hellos;
+            coordinator.shutdown("done").await;
+            Run {
+                outputs,
+                report,
+                refused_hellos,
+            }
+        })
+    })
+}
+
+fn fleet(
+    gpu: &Arc<Gpu>,
+    donors: usize,
+) -> (InProcessNetwork, InProcessTransport, Vec<DonorHandle>) {
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let coordinator = network.join();
+    let handles = (0..donors)
+        .map(|_| spawn_donor(&network, gpu, TOKEN, |t| t))
+        .collect();
+    (network, coordinator, handles)
+}
+
+fn print_report(label: &str, report: &RunReport) {
+    println!("{label}: {}", serde_json::to_string(report).unwrap());
+}
+
+#[test]
+fn two_and_three_donors_give_the_single_device_ids() {
+    let file = support::SMOLLM2.1;
+    let reference = single_device_ids(file, &PROMPTS[..1], 16);
+    let (prompt, want) = reference[0].clone();
+    let gpu = gpu();
+    let file_bytes = std::fs::metadata(support::model_path(file)).unwrap().len();
+    for donors in [2, 3] {
+        let (_network, transport, handles) = fleet(&gpu, donors);
+        let run = coordinate(
+            transport,
+            config(file, donors),
+            vec![greedy(&prompt, 16)],
+            |_| {},
+        );
+        print_report(&format!("{donors} donors"), &run.report);
+        assert_eq!(run.outputs[0].ids, want, "{donors} donors");
+        assert_eq!(run.report.plan.len(), donors);
+        assert_eq!(run.report.hops.len(), donors);
+        assert!(run.report.hops.iter().all(|hop| hop.steps >= 16));
+        let mut layers = Vec::new();
+        for handle in &handles {
+            assert_eq!(
+                handle.exit(Duration::from_secs(30)),
+                Ok(DonorExit::Dismissed("done".into()))
+            );
+            let status = handle.status();
+            println!(
+                "donor {}: layers {:?}, {} of {file_bytes} bytes",
+                handle.id, status.layers, status.bytes_downloaded
+            );
+            assert!(status.bytes_downloaded > 0 && status.bytes_downloaded < file_bytes);
+            assert_eq!(status.text, run.outputs[0].text);
+            layers.push(status.layers.expect("assigned"));
+        }
+        layers.sort_by_key(|range| range.start);
+        assert_eq!(layers.first().unwrap().start, 0);
+        assert_eq!(layers.last().unwrap().end, 30);
+        assert!(layers.windows(2).all(|pair| pair[0].end == pair[1].start));
+    }
+}
+
+#[test]
+fn qwen_on_two_donors_gives_the_single_device_ids() {
+    let file = support::QWEN25.1;
+    let reference = single_device_ids(file, &PROMPTS[2..3], 8);
+    let (prompt, want) = reference[0].clone();
+    let gpu = gpu();
+    let (_network, transport, _handles) = fleet(&gpu, 2);
+    let run = coordinate(transport, config(file, 2), vec![greedy(&prompt, 8)], |_| {});
+    print_report("qwen 2 donors", &run.report);
+    assert_eq!(run.outputs[0].ids, want);
+}
+
+/// Kills one donor after a given number of tokens; the chain is re-planned on the others and
+/// the requests replayed, and the ids are still the single device's.
+#[test]
+fn a_lost_donor_changes_no_token() {
+    let file = support::SMOLLM2.1;
+    let reference = single_device_ids(file, &PROMPTS[..1], 16);
+    let (prompt, want) = reference[0].clone();
+    let gpu = gpu();
+    for (donors, victim, kill_at) in [(3, 0, 1), (2, 1, 3), (3, 2, 6), (2, 0, 9), (3, 1, 13)] {
+        let (_network, transport, mut handles) = fleet(&gpu, donors);
+        let mut kill = Some(handles[victim].take_kill());
+        let on_token = move |update: &TokenUpdate<'_>| {
+            if update.index + 1 == kill_at {
+                let _ = kill.take().map(|k| k.send(()));
+            }
+        };
+        let run = coordinate(
+            transport,
+            config(file, donors),
+            vec![greedy(&prompt, 16)],
+            on_token,
+        );
+        print_report(
+            &format!("{donors} donors, #{victim} killed after {kill_at}"),
+            &run.report,
+        );
+        assert_eq!(
+            run.outputs[0].ids, want,
+            "{donors} donors, #{victim} killed after {kill_at}"
+        );
+        assert_eq!(run.report.recoveries, 1);
+        assert_eq!(run.report.plan.len(), donors - 1);
+        assert!(run
+            .report
+            .plan
+            .iter()
+            .all(|stage| stage.donor != handles[victim].id.to_string()));
+    }
+}
+
+/// A donor that stays connected but stops answering is found by heartbeats.
+#[test]
+fn a_silent_donor_is_found_by_heartbeats() {
+    let file = support::SMOLLM2.1;
+    let reference = single_device_ids(file, &PROMPTS[1..2], 12);
+    let (prompt, want) = reference[0].clone();
+    let gpu = gpu();
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let transport = network.join();
+    let frozen = Arc::new(AtomicBool::new(false));
+    let switch = Arc::clone(&frozen);
+    let silent = spawn_donor(&network, &gpu, TOKEN, move |inner| Freezable {
+        inner,
+        frozen: switch,
+    });
+    let _others: Vec<DonorHandle> = (0..2)
+        .map(|_| spawn_donor(&network, &gpu, TOKEN, |t| t))
+        .collect();
+    let mut config = config(file, 3);
+    config.heartbeat_interval = Duration::from_millis(200);
+    config.heartbeat_timeout = Duration::from_secs(4);
+    let on_token = move |update: &TokenUpdate<'_>| {
+        if update.index == 4 {
+            frozen.store(true, Ordering::SeqCst);
+        }
+    };
+    let run = coordinate(transport, config, vec![greedy(&prompt, 12)], on_token);
+    print_report("silent donor", &run.report);
+    assert_eq!(run.outputs[0].ids, want);
+    assert_eq!(run.report.recoveries, 1);
+    assert!(run
+        .report
+        .plan
+        .iter()
+        .all(|stage| stage.donor != silent.id.to_string()));
+}
+
+#[test]
+fn a_donor_with_the_wrong_token_is_refused() {
+    let file = support::SMOLLM2.1;
+    let reference = single_device_ids(file, &PROMPTS[1..2], 4);
+    let (prompt, want) = reference[0].clone();
+    let gpu = gpu();
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let transport = network.join();
+    let run = std::thread::spawn({
+        let config = config(file, 1);
+        move || coordinate(transport, config, vec![greedy(&prompt, 4)], |_| {})
+    });
+    let intruder = spawn_donor(&network, &gpu, "not-the-token", |t| t);
+    let refused = intruder
+        .exit(Duration::from_secs(120))
+        .expect_err("refused");
+    assert!(
+        refused.contains("Refused") && refused.contains("wrong fleet token"),
+        "{refused}"
+    );
+    let _donor = spawn_donor(&network, &gpu, TOKEN, |t| t);
+    let run = run.join().expect("coordinator");
+    assert_eq!(run.refused_hellos, 1);
+    assert_eq!(run.outputs[0].ids, want);
+}
+
+/// Under `verify`, honest stages stay within the tolerance and a donor that perturbs its
+/// outputs by 5% of their RMS is flagged, and no other.
+#[test]
+fn verify_flags_a_donor_with_wrong_activations() {
+    let file = support::SMOLLM2.1;
+    let gpu = gpu();
+    let prompt = single_device_ids(file, &PROMPTS[3..4], 1)[0].0.clone();
+    let verify = VerifyConfig {
+        fraction: 1.0,
+        tolerance: DEFAULT_TOLERANCE,
+        seed: 7,
+        gpu: Arc::clone(&gpu),
+    };
+    for faulty in [false, true] {
+        let network = InProcessNetwork::new(InProcessConfig::default());
+        let transport = network.join();
+        let scale = if faulty { 0.05 } else { 0.0 };
+        let suspect = spawn_donor(&network, &gpu, TOKEN, move |inner| Perturbing {
+            inner,
+            scale,
+        });
+        let _honest = spawn_donor(&network, &gpu, TOKEN, |t| t);
+        let mut config = config(file, 2);
+        config.verify = Some(verify.clone());
+        let run = coordinate(transport, config, vec![greedy(&prompt, 6)], |_| {});
+        print_report(
+            if faulty {
+                "verify, faulty"
+            } else {
+                "verify, honest"
+            },
+            &run.report,
+        );
+        assert!(run.report.verified_steps >= 6);
+        if faulty {
+            assert!(!run.report.flags.is_empty());
+            assert!(run
+                .report
+                .flags
+                .iter()
+                .all(|flag| flag.donor == suspect.id.to_string()));
+        } else {
+            assert!(run.report.flags.is_empty(), "{:?}", run.report.flags);
+            let worst = run
+                .report
+                .verify_max_error
+                .iter()
+                .copied()
+                .fold(0.0, f32::max);
+            assert!(worst < DEFAULT_TOLERANCE / 5.0, "honest error {worst}");
+        }
+    }
+}
+
+/// Five requests through a chain with four KV slots: four at once, the fifth when a slot is
+/// free; each gets its own single-device ids.
+#[test]
+fn concurrent_requests_get_their_own_ids() {
+    let file = support::SMOLLM2.1;
+    let reference = single_device_ids(file, &PROMPTS, 8);
+    let gpu = gpu();
+    let (_network, transport, _handles) = fleet(&gpu, 2);
+    let requests = reference
+        .iter()
+        .map(|(prompt, _)| greedy(prompt, 8))
+        .collect();
+    let run = coordinate(transport, config(file, 2), requests, |_| {});
+    print_report("5 requests, 4 slots", &run.report);
+    assert_eq!(run.report.max_in_flight, 4);
+    for (index, ((_, want), got)) in reference.iter().zip(&run.outputs).enumerate() {
+        assert_eq!(&got.ids, want, "request {index}");
+    }
+}
+
+/// The next message on `transport` other than greetings and peer events.
+async fn next_message(transport: &InProcessTransport) -> (webshard::shard::PeerId, Message) {
+    loop {
+        if let TransportEvent::Frame { from, frame } = transport.recv().await.expect("recv") {
+            match decode_frame(&frame).expect("donor frames decode") {
+                Message::Hello(_) | Message::Heartbeat(_) => {}
+                message => return (from, message),
+            }
+        }
+    }
+}
+
+fn expect_error(message: Message, code: ErrorCode, needle: &str) {
+    match message {
+        Message::Error(report) => {
+            assert_eq!(report.code, code, "{}", report.message);
+            assert!(report.message.contains(needle), "{}", report.message);
+        }
+        other => panic!("expected Error({code:?}), got {other:?}"),
+    }
+}
+
+/// A test playing the coordinator (and a stranger) feeds a donor bad frames: each is answered
+/// with an Error, and the donor still serves good ones correctly.
+#[test]
+fn a_donor_answers_bad_frames_and_keeps_serving() {
+    let file = support::SMOLLM2.1;
+    let (prompt, want) = single_device_ids(file, &PROMPTS[1..2], 2)[0].clone();
+    let gpu = gpu();
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let coordinator = network.join();
+    let stranger = network.join();
+    let donor = spawn_donor(&network, &gpu, TOKEN, |t| t);
+    let url = model_url(file);
+    with_deadline(DEADLINE, move || {
+        pollster::block_on(async move {
+            let source = webshard::gguf::open_source(&url).await.unwrap();
+            let header = webshard::gguf::read_header(source.as_ref()).await.unwrap();
+            let tokenizer =
+                webshard::tokenizer::Tokenizer::from_metadata(&header.metadata).unwrap();
+            let me = coordinator.local_id();
+            let assign = Assign {
+                epoch: 1,
+                stage_id: 0,
+                n_stages: 1,
+                model_url: url.clone(),
+                layer_start: 0,
+                layer_end: 30,
+                n_layers: 30,
+                embedding: true,
+                head: true,
+                d_model: 576,
+                upstream: me,
+                downstream: me,
+                vocab: ByteVocab::from_tokenizer(&tokenizer).unwrap().to_bytes(),
+                runtime: StageRuntime {
+                    max_context: 64,
+                    max_batch: 16,
+                    kv_slots: 2,
+                    hidden: Encoding::F16,
+                },
+            };
+            let send = |to, message: Message| {
+                let coordinator = &coordinator;
+                async move { send_message(coordinator, to, &message).await.unwrap() }
+            };
+            send(donor.id, Message::Assign(assign)).await;
+            assert!(
+                matches!(next_message(&coordinator).await.1, Message::Ready(r) if r.epoch == 1)
+            );
+            let step = |request_id, seq, start_pos: u32, ids: Vec<u32>| Forward {
+                epoch: 1,
+                request_id,
+                seq,
+                stage_id: 0,
+                start_pos,
+                n_tokens: ids.len() as u32,
+                input: StageInput::Tokens(ids),
+                reply: Reply::Greedy,
+                tap: false,
+                trace: Vec::new(),
+            };
+            coordinator.send(donor.id, b"not a frame").await.unwrap();
+            expect_error(
+                next_message(&coordinator).await.1,
+                ErrorCode::BadFrame,
+                "magic",
+            );
+            let wrong_stage = Forward {
+                stage_id: 1,
+                ..step(2, 0, 0, prompt.clone())
+            };
+            send(donor.id, Message::Forward(wrong_stage)).await;
+            expect_error(
+                next_message(&coordinator).await.1,
+                ErrorCode::BadFrame,
+                "stage",
+            );
+            send_message(
+                &stranger,
+                donor.id,
+                &Message::Forward(step(4, 0, 0, prompt.clone())),
+            )
+            .await
+            .unwrap();
+            expect_error(
+                next_message(&stranger).await.1,
+                ErrorCode::BadFrame,
+                "upstream",
+            );
+            send(donor.id, Message::Forward(step(6, 0, 5, vec![1]))).await;
+            expect_error(
+                next_message(&coordinator).await.1,
+                ErrorCode::Compute,
+                "replay",
+            );
+            stranger
+                .send_raw_chunk(donor.id, vec![0xC1; 3])
+                .await
+                .unwrap();
+            send(donor.id, Message::Forward(step(2, 0, 0, prompt.clone()))).await;
+            let (_, first) = next_message(&coordinator).await;
+            assert!(
+                matches!(&first, Message::Result(r) if r.output == StageOutput::Sampled(want[0])),
+                "{first:?}"
+            );
+            let next = step(2, 1, prompt.len() as u32, vec![want[0]]);
+            send(donor.id, Message::Forward(next)).await;
+            let (_, second) = next_message(&coordinator).await;
+            assert!(
+                matches!(&second, Message::Result(r) if r.output == StageOutput::Sampled(want[1])),
+                "{second:?}"
+            );
+            assert!(donor.status().refused_frames >= 4);
+        })
+    });
+}
