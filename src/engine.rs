@@ -170,11 +170,17 @@ impl Engine {
                         let position = self.cached.len() as u32;
                         decoder = Some(self.stage.greedy_decoder(last, position, DEFAULT_DEPTH)?);
                     }
-                    let next = decoder.as_mut().expect("decoder was just made").next().await?;
+                    let next = decoder
+                        .as_mut()
+                        .expect("decoder was just made")
+                        .next()
+                        .await?;
                     self.cached.push(last);
                     next
                 }
-                None => decode_sampled(&self.stage, &mut self.cached, &mut sampler, &history).await?,
+                None => {
+                    decode_sampled(&self.stage, &mut self.cached, &mut sampler, &history).await?
+                }
             };
             let step = stops.push_token(&self.tokenizer, next);
             out.text.push_str(&step.text);

@@ -61,8 +61,13 @@ fn run_gpu(
     epilogue: ReferenceEpilogue,
 ) -> Vec<f32> {
     let tensor = upload_weights(gpu, &inputs.bytes, inputs.rows);
-    let w = QuantMatrix::new(&tensor, inputs.quant, inputs.cols as u32, inputs.rows as u32)
-        .expect("matrix");
+    let w = QuantMatrix::new(
+        &tensor,
+        inputs.quant,
+        inputs.cols as u32,
+        inputs.rows as u32,
+    )
+    .expect("matrix");
     let x = gpu::upload_f32(gpu, "x", &inputs.x);
     let norm_weight = gpu::upload_f32(gpu, "norm", &inputs.norm_weight);
     let aux = gpu::upload_f32(gpu, "aux", &inputs.aux);

@@ -118,3 +118,44 @@ fn rms_norm_reference_normalises_to_unit_rms() {
         .zip(&x)
         .all(|(o, v)| (f64::from(*o) - ratio * f64::from(*v)).abs() < 1e-5));
 }
+
+#[test]
+fn rms_norm_add_accumulates_into_the_residual() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for (rows, cols) in [(1usize, 640usize), (7, 576), (3, 1152)] {
+            let case_seed = seed + (rows * 10_000 + cols) as u64;
+            let x = testing::random_f32(rows * cols, case_seed);
+            let weight = testing::random_f32(cols, case_seed ^ 1);
+            let residual = testing::random_f32(rows * cols, case_seed ^ 2);
+            let out = gpu::upload_f32(&gpu, "residual", &residual);
+            let (x_buf, w_buf) = (
+                gpu::upload_f32(&gpu, "x", &x),
+                gpu::upload_f32(&gpu, "w", &weight),
+            );
+            let mut rec = Recorder::with_variant(&gpu, variant);
+            norm::rms_norm_add(
+                &mut rec,
+                &x_buf,
+                &w_buf,
+                &out,
+                rows as u32,
+                cols as u32,
+                1e-6,
+            );
+            rec.submit();
+            let got = pollster::block_on(gpu::read_f32(&gpu, &out, 0, (rows * cols) as u64))
+                .expect("read");
+            let want: Vec<f32> = norm::rms_norm_reference(&x, &weight, 1e-6)
+                .iter()
+                .zip(&residual)
+                .map(|(n, r)| r + n)
+                .collect();
+            let what = format!(
+                "rms_norm_add {rows}x{cols} {} {variant} seed={case_seed}",
+                gpu.caps.backend
+            );
+            testing::assert_close(&got, &want, 4e-6, &what);
+        }
+    }
+}

@@ -119,3 +119,117 @@ fn rope_reference_matches_the_definition() {
         }
     }
 }
+
+/// rope_store against rope_reference (after the per-head norm reference, when asked) plus
+/// plain copies into the cache: q rotated in place, k rotated and v copied into one cache
+/// layer at start_pos, and no other cache element touched.
+#[test]
+fn rope_store_matches_rope_then_cache_write() {
+    use webshard::ops::attention::KvCache;
+    use webshard::ops::norm::rms_norm_reference;
+    use webshard::ops::rope::{HeadNorms, StoreTarget};
+    let seed = testing::fresh_seed();
+    let max_ctx = 64u32;
+    for (gpu, variant) in each_variant() {
+        for (name, params, heads) in configurations() {
+            let kv_heads = if heads % 3 == 0 { 3 } else { 1 };
+            for (case, (tokens, start_pos, norm)) in [
+                (1u32, 0u32, false),
+                (3, 17, true),
+                (1, 63, true),
+                (2, 40, false),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let case_seed = seed + case as u64 * 7919 + u64::from(heads);
+                let hd = params.head_dim as usize;
+                let q_len = tokens as usize * heads as usize * hd;
+                let kv_len = tokens as usize * kv_heads as usize * hd;
+                let q: Vec<f32> = testing::random_f32(q_len, case_seed)
+                    .iter()
+                    .map(|v| v * 8.0)
+                    .collect();
+                let k: Vec<f32> = testing::random_f32(kv_len, case_seed ^ 1)
+                    .iter()
+                    .map(|v| v * 8.0)
+                    .collect();
+                let v = testing::random_f32(kv_len, case_seed ^ 2);
+                let q_norm = testing::random_f32(hd, case_seed ^ 3);
+                let k_norm = testing::random_f32(hd, case_seed ^ 4);
+                let cache = KvCache::new(&gpu, 2, max_ctx, kv_heads, params.head_dim).unwrap();
+                cache
+                    .k
+                    .iter()
+                    .chain(&cache.v)
+                    .for_each(|b| gpu::poison_f32(&gpu, b));
+                let buffers =
+                    [&q, &k, &v, &q_norm, &k_norm].map(|data| gpu::upload_f32(&gpu, "in", data));
+                let target = StoreTarget {
+                    q: &buffers[0],
+                    k: &buffers[1],
+                    v: &buffers[2],
+                    cache: &cache,
+                    cache_layer: 1,
+                    heads,
+                    kv_heads,
+                };
+                let norms = HeadNorms {
+                    q: &buffers[3],
+                    k: &buffers[4],
+                    eps: 1e-6,
+                };
+                let mut rec = Recorder::with_variant(&gpu, variant);
+                rope::rope_store(
+                    &mut rec,
+                    &target,
+                    norm.then_some(&norms),
+                    tokens,
+                    start_pos,
+                    &params,
+                );
+                rec.submit();
+
+                let normed = |x: &[f32], w: &[f32]| {
+                    if norm {
+                        rms_norm_reference(x, w, 1e-6)
+                    } else {
+                        x.to_vec()
+                    }
+                };
+                let mut want_q = normed(&q, &q_norm);
+                rope::rope_reference(&mut want_q, tokens, heads, start_pos, &params);
+                let mut want_k = normed(&k, &k_norm);
+                rope::rope_reference(&mut want_k, tokens, kv_heads, start_pos, &params);
+                let what = format!("rope_store {name} tokens={tokens} start={start_pos} norm={norm} {} {variant} seed={case_seed}", gpu.caps.backend);
+
+                let got_q =
+                    pollster::block_on(gpu::read_f32(&gpu, &buffers[0], 0, q_len as u64)).unwrap();
+                testing::assert_close(&got_q, &want_q, 4e-6, &format!("{what}: q"));
+                let (index, offset) = cache.layer_location(1);
+                let layer_floats = cache.layer_bytes() / 4;
+                for (label, buffers, want) in [("k", &cache.k, &want_k), ("v", &cache.v, &v)] {
+                    let layer = pollster::block_on(gpu::read_f32(
+                        &gpu,
+                        &buffers[index],
+                        offset / 4,
+                        layer_floats,
+                    ))
+                    .unwrap();
+                    let first = start_pos as usize * kv_heads as usize * hd;
+                    testing::assert_close(
+                        &layer[first..first + kv_len],
+                        want,
+                        4e-6,
+                        &format!("{what}: {label} cache"),
+                    );
+                    let untouched = layer[..first].iter().chain(&layer[first + kv_len..]);
+                    assert!(
+                        untouched.into_iter().all(|x| x.to_bits() == gpu::POISON),
+                        "{what}: {label} cache written outside the new rows"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,6 +1,7 @@
 // RMSNorm, one workgroup per row: out = x / sqrt(mean(x^2) + eps) * weight.
 // f32 in every variant: the sum of squares needs the range and the precision.
 // The weight multiplies the normalised value last, in ggml's order (rms_norm, then mul).
+// ADD = 1 adds the result to out instead of storing it (a post-norm joining the residual).
 
 struct Params {
     rows: u32,
@@ -30,6 +31,11 @@ fn rms_norm(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_i
     let total = reduce_sum(squares, lane);
     let scale = 1.0 / sqrt(total / f32(params.cols) + params.eps);
     for (var c = lane; c < params.cols; c = c + WG) {
-        out[start + c] = (x[start + c] * scale) * weight[c];
+        let value = (x[start + c] * scale) * weight[c];
+        if (ADD == 1u) {
+            out[start + c] = out[start + c] + value;
+        } else {
+            out[start + c] = value;
+        }
     }
 }

@@ -14,6 +14,13 @@ struct Params {
     theta_scale: f32,
     freq_scale: f32,
     groups_x: u32,
+    // rope_store only: kv heads, whether q and k rows are RMS-normalised first (Gemma 3's
+    // per-head norms), the norm's epsilon, and the cache element where position start_pos
+    // begins in the layer.
+    kv_heads: u32,
+    norm: u32,
+    eps: f32,
+    cache_offset: u32,
     pad0: u32,
     pad1: u32,
     pad2: u32,
@@ -70,4 +77,103 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let x1 = x[second];
     x[first] = x0 * c - x1 * s;
     x[second] = x0 * s + x1 * c;
+}
+
+// rope_store: a decode step's whole q/k/v epilogue in one dispatch. Workgroup (row, token)
+// takes one head row: rows [0, heads) are q heads, rotated in place in x; the next kv_heads
+// rows are k heads, rotated and written into the layer's key cache; the last kv_heads rows are
+// v heads, copied into the value cache. With norm = 1, q and k rows are first RMS-normalised
+// with their per-head weights, as rms_norm computes it. The rotation is the rope entry's.
+@group(0) @binding(2) var<storage, read> k_new: array<f32>;
+@group(0) @binding(3) var<storage, read> v_new: array<f32>;
+@group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
+@group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(6) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(7) var<storage, read> k_norm: array<f32>;
+
+// A q row's value d, normalised when asked.
+fn q_value(base: u32, d: u32, scale: f32) -> f32 {
+    if (params.norm == 1u) {
+        return (x[base + d] * scale) * q_norm[d];
+    }
+    return x[base + d];
+}
+
+fn k_value(base: u32, d: u32, scale: f32) -> f32 {
+    if (params.norm == 1u) {
+        return (k_new[base + d] * scale) * k_norm[d];
+    }
+    return k_new[base + d];
+}
+
+// The RMS scale of a q (is_q) or k row; every lane of the workgroup must call it.
+fn row_scale(is_q: bool, base: u32, lane: u32) -> f32 {
+    if (params.norm == 0u) {
+        return 1.0;
+    }
+    var squares = 0.0;
+    for (var d = lane; d < params.head_dim; d = d + WG) {
+        let value = select(k_new[base + d], x[base + d], is_q);
+        squares = squares + value * value;
+    }
+    let total = reduce_sum(squares, lane);
+    return 1.0 / sqrt(total / f32(params.head_dim) + params.eps);
+}
+
+// The two dims of `pair` in a head, by layout.
+fn pair_dims(pair: u32, pairs: u32) -> vec2<u32> {
+    if (params.neox != 0u) {
+        return vec2<u32>(pair, pair + pairs);
+    }
+    return vec2<u32>(2u * pair, 2u * pair + 1u);
+}
+
+@compute @workgroup_size(WG)
+fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let row = group.x;
+    let token = group.y;
+    let hd = params.head_dim;
+    let kv_row = params.kv_heads * hd;
+    if (row >= params.heads + params.kv_heads) {
+        let head = row - params.heads - params.kv_heads;
+        let src = token * kv_row + head * hd;
+        for (var d = lane; d < hd; d = d + WG) {
+            v_cache[params.cache_offset + src + d] = v_new[src + d];
+        }
+        return;
+    }
+    let is_q = row < params.heads;
+    let head = select(row - params.heads, row, is_q);
+    let base = select(token * kv_row + head * hd, (token * params.heads + head) * hd, is_q);
+    // Uniform per workgroup, so the reduction's barriers are reached by every lane or none.
+    let scale = row_scale(is_q, base, lane);
+    let pairs = params.rope_dims / 2u;
+    let pos = params.start_pos + token;
+    var results: array<f32, 2>;
+    for (var pair = lane; pair < hd / 2u; pair = pair + WG) {
+        var dims = vec2<u32>(params.rope_dims + 2u * (pair - min(pair, pairs)), 0u);
+        dims.y = dims.x + 1u;
+        var rotate = pair < pairs;
+        if (rotate) {
+            dims = pair_dims(pair, pairs);
+        }
+        let x0 = select(k_value(base, dims.x, scale), q_value(base, dims.x, scale), is_q);
+        let x1 = select(k_value(base, dims.y, scale), q_value(base, dims.y, scale), is_q);
+        results[0] = x0;
+        results[1] = x1;
+        if (rotate) {
+            let angle = reduce_angle(pair_theta(pos, pair));
+            let c = cos(angle);
+            let s = sin(angle);
+            results[0] = x0 * c - x1 * s;
+            results[1] = x0 * s + x1 * c;
+        }
+        if (is_q) {
+            x[base + dims.x] = results[0];
+            x[base + dims.y] = results[1];
+        } else {
+            k_cache[params.cache_offset + base + dims.x] = results[0];
+            k_cache[params.cache_offset + base + dims.y] = results[1];
+        }
+    }
 }

@@ -75,7 +75,8 @@ impl DispatchGraph {
                 return GraphBinding::Bound(entry.bind_group.clone());
             }
         }
-        let bind_group = make_bind_group(gpu, pipeline, &uniform, index * slot, params.len(), storage);
+        let bind_group =
+            make_bind_group(gpu, pipeline, &uniform, index * slot, params.len(), storage);
         let entry = GraphEntry {
             pipeline: pipeline.clone(),
             storage: buffers,

@@ -154,7 +154,12 @@ impl<'g> Recorder<'g> {
 
     /// Submits with a copy of `bytes` bytes at `offset` of `buffer` appended, without waiting:
     /// the host can record and submit more work before it collects the bytes.
-    pub fn submit_with_read(mut self, buffer: &wgpu::Buffer, offset: u64, bytes: u64) -> PendingRead {
+    pub fn submit_with_read(
+        mut self,
+        buffer: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> PendingRead {
         let size = bytes.next_multiple_of(4);
         let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("result read-back"),

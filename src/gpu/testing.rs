@@ -53,7 +53,12 @@ pub async fn device_variants_both_splits() -> Result<Vec<(Arc<Gpu>, Variant)>, G
             ..Default::default()
         };
         let gpu = Gpu::new(&options).await?;
-        pairs.extend(gpu.caps.all_variants().into_iter().map(|v| (gpu.clone(), v)));
+        pairs.extend(
+            gpu.caps
+                .all_variants()
+                .into_iter()
+                .map(|v| (gpu.clone(), v)),
+        );
     }
     Ok(pairs)
 }

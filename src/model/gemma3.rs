@@ -9,10 +9,10 @@ use crate::gguf::Metadata;
 use crate::gpu::Recorder;
 use crate::ops::elementwise::{self, Activation};
 use crate::ops::rope::RopeParams;
-use crate::ops::{norm, quant, rope};
+use crate::ops::{norm, quant};
 
+use super::block::{feed_forward, normed_projections, rotate_and_attend, FeedForwardOut, QkNorms};
 use super::config::{ConfigError, ModelConfig, SlidingWindow};
-use super::llama::{attend, feed_forward, normed_projections, FeedForwardOut};
 use super::loader::Vector;
 use super::LayerStep;
 
@@ -54,79 +54,37 @@ pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
         rec,
         step,
         &w.attn_norm,
-        &[(&w.wq, None, &s.q), (&w.wk, None, &s.k), (&w.wv, None, &s.v)],
-    );
-    head_norm(
-        rec,
-        &s.q,
-        w.q_norm.as_ref(),
-        &s.attn,
-        tokens * cfg.n_heads,
-        step,
-    );
-    head_norm(
-        rec,
-        &s.k,
-        w.k_norm.as_ref(),
-        &s.attn,
-        tokens * cfg.n_kv_heads,
-        step,
-    );
-    rope::rope(rec, &s.q, tokens, cfg.n_heads, step.start_pos, rope_params);
-    rope::rope(
-        rec,
-        &s.k,
-        tokens,
-        cfg.n_kv_heads,
-        step.start_pos,
-        rope_params,
+        &[
+            (&w.wq, None, &s.q),
+            (&w.wk, None, &s.k),
+            (&w.wv, None, &s.v),
+        ],
     );
     let window = cfg.sliding_window.filter(|_| local).map(|sw| sw.window);
-    attend(rec, step, window);
+    let norms = match (&w.q_norm, &w.k_norm) {
+        (Some(q), Some(k)) => Some(QkNorms { q, k }),
+        _ => None,
+    };
+    rotate_and_attend(rec, step, rope_params, norms, window);
     quant::matmul(rec, &w.wo.view(), &s.attn, &s.normed, tokens);
-    post_norm(rec, w.post_attn_norm.as_ref(), &s.normed, &s.delta, step);
+    post_norm(rec, w.post_attn_norm.as_ref(), &s.normed, step);
     feed_forward(rec, step, Activation::GeluTanh, FeedForwardOut::Delta);
-    post_norm(rec, w.post_ffn_norm.as_ref(), &s.delta, &s.normed, step);
+    post_norm(rec, w.post_ffn_norm.as_ref(), &s.delta, step);
 }
 
-/// RMSNorm of each head's vector in `x` (rows of head_dim), through `tmp`, back into `x`.
-fn head_norm(
-    rec: &mut Recorder,
-    x: &wgpu::Buffer,
-    weight: Option<&Vector>,
-    tmp: &wgpu::Buffer,
-    rows: u32,
-    step: &LayerStep,
-) {
-    let Some(weight) = weight else { return };
-    let (head_dim, eps) = (step.cfg.head_dim, step.cfg.rms_eps);
-    norm::rms_norm(rec, x, &weight.buffer, tmp, rows, head_dim, eps);
-    rec.copy(tmp, 0, x, 0, u64::from(rows * head_dim) * 4);
-}
-
-/// `hidden += rms_norm(output)`, normed through `tmp`, with the block's post-norm weight.
-fn post_norm(
-    rec: &mut Recorder,
-    weight: Option<&Vector>,
-    output: &wgpu::Buffer,
-    tmp: &wgpu::Buffer,
-    step: &LayerStep,
-) {
+/// `hidden += rms_norm(output)` with the block's post-norm weight, in one dispatch.
+fn post_norm(rec: &mut Recorder, weight: Option<&Vector>, output: &wgpu::Buffer, step: &LayerStep) {
     let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
-    let n = tokens * cfg.d_model;
     match weight {
-        Some(weight) => {
-            norm::rms_norm(
-                rec,
-                output,
-                &weight.buffer,
-                tmp,
-                tokens,
-                cfg.d_model,
-                cfg.rms_eps,
-            );
-            elementwise::add_in_place(rec, &s.hidden, tmp, n);
-        }
-        None => elementwise::add_in_place(rec, &s.hidden, output, n),
+        Some(weight) => norm::rms_norm_add(
+            rec,
+            output,
+            &weight.buffer,
+            &s.hidden,
+            tokens,
+            cfg.d_model,
+            cfg.rms_eps,
+        ),
+        None => elementwise::add_in_place(rec, &s.hidden, output, tokens * cfg.d_model),
     }
 }

@@ -1,6 +1,7 @@
 //! Model architectures: one file per architecture, each a forward over one block; `Stage` runs
 //! a range of blocks on one device, with the embedding and head where it holds them.
 
+mod block;
 pub mod config;
 pub mod decode;
 pub mod gemma3;
@@ -11,8 +12,8 @@ mod scratch;
 pub mod stage;
 pub mod weights;
 
-pub use decode::GreedyDecoder;
 pub use config::{Arch, ConfigError, ModelConfig};
+pub use decode::GreedyDecoder;
 pub use loader::{LoadOptions, LoadProgress};
 pub use stage::{Stage, StageInput, StageSpec};
 

@@ -170,12 +170,23 @@ impl Stage {
     }
 
     /// Embeds the `tokens` ids already in the scratch's id buffer into the residual stream.
-    pub(super) fn record_embedding(&self, rec: &mut Recorder, tokens: u32) -> Result<(), ModelError> {
+    pub(super) fn record_embedding(
+        &self,
+        rec: &mut Recorder,
+        tokens: u32,
+    ) -> Result<(), ModelError> {
         let embedding = self.edges.embedding.as_ref().ok_or_else(|| {
             ModelError::Plan("this stage holds no embedding to embed tokens".into())
         })?;
         let s = &self.scratch;
-        quant::embed(rec, &embedding.view(), &s.ids, &s.hidden, tokens, self.embed_scale());
+        quant::embed(
+            rec,
+            &embedding.view(),
+            &s.ids,
+            &s.hidden,
+            tokens,
+            self.embed_scale(),
+        );
         Ok(())
     }
 
@@ -270,7 +281,12 @@ impl Stage {
     /// Head and argmax over the last of `tokens` rows, into the scratch's argmax slot.
     pub(super) fn record_argmax(&self, rec: &mut Recorder, tokens: u32) -> Result<(), ModelError> {
         self.record_head(rec, tokens - 1..tokens)?;
-        select::argmax(rec, &self.scratch.logits, self.cfg.vocab, &self.scratch.argmax);
+        select::argmax(
+            rec,
+            &self.scratch.logits,
+            self.cfg.vocab,
+            &self.scratch.argmax,
+        );
         Ok(())
     }
 

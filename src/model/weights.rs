@@ -55,6 +55,12 @@ impl LayerWeights {
     ) -> Result<LayerWeights, ModelError> {
         let (d, q, kv, ff) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.ff_dim);
         let name = |n: &str| layer_tensor(layer, n);
+        if loader.has(&name("attn_q_norm")) != loader.has(&name("attn_k_norm")) {
+            return Err(ModelError::Tensor {
+                tensor: name("attn_q_norm"),
+                message: "per-head q and k norms come in pairs; this block has only one".into(),
+            });
+        }
         Ok(LayerWeights {
             attn_norm: loader.vector(&name("attn_norm"), d).await?,
             wq: loader.matrix(&name("attn_q"), d, q).await?,

@@ -35,11 +35,37 @@ pub fn rms_norm(
     cols: u32,
     eps: f32,
 ) {
+    dispatch_norm(rec, x, weight, out, [rows, cols], eps, false);
+}
+
+/// out[r, :] += rms_norm(x[r, :]) * weight[:]: a post-norm joining the residual stream in one
+/// dispatch. `out` must be a different buffer from `x`.
+pub fn rms_norm_add(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    rows: u32,
+    cols: u32,
+    eps: f32,
+) {
+    dispatch_norm(rec, x, weight, out, [rows, cols], eps, true);
+}
+
+fn dispatch_norm(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    [rows, cols]: [u32; 2],
+    eps: f32,
+    add: bool,
+) {
     assert!(cols > 0, "rms_norm needs at least one column");
     if rows == 0 {
         return;
     }
-    let pipeline = rec.pipeline(&RMS_NORM, &[("WG", WG)]);
+    let pipeline = rec.pipeline(&RMS_NORM, &[("WG", WG), ("ADD", u32::from(add))]);
     let grid = workgroup_grid(rec.gpu(), rows);
     let params = NormParams {
         rows,

@@ -2,14 +2,22 @@
 //!
 //! llama.cpp's mode by architecture: LLAMA uses the normal layout, QWEN2 and GEMMA3 use NeoX.
 
-use crate::gpu::{Kernel, Recorder};
+use crate::gpu::{Kernel, Lib, Recorder};
+use crate::ops::attention::KvCache;
 use crate::ops::elementwise::workgroup_grid;
 
 const ROPE: Kernel = Kernel {
     name: "rope",
     source: include_str!("../../wgsl/rope.wgsl"),
     entry: "rope",
-    libs: &[],
+    libs: &[Lib::Reduce],
+};
+
+const ROPE_STORE: Kernel = Kernel {
+    name: "rope_store",
+    source: include_str!("../../wgsl/rope.wgsl"),
+    entry: "rope_store",
+    libs: &[Lib::Reduce],
 };
 const WG: u32 = 64;
 
@@ -54,6 +62,10 @@ struct RopeUniform {
     theta_scale: f32,
     freq_scale: f32,
     groups_x: u32,
+    kv_heads: u32,
+    norm: u32,
+    eps: f32,
+    cache_offset: u32,
     pad: [u32; 3],
 }
 
@@ -87,9 +99,96 @@ pub fn rope(
         theta_scale: p.theta_scale(),
         freq_scale: p.freq_scale,
         groups_x: grid[0],
+        kv_heads: 0,
+        norm: 0,
+        eps: 0.0,
+        cache_offset: 0,
         pad: [0; 3],
     };
     rec.dispatch(&pipeline, &params, &[x.as_entire_binding()], grid);
+}
+
+/// The new rows of one step, and where they go.
+pub struct StoreTarget<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+    pub cache: &'a KvCache,
+    pub cache_layer: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+}
+
+/// Per-head RMS norms of q and k rows (Gemma 3), applied before the rotation.
+pub struct HeadNorms<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub eps: f32,
+}
+
+/// A step's q/k/v epilogue in one dispatch: optional per-head norms of q and k, rope on both,
+/// q left in place, k and v written into the cache layer at `start_pos..`. The same as `rope`
+/// on q and k followed by `attention::kv_write` (and, with norms, `rms_norm` per head first).
+pub fn rope_store(
+    rec: &mut Recorder,
+    target: &StoreTarget,
+    norms: Option<&HeadNorms>,
+    tokens: u32,
+    start_pos: u32,
+    p: &RopeParams,
+) {
+    p.check();
+    let cache = target.cache;
+    assert_eq!(
+        cache.kv_heads, target.kv_heads,
+        "rope_store: kv heads of the cache"
+    );
+    assert_eq!(
+        cache.head_dim, p.head_dim,
+        "rope_store: head_dim of the cache"
+    );
+    assert!(
+        start_pos + tokens <= cache.max_ctx,
+        "rope_store: positions {start_pos}..{} past the cache's {}",
+        start_pos + tokens,
+        cache.max_ctx
+    );
+    if tokens == 0 {
+        return;
+    }
+    let pipeline = rec.pipeline(&ROPE_STORE, &[("WG", WG)]);
+    let placeholder = rec.gpu().placeholder();
+    let params = RopeUniform {
+        tokens,
+        heads: target.heads,
+        head_dim: p.head_dim,
+        rope_dims: p.rope_dims,
+        start_pos,
+        neox: u32::from(p.neox),
+        theta_scale: p.theta_scale(),
+        freq_scale: p.freq_scale,
+        groups_x: 0,
+        kv_heads: target.kv_heads,
+        norm: u32::from(norms.is_some()),
+        eps: norms.map_or(0.0, |n| n.eps),
+        cache_offset: start_pos * target.kv_heads * p.head_dim,
+        pad: [0; 3],
+    };
+    let rows = target.heads + 2 * target.kv_heads;
+    rec.dispatch(
+        &pipeline,
+        &params,
+        &[
+            target.q.as_entire_binding(),
+            target.k.as_entire_binding(),
+            target.v.as_entire_binding(),
+            cache.k_layer(target.cache_layer),
+            cache.v_layer(target.cache_layer),
+            norms.map_or(placeholder, |n| n.q).as_entire_binding(),
+            norms.map_or(placeholder, |n| n.k).as_entire_binding(),
+        ],
+        [rows, tokens, 1],
+    );
 }
 
 /// ggml's rope in f32: theta accumulated by repeated multiplication, cos/sin of f32 angles.

@@ -111,7 +111,11 @@ pub fn matvec(
     fusion: &Fusion,
 ) {
     let gpu = rec.gpu();
-    let shape = if gpu.caps.cpu_work_split { &CPU_SHAPE } else { &GPU_SHAPE };
+    let shape = if gpu.caps.cpu_work_split {
+        &CPU_SHAPE
+    } else {
+        &GPU_SHAPE
+    };
     // The shuffle reduction needs all of a row group's threads in one subgroup.
     let (kernel, threads_per_row) = if rec.variant().subgroups && gpu.caps.subgroup_min >= 1 {
         let fitting = shape.threads_per_row.min(gpu.caps.subgroup_min);
