@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use serde_json::json;
 use webshard::engine::Engine;
-use webshard::gpu::{CounterSnapshot, KernelTimes};
+use webshard::gpu::{CounterSnapshot, Gpu, KernelTimes, Recorder};
+use webshard::ops::elementwise;
 use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
 
@@ -177,9 +178,33 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What one dispatch costs on this device and stack, whatever it computes: `DISPATCHES`
+/// dispatches of a 64-float add, each on the buffer the one before wrote (a dependency, so a
+/// barrier between them) or each on its own buffer (no barrier needed), in one submit.
+async fn dispatch_floor_us(gpu: &Gpu, dependent: bool) -> anyhow::Result<f64> {
+    const DISPATCHES: usize = 512;
+    let addend = webshard::gpu::storage_buffer(gpu, "floor addend", 256);
+    let targets: Vec<_> = (0..if dependent { 1 } else { DISPATCHES })
+        .map(|_| webshard::gpu::storage_buffer(gpu, "floor target", 256))
+        .collect();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let mut rec = Recorder::new(gpu);
+        for i in 0..DISPATCHES {
+            elementwise::add_in_place(&mut rec, &targets[i % targets.len()], &addend, 64);
+        }
+        let started = Instant::now();
+        rec.submit_and_read(&addend, 0, 4).await?;
+        best = best.min(started.elapsed().as_secs_f64());
+    }
+    Ok(best * 1e6 / DISPATCHES as f64)
+}
+
 /// Where a decode token's time goes.
 struct DecodeProfile {
     tokens: u32,
+    /// µs per dispatch of a trivial kernel: dependent chain, independent.
+    floor_us: (f64, f64),
     /// Counters over an unprofiled run.
     counts: CounterSnapshot,
     wall_seconds: f64,
@@ -194,6 +219,10 @@ async fn profile_decode(engine: &mut Engine, tokens: u32) -> anyhow::Result<Deco
     generation_rate(engine, tokens).await?;
     let wall_seconds = started.elapsed().as_secs_f64();
     let counts = gpu.counters.snapshot() - before;
+    let floor_us = (
+        dispatch_floor_us(&gpu, true).await?,
+        dispatch_floor_us(&gpu, false).await?,
+    );
     let kernels = if gpu.caps.timestamps {
         gpu.start_profiling()?;
         generation_rate(engine, tokens).await?;
@@ -204,6 +233,7 @@ async fn profile_decode(engine: &mut Engine, tokens: u32) -> anyhow::Result<Deco
     };
     Ok(DecodeProfile {
         tokens,
+        floor_us,
         counts,
         wall_seconds,
         kernels,
@@ -236,6 +266,7 @@ impl DecodeProfile {
             "dispatches_per_token": self.per_token(self.counts.dispatches),
             "submits_per_token": self.per_token(self.counts.submits),
             "syncs_per_token": self.per_token(self.counts.syncs),
+            "dispatch_floor_us": { "dependent": self.floor_us.0, "independent": self.floor_us.1 },
             "kernels": kernels,
         })
     }
@@ -250,6 +281,11 @@ impl DecodeProfile {
             self.per_token(self.counts.dispatches),
             self.per_token(self.counts.submits),
             self.per_token(self.counts.syncs),
+        );
+        println!(
+            "a trivial dispatch costs {:.1} µs after a dependent one, {:.1} µs after an \
+             independent one",
+            self.floor_us.0, self.floor_us.1
         );
         if self.kernels.is_empty() {
             println!("(no timestamp queries on this adapter: no per-kernel GPU times)");
