@@ -67,9 +67,12 @@ async fn next_frame(transport: &WebRtcTransport) -> (PeerId, Vec<u8>) {
 async fn mesh(signal: &str, room: &str, n: usize) -> Vec<WebRtcTransport> {
     let mut peers = Vec::new();
     for _ in 0..n {
-        let peer = within("connect", WebRtcTransport::connect_with(signal, room, loopback()))
-            .await
-            .expect("connect");
+        let peer = within(
+            "connect",
+            WebRtcTransport::connect_with(signal, room, loopback()),
+        )
+        .await
+        .expect("connect");
         peers.push(peer);
     }
     for peer in &peers {
@@ -122,10 +125,16 @@ async fn frames_of_all_sizes_cross_intact_and_in_order_between_three_peers() {
         let mut next = [(a.local_id(), 0xA0u8, 0usize), (c.local_id(), 0xC0, 0)];
         for _ in 0..2 * sizes.len() {
             let (from, frame) = next_frame(b).await;
-            let sender = next.iter_mut().find(|s| s.0 == from).expect("a known sender");
+            let sender = next
+                .iter_mut()
+                .find(|s| s.0 == from)
+                .expect("a known sender");
             let i = sender.2;
             assert_eq!(frame.len(), sizes[i], "frame {i} from {from}");
-            assert!(frame == payload(sizes[i], sender.1 ^ i as u8), "frame {i} from {from}");
+            assert!(
+                frame == payload(sizes[i], sender.1 ^ i as u8),
+                "frame {i} from {from}"
+            );
             sender.2 += 1;
         }
     };
@@ -148,7 +157,10 @@ async fn frames_of_all_sizes_cross_intact_and_in_order_between_three_peers() {
     assert_eq!(a_stats.frames_sent, sizes.len() as u64);
     assert_eq!(b_stats.frames_received, 2 * sizes.len() as u64);
     assert!(a_stats.bytes_sent > total as u64);
-    assert_eq!(b_stats.bytes_received, a_stats.bytes_sent + c.stats().bytes_sent);
+    assert_eq!(
+        b_stats.bytes_received,
+        a_stats.bytes_sent + c.stats().bytes_sent
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,7 +173,10 @@ async fn a_receiver_that_does_not_read_stops_its_sender_after_one_window() {
     tokio::pin!(sending);
     // b does not read: a may put one window on the wire, then must wait.
     let stalled = tokio::time::timeout(Duration::from_millis(1500), &mut sending).await;
-    assert!(stalled.is_err(), "send finished while the receiver read nothing");
+    assert!(
+        stalled.is_err(),
+        "send finished while the receiver read nothing"
+    );
     let in_flight = a.stats().bytes_sent;
     assert!(
         in_flight <= u64::from(WINDOW_BYTES) && in_flight >= u64::from(WINDOW_BYTES) / 2,
@@ -186,9 +201,11 @@ async fn a_dropped_peer_is_reported_left_and_its_blocked_senders_fail() {
     let frame = payload(3 << 20, 1);
     let blocked = a.send(c_id, &frame);
     tokio::pin!(blocked);
-    assert!(tokio::time::timeout(Duration::from_millis(500), &mut blocked)
-        .await
-        .is_err());
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), &mut blocked)
+            .await
+            .is_err()
+    );
     drop(c);
     assert_eq!(
         within("blocked send", &mut blocked).await,
@@ -196,7 +213,14 @@ async fn a_dropped_peer_is_reported_left_and_its_blocked_senders_fail() {
     );
     for peer in [a, b] {
         assert_eq!(next_event(peer).await, TransportEvent::PeerLeft(c_id));
-        assert_eq!(peer.peers(), [a, b].map(|p| p.local_id()).into_iter().filter(|&id| id != peer.local_id()).collect::<Vec<_>>());
+        assert_eq!(
+            peer.peers(),
+            [a, b]
+                .map(|p| p.local_id())
+                .into_iter()
+                .filter(|&id| id != peer.local_id())
+                .collect::<Vec<_>>()
+        );
     }
     assert_eq!(
         a.send(c_id, b"late").await,
@@ -216,7 +240,9 @@ async fn bad_messages_are_reported_as_bad_chunks_and_the_stream_goes_on() {
     a.send_raw_chunk(to, vec![0xAB; 40]).await.unwrap();
     a.send_raw_chunk(to, vec![0xC2, 0, 0]).await.unwrap();
     a.send_raw_chunk(to, vec![0xC1, 0, 0]).await.unwrap();
-    a.send_raw_chunk(to, vec![0xC1; MAX_CHUNK_BYTES + 1]).await.unwrap();
+    a.send_raw_chunk(to, vec![0xC1; MAX_CHUNK_BYTES + 1])
+        .await
+        .unwrap();
     a.send(to, b"fine").await.unwrap();
     let expected = [
         ChunkError::BadTag { found: 0xAB },
@@ -241,13 +267,22 @@ async fn bad_messages_are_reported_as_bad_chunks_and_the_stream_goes_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_fleet_room_is_admitted_when_the_server_has_a_token() {
     let signal = start_server(Some("right token")).await;
-    let a = within("a joins", WebRtcTransport::join_fleet(&signal, "right token", loopback()))
-        .await
-        .expect("the right token is admitted");
-    let b = within("b joins", WebRtcTransport::join_fleet(&signal, "right token", loopback()))
-        .await
-        .expect("the right token is admitted");
-    assert_eq!(next_event(&a).await, TransportEvent::PeerJoined(b.local_id()));
+    let a = within(
+        "a joins",
+        WebRtcTransport::join_fleet(&signal, "right token", loopback()),
+    )
+    .await
+    .expect("the right token is admitted");
+    let b = within(
+        "b joins",
+        WebRtcTransport::join_fleet(&signal, "right token", loopback()),
+    )
+    .await
+    .expect("the right token is admitted");
+    assert_eq!(
+        next_event(&a).await,
+        TransportEvent::PeerJoined(b.local_id())
+    );
     for refused in [
         WebRtcTransport::join_fleet(&signal, "wrong token", loopback()).await,
         WebRtcTransport::connect_with(&signal, "lobby", loopback()).await,
@@ -266,11 +301,17 @@ async fn only_the_fleet_room_is_admitted_when_the_server_has_a_token() {
 async fn bad_addresses_fail_fast_with_clear_errors() {
     match WebRtcTransport::connect_with("http://127.0.0.1:1/signal", "r", loopback()).await {
         Err(TransportError::InvalidRoom { .. }) => {}
-        other => panic!("expected InvalidRoom, got {:?}", other.map(|t| t.local_id())),
+        other => panic!(
+            "expected InvalidRoom, got {:?}",
+            other.map(|t| t.local_id())
+        ),
     }
     match WebRtcTransport::connect_with("ws://127.0.0.1:9/signal", "a/b", loopback()).await {
         Err(TransportError::InvalidRoom { .. }) => {}
-        other => panic!("expected InvalidRoom, got {:?}", other.map(|t| t.local_id())),
+        other => panic!(
+            "expected InvalidRoom, got {:?}",
+            other.map(|t| t.local_id())
+        ),
     }
     // Nothing listens on the discard port.
     let unreachable = within(
@@ -317,14 +358,26 @@ async fn runner_serve_with_a_fleet_token_signals_for_that_fleet_only() {
     let (signal, room) = room_url.rsplit_once('/').unwrap();
     assert_eq!(room, webshard::shard::fleet_room("cli token"));
 
-    let a = within("a joins", WebRtcTransport::join_fleet(signal, "cli token", loopback()))
-        .await
-        .unwrap();
-    let b = within("b joins", WebRtcTransport::join_fleet(signal, "cli token", loopback()))
-        .await
-        .unwrap();
-    assert_eq!(next_event(&a).await, TransportEvent::PeerJoined(b.local_id()));
-    assert_eq!(next_event(&b).await, TransportEvent::PeerJoined(a.local_id()));
+    let a = within(
+        "a joins",
+        WebRtcTransport::join_fleet(signal, "cli token", loopback()),
+    )
+    .await
+    .unwrap();
+    let b = within(
+        "b joins",
+        WebRtcTransport::join_fleet(signal, "cli token", loopback()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        next_event(&a).await,
+        TransportEvent::PeerJoined(b.local_id())
+    );
+    assert_eq!(
+        next_event(&b).await,
+        TransportEvent::PeerJoined(a.local_id())
+    );
     b.send(a.local_id(), &payload(100_000, 3)).await.unwrap();
     assert!(next_frame(&a).await == (b.local_id(), payload(100_000, 3)));
     assert!(matches!(

@@ -105,8 +105,10 @@ impl Links {
     /// in flight is only clamped: it can only hurt its own receive side.
     fn credit(&self, peer: PeerId, bytes: u32) {
         if let Some(link) = self.lock().get(&peer) {
-            let in_flight = (WINDOW_BYTES as usize).saturating_sub(link.send_window.available_permits());
-            link.send_window.add_permits((bytes as usize).min(in_flight));
+            let in_flight =
+                (WINDOW_BYTES as usize).saturating_sub(link.send_window.available_permits());
+            link.send_window
+                .add_permits((bytes as usize).min(in_flight));
         }
     }
 

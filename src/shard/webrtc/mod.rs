@@ -27,7 +27,9 @@ use self::driver::{to_matchbox, to_peer, Driver, Inbound, Links};
 use super::chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
 use super::fleet::{fleet_room, room_url};
 use super::flow::{encode_credit, parse_credit};
-use super::transport::{Counters, PeerId, Transport, TransportError, TransportEvent, TransportStats};
+use super::transport::{
+    Counters, PeerId, Transport, TransportError, TransportEvent, TransportStats,
+};
 
 /// Largest message `send_raw_chunk` puts on the wire: matchbox's native data channels take
 /// up to 64 KiB.
@@ -140,10 +142,12 @@ impl WebRtcTransport {
             }
         };
 
-        let channel = socket.take_channel(0).map_err(|error| TransportError::Connect {
-            url: url.clone(),
-            reason: error.to_string(),
-        })?;
+        let channel = socket
+            .take_channel(0)
+            .map_err(|error| TransportError::Connect {
+                url: url.clone(),
+                reason: error.to_string(),
+            })?;
         let (outgoing, packets) = channel.split();
         let (inbox_sender, inbox) = mpsc::unbounded();
         let links = Arc::new(Links::default());
@@ -207,7 +211,9 @@ impl WebRtcTransport {
     fn receive(&self, state: &mut RecvState, item: Inbound) -> Option<TransportEvent> {
         match item {
             Inbound::Joined(peer) => {
-                state.reassemblers.insert(peer, Reassembler::new(state.limits));
+                state
+                    .reassemblers
+                    .insert(peer, Reassembler::new(state.limits));
                 Some(TransportEvent::PeerJoined(peer))
             }
             Inbound::Left(peer) => {
@@ -302,7 +308,9 @@ fn connect_error(
 ) -> TransportError {
     let reason = match result {
         Ok(Err(error)) => describe(&error),
-        Ok(Ok(())) | Err(oneshot::Canceled) => "the socket closed before the server assigned an id".to_string(),
+        Ok(Ok(())) | Err(oneshot::Canceled) => {
+            "the socket closed before the server assigned an id".to_string()
+        }
     };
     TransportError::Connect {
         url: url.to_string(),
