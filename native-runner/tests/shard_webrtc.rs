@@ -63,8 +63,12 @@ async fn next_frame(transport: &WebRtcTransport) -> (PeerId, Vec<u8>) {
     }
 }
 
+/// Roles hold transports across tasks and threads.
+fn assert_send_sync<T: Send + Sync + 'static>() {}
+
 /// `n` peers in `room`, each having seen the others join.
 async fn mesh(signal: &str, room: &str, n: usize) -> Vec<WebRtcTransport> {
+    assert_send_sync::<WebRtcTransport>();
     let mut peers = Vec::new();
     for _ in 0..n {
         let peer = within(

@@ -99,6 +99,9 @@ impl WebRtcTransport {
         WebRtcTransport::connect_with(signal_url, &fleet_room(fleet_token), config).await
     }
 
+    /// `connect` with ICE servers, timeout and reassembly limits of one's own. Fails with
+    /// `InvalidRoom`, `Connect` (refused or unreachable: the reason says which) or
+    /// `ConnectTimeout`; natively, `NoRuntime` outside a tokio runtime.
     pub async fn connect_with(
         signal_url: &str,
         room: &str,
