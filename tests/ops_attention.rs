@@ -254,7 +254,11 @@ fn check_cases(cases: &[Case], paths: &[Path], seed: u64) {
 
 /// The backend and the work split a device runs kernels in.
 fn split_name(gpu: &Gpu) -> String {
-    let split = if gpu.caps.cpu_work_split { "cpu" } else { "gpu" };
+    let split = if gpu.caps.cpu_work_split {
+        "cpu"
+    } else {
+        "gpu"
+    };
     format!("{} {split} split", gpu.caps.backend)
 }
 
@@ -262,8 +266,9 @@ const WINDOWS: [Option<u32>; 3] = [None, Some(512), Some(5000)];
 
 /// Decode of one token in every work split: GQA groups 1, 3, 4 and 7, head_dim 64, 128 and
 /// 256, positions around the 64-key tiles and beyond one split, sliding windows (Gemma's 512,
-/// smaller, and one of 7 keys), soft-capping on and off. In the GPU work split, short contexts
-/// must take one dispatch (the kernel writes `out`) and long ones a split pass plus combine.
+/// smaller, and one of 7 keys), soft-capping on and off. In the GPU work split, contexts of up
+/// to 128 keys must take one dispatch (the kernel writes `out`: every dispatch costs ~5 us on
+/// a discrete GPU) and long ones a split pass plus combine.
 #[test]
 fn decode_in_both_work_splits_matches_reference() {
     let seed = testing::fresh_seed();
@@ -292,17 +297,14 @@ fn decode_in_both_work_splits_matches_reference() {
         for case in &cases {
             let capacity = case.start_pos + case.tokens + 3;
             let (got, dispatches) = case.run_counting(gpu, *variant, Path::Decode, capacity);
-            let what = format!(
-                "{} {variant} {} seed {seed}",
-                split_name(gpu),
-                case.label()
-            );
+            let what = format!("{} {variant} {} seed {seed}", split_name(gpu), case.label());
             testing::assert_close(&got, &case.want, 2e-5, &what);
             worst = worst.max(testing::relative_error(&got, &case.want));
-            let visible = case.params.window.map_or(case.start_pos + 1, |w| {
-                w.min(case.start_pos + 1)
-            });
-            if !gpu.caps.cpu_work_split && visible <= 64 {
+            let visible = case
+                .params
+                .window
+                .map_or(case.start_pos + 1, |w| w.min(case.start_pos + 1));
+            if !gpu.caps.cpu_work_split && visible <= 128 {
                 assert_eq!(dispatches, 1, "{what}: one split, no combine");
             }
             if !gpu.caps.cpu_work_split && visible >= 1000 {

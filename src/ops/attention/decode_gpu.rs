@@ -79,11 +79,7 @@ pub fn attention_decode_gpu(
     let params = KernelParams::new(p, start_pos, tokens, splits);
     let pipeline = rec.pipeline(
         &DECODE_GPU,
-        &[
-            ("WG", WG),
-            ("HD", p.head_dim),
-            ("KPS", MAX_KEYS_PER_SPLIT),
-        ],
+        &[("WG", WG), ("HD", p.head_dim), ("KPS", MAX_KEYS_PER_SPLIT)],
     );
     rec.dispatch(
         &pipeline,
