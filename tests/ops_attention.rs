@@ -2,7 +2,8 @@
 //! the three model shapes (SmolLM2 9/3 heads of 64, Qwen2.5 14/2 of 64, Gemma 3 4/1 of 256),
 //! contexts from 1 to 1500, sliding windows inside and beyond the context, chunked prefill
 //! after start_pos > 0, both kernel paths for every token count, and a cache split over
-//! buffers under a forced small binding limit.
+//! buffers under a forced small binding limit. Decode runs in both work splits (lavapipe and
+//! llvmpipe again as GPUs), so both decode kernels are checked.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -40,6 +41,13 @@ const GEMMA3: Shape = Shape {
     head_dim: 256,
 };
 const SHAPES: [Shape; 3] = [SMOLLM2, QWEN25, GEMMA3];
+/// One query head per kv head, head_dim 128.
+const MHA: Shape = Shape {
+    name: "mha",
+    heads: 2,
+    kv_heads: 2,
+    head_dim: 128,
+};
 
 /// Which entry point a case goes through.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -123,6 +131,17 @@ impl Case {
 
     /// `run` with a cache of `capacity` positions.
     fn run_in(&self, gpu: &Gpu, variant: Variant, path: Path, capacity: u32) -> Vec<f32> {
+        self.run_counting(gpu, variant, path, capacity).0
+    }
+
+    /// `run_in`, plus the number of dispatches the attention call recorded.
+    fn run_counting(
+        &self,
+        gpu: &Gpu,
+        variant: Variant,
+        path: Path,
+        capacity: u32,
+    ) -> (Vec<f32>, u32) {
         let s = self.shape;
         let ctx = self.start_pos + self.tokens;
         let cache = KvCache::new(gpu, LAYER + 2, capacity, s.kv_heads, s.head_dim).unwrap();
@@ -157,14 +176,21 @@ impl Case {
             Path::Prefill => attention_prefill,
         };
         let (start, tokens, p) = (self.start_pos, self.tokens, &self.params);
+        let before = rec.dispatch_count();
         call(&mut rec, &q, &cache, LAYER, &out, start, tokens, p);
+        let dispatches = rec.dispatch_count() - before;
         let bytes = pollster::block_on(rec.submit_and_read(&out, 0, (self.q.len() * 4) as u64));
-        bytemuck::pod_collect_to_vec(&bytes.unwrap())
+        (bytemuck::pod_collect_to_vec(&bytes.unwrap()), dispatches)
     }
 }
 
 fn devices() -> Vec<Arc<Gpu>> {
     pollster::block_on(testing::devices_under_test()).expect("devices under test")
+}
+
+/// Every device and variant, CPU adapters once more with the GPU work split.
+fn both_splits() -> Vec<(Arc<Gpu>, Variant)> {
+    pollster::block_on(testing::device_variants_both_splits()).expect("devices under test")
 }
 
 fn device_variants(devices: &[Arc<Gpu>]) -> Vec<(&Arc<Gpu>, Variant)> {
@@ -187,18 +213,24 @@ fn tolerance(variant: Variant, path: Path, tokens: u32) -> f32 {
 }
 
 /// Runs every case on every device, variant and path; prints the worst relative error of each
-/// (device, variant, path) and fails on the first case beyond tolerance.
+/// (device, variant, path) and fails on the first case beyond tolerance. Decode and Auto also
+/// run in the GPU work split of CPU adapters (prefill does not depend on the split).
 fn check_cases(cases: &[Case], paths: &[Path], seed: u64) {
     let devices = devices();
-    for (gpu, variant) in device_variants(&devices) {
+    let plain = device_variants(&devices).len();
+    for (index, (gpu, variant)) in both_splits().into_iter().enumerate() {
+        let gpu = &gpu;
         for &path in paths {
+            if index >= plain && path == Path::Prefill {
+                continue;
+            }
             let started = Instant::now();
             let mut worst = 0.0f32;
             for case in cases {
                 let got = case.run(gpu, variant, path);
                 let what = format!(
                     "{} {variant} {path:?} {} seed {seed}",
-                    gpu.caps.backend,
+                    split_name(gpu),
                     case.label()
                 );
                 testing::assert_close(
@@ -212,7 +244,7 @@ fn check_cases(cases: &[Case], paths: &[Path], seed: u64) {
             println!(
                 "{} ({}) {variant} {path:?}: worst relative error {worst:.2e} over {} cases ({:.1} s)",
                 gpu.caps.adapter,
-                gpu.caps.backend,
+                split_name(gpu),
                 cases.len(),
                 started.elapsed().as_secs_f32()
             );
@@ -220,7 +252,74 @@ fn check_cases(cases: &[Case], paths: &[Path], seed: u64) {
     }
 }
 
+/// The backend and the work split a device runs kernels in.
+fn split_name(gpu: &Gpu) -> String {
+    let split = if gpu.caps.cpu_work_split {
+        "cpu"
+    } else {
+        "gpu"
+    };
+    format!("{} {split} split", gpu.caps.backend)
+}
+
 const WINDOWS: [Option<u32>; 3] = [None, Some(512), Some(5000)];
+
+/// Decode of one token in every work split: GQA groups 1, 3, 4 and 7, head_dim 64, 128 and
+/// 256, positions around the 64-key tiles and beyond one split, sliding windows (Gemma's 512,
+/// smaller, and one of 7 keys), soft-capping on and off. In the GPU work split, contexts of up
+/// to 128 keys must take one dispatch (the kernel writes `out`: every dispatch costs ~5 us on
+/// a discrete GPU) and long ones a split pass plus combine.
+#[test]
+fn decode_in_both_work_splits_matches_reference() {
+    let seed = testing::fresh_seed();
+    let mut cases = Vec::new();
+    for shape in [MHA, SMOLLM2, GEMMA3, QWEN25] {
+        let window = if shape.head_dim == 256 { 512 } else { 100 };
+        let mut variants = vec![(None, None), (Some(window), Some(5.0))];
+        for pos in [0u32, 1, 63, 64, 65, 300, 1500] {
+            if pos == 300 {
+                variants.push((Some(7), None));
+            }
+            for &(window, softcap) in &variants {
+                let case_seed = seed.wrapping_add(cases.len() as u64 * 10);
+                cases.push(Case::new(shape, pos, 1, window, softcap, case_seed));
+            }
+        }
+    }
+    let pairs = both_splits();
+    assert!(
+        pairs.iter().any(|(gpu, _)| !gpu.caps.cpu_work_split),
+        "no device under test runs the GPU work split"
+    );
+    for (gpu, variant) in &pairs {
+        let started = Instant::now();
+        let mut worst = 0.0f32;
+        for case in &cases {
+            let capacity = case.start_pos + case.tokens + 3;
+            let (got, dispatches) = case.run_counting(gpu, *variant, Path::Decode, capacity);
+            let what = format!("{} {variant} {} seed {seed}", split_name(gpu), case.label());
+            testing::assert_close(&got, &case.want, 2e-5, &what);
+            worst = worst.max(testing::relative_error(&got, &case.want));
+            let visible = case
+                .params
+                .window
+                .map_or(case.start_pos + 1, |w| w.min(case.start_pos + 1));
+            if !gpu.caps.cpu_work_split && visible <= 128 {
+                assert_eq!(dispatches, 1, "{what}: one split, no combine");
+            }
+            if !gpu.caps.cpu_work_split && visible >= 1000 {
+                assert_eq!(dispatches, 2, "{what}: splits and combine");
+            }
+        }
+        println!(
+            "{} ({}) {variant} decode: worst relative error {worst:.2e} over {} cases ({:.1} s)",
+            gpu.caps.adapter,
+            split_name(gpu),
+            cases.len(),
+            started.elapsed().as_secs_f32()
+        );
+    }
+}
 
 #[test]
 fn decode_matches_reference() {
@@ -288,7 +387,7 @@ fn long_prefill_splits_keys_within_the_loop_limit() {
 
 #[test]
 fn decode_handles_every_model_shape() {
-    for gpu in devices() {
+    for (gpu, _) in both_splits() {
         for shape in SHAPES {
             let params = AttentionParams {
                 heads: shape.heads,
@@ -442,8 +541,8 @@ fn attention_picks_decode_for_one_token_and_prefill_for_more() {
         Case::new(GEMMA3, 236, 64, Some(512), None, seed + 10),
     ];
     check_cases(&cases, &[Path::Auto], seed);
-    let devices = devices();
-    for (gpu, variant) in device_variants(&devices) {
+    for (gpu, variant) in &both_splits() {
+        let (gpu, variant) = (gpu, *variant);
         for (case, chosen) in cases.iter().zip([Path::Decode, Path::Prefill]) {
             let auto = case.run(gpu, variant, Path::Auto);
             let direct = case.run(gpu, variant, chosen);
@@ -452,7 +551,7 @@ fn attention_picks_decode_for_one_token_and_prefill_for_more() {
                     .zip(&direct)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{} {variant} {}: attention differs from {chosen:?}",
-                gpu.caps.backend,
+                split_name(gpu),
                 case.label()
             );
         }

@@ -2,14 +2,19 @@
 //! tiled causal prefill, both with grouped-query heads, an optional sliding window and an
 //! optional logit soft-cap; plus the KV cache itself, a standalone softmax, and CPU references.
 //!
-//! The kernels use no subgroup operations (no cross-lane reduction is on their critical path),
-//! so the subgroup variants compile the same code; f16 variants keep prefill's key/value tiles
+//! Decode has two kernels: `attention_decode.wgsl` for CPU adapters (`Caps::cpu_work_split`),
+//! whose lanes walk whole tiles serially, and `attention_decode_gpu.wgsl` (see `decode_gpu`)
+//! for GPUs, which spreads scoring, softmax and value sums over the lanes and uses the
+//! workgroup reductions of `Lib::Reduce`. The other kernels use no subgroup operations, so
+//! their subgroup variants compile the same code; f16 variants keep prefill's key/value tiles
 //! in f16 workgroup memory, which doubles the keys per tile. Everything accumulates in f32.
 
+mod decode_gpu;
 mod kv_cache;
 mod reference;
 mod softmax;
 
+pub use decode_gpu::attention_decode_gpu;
 pub use kv_cache::{kv_write, KvCache};
 pub use reference::attention_reference;
 pub use softmax::{softmax, softmax_reference};
@@ -124,6 +129,15 @@ pub fn attention(
 
 /// Whether the split decode kernels can run this shape on this device (else use prefill).
 pub fn decode_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
+    if gpu.caps.cpu_work_split {
+        decode_cpu_supported(gpu, p)
+    } else {
+        decode_gpu::supported(gpu, p)
+    }
+}
+
+/// Whether `attention_decode.wgsl` (the CPU adapters' decode kernel) can run this shape.
+fn decode_cpu_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
     let group = p.heads / p.kv_heads.max(1);
     // The query heads, two tiles of scores (double-buffered), the tile maxima.
     let shared_floats = group * p.head_dim + 2 * group * DECODE_WG + group;
@@ -131,7 +145,8 @@ pub fn decode_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
         && shared_floats * 4 <= gpu.device.limits().max_compute_workgroup_storage_size
 }
 
-/// Attention through the split decode kernels (any `tokens`, built for few).
+/// Attention through the split decode kernels (any `tokens`, built for few): the GPU kernel
+/// (`attention_decode_gpu`) unless the device splits work for a CPU.
 #[allow(clippy::too_many_arguments)]
 pub fn attention_decode(
     rec: &mut Recorder,
@@ -143,12 +158,16 @@ pub fn attention_decode(
     tokens: u32,
     p: &AttentionParams,
 ) {
+    if !rec.gpu().caps.cpu_work_split {
+        attention_decode_gpu(rec, q, cache, layer, out, start_pos, tokens, p);
+        return;
+    }
     check_call(cache, layer, q, out, start_pos, tokens, p);
     if tokens == 0 {
         return;
     }
     assert!(
-        decode_supported(rec.gpu(), p),
+        decode_cpu_supported(rec.gpu(), p),
         "decode attention cannot hold {} query heads of {} per kv head",
         p.heads / p.kv_heads,
         p.head_dim

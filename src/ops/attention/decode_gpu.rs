@@ -1,0 +1,100 @@
+//! Split decode attention for GPU adapters (`wgsl/attention_decode_gpu.wgsl`): one workgroup
+//! per (split, query head, token) with every phase spread over its lanes. CPU adapters keep
+//! `attention_decode.wgsl`, whose work split suits them.
+
+use super::{check_call, combine, first_visible, partials, AttentionParams, KernelParams};
+use crate::gpu::{Gpu, Kernel, Lib, Recorder};
+use crate::ops::attention::KvCache;
+
+const DECODE_GPU: Kernel = Kernel {
+    name: "attention_decode_gpu",
+    source: include_str!("../../../wgsl/attention_decode_gpu.wgsl"),
+    entry: "main",
+    libs: &[Lib::Reduce],
+};
+
+/// Lanes of a workgroup.
+const WG: u32 = 128;
+/// Keys one workgroup scores at most (its workgroup memory holds their scores). Up to this
+/// many visible keys one split suffices, and the kernel writes `out` without a combine pass.
+const MAX_KEYS_PER_SPLIT: u32 = 256;
+/// Beyond one split, splits are added for parallelism down to this many keys each...
+const MIN_KEYS_PER_SPLIT: u32 = 64;
+/// ...until this many workgroups keep a large GPU busy.
+const TARGET_WORKGROUPS: u32 = 512;
+
+/// Whether the GPU decode kernel can run this shape on this device.
+pub(super) fn supported(gpu: &Gpu, p: &AttentionParams) -> bool {
+    let hd4 = p.head_dim / 4;
+    // q, the scores, the group sums, the reduction scratch.
+    let shared_bytes = hd4 * 16 + MAX_KEYS_PER_SPLIT * 4 + WG * 16 + WG * 4;
+    hd4 > 0
+        && hd4 <= WG
+        && hd4 % 4 == 0
+        && shared_bytes <= gpu.device.limits().max_compute_workgroup_storage_size
+}
+
+/// Key splits for `tokens` queries whose last sees `visible` keys: one while the keys fit one
+/// workgroup, else enough to fit and more for parallelism (as far as the partials fit one
+/// binding).
+fn splits(gpu: &Gpu, p: &AttentionParams, tokens: u32, visible: u32) -> u32 {
+    let needed = visible.div_ceil(MAX_KEYS_PER_SPLIT);
+    if needed == 1 {
+        return 1;
+    }
+    let rows = tokens * p.heads;
+    let parallel = visible
+        .div_ceil(MIN_KEYS_PER_SPLIT)
+        .min(TARGET_WORKGROUPS.div_ceil(rows));
+    super::choose_splits(gpu, p, tokens, needed, parallel)
+}
+
+/// Decode attention through the GPU kernel (any `tokens`, built for one); see `attention`.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_decode_gpu(
+    rec: &mut Recorder,
+    q: &wgpu::Buffer,
+    cache: &KvCache,
+    layer: u32,
+    out: &wgpu::Buffer,
+    start_pos: u32,
+    tokens: u32,
+    p: &AttentionParams,
+) {
+    check_call(cache, layer, q, out, start_pos, tokens, p);
+    if tokens == 0 {
+        return;
+    }
+    assert!(
+        supported(rec.gpu(), p),
+        "GPU decode attention cannot hold head_dim {}",
+        p.head_dim
+    );
+    let last_pos = start_pos + tokens - 1;
+    let visible = last_pos - first_visible(last_pos, p.window) + 1;
+    let splits = splits(rec.gpu(), p, tokens, visible);
+    // With one split the kernel writes `out` directly and leaves the partials alone.
+    let partial_tokens = if splits > 1 { tokens } else { 1 };
+    let (partial_acc, partial_stats) = partials(rec, cache, partial_tokens, p, splits);
+    let params = KernelParams::new(p, start_pos, tokens, splits);
+    let pipeline = rec.pipeline(
+        &DECODE_GPU,
+        &[("WG", WG), ("HD", p.head_dim), ("KPS", MAX_KEYS_PER_SPLIT)],
+    );
+    rec.dispatch(
+        &pipeline,
+        &params,
+        &[
+            q.as_entire_binding(),
+            cache.k_layer(layer),
+            cache.v_layer(layer),
+            out.as_entire_binding(),
+            partial_acc.as_entire_binding(),
+            partial_stats.as_entire_binding(),
+        ],
+        [splits, p.heads, tokens],
+    );
+    if splits > 1 {
+        combine(rec, &params, p.head_dim, &partial_acc, &partial_stats, out);
+    }
+}
