@@ -7,7 +7,8 @@
 # Speed, in one device call (carry .gl and .device/bin):
 #   bash .ci/device/run.sh setup && bash .ci/device/run.sh synth && bash .ci/device/run.sh bench
 # Real weights (fidelity), one call per part, carrying .device/parts/<one part> each time:
-#   bash .ci/device/run.sh stash   ...then   bash .ci/device/run.sh assemble
+#   bash .ci/device/run.sh stash   ...then   bash .ci/device/run.sh assemble && \
+#   bash .ci/device/run.sh fidelity
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source .ci/env.sh
@@ -17,6 +18,18 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 mkdir -p .device/bin .device/parts
 strip -o .device/bin/runner "$target_dir/release/runner"
 cp .ci/models.toml .device/bin/models.toml
+# The fidelity test against llama.cpp's goldens, to run on the real weights there.
+if [ "${FIDELITY:-1}" = 1 ]; then
+  test_bin=$(cargo test --release -p webshard --test fidelity --no-run --message-format json 2>/dev/null \
+    | python3 -c 'import json,sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "fidelity" and m.get("executable"):
+        print(m["executable"])')
+  strip -o .device/bin/fidelity "$test_bin"
+  mkdir -p .device/bin/goldens
+  cp "${WEBSHARD_GOLDENS:-../shared/goldens}"/*.generate.json .device/bin/goldens/
+fi
 head_mib=${HEAD_MIB:-8}
 for model in "${WEBSHARD_MODELS:-models}"/*.gguf; do
   head -c "$((head_mib * 1024 * 1024))" "$model" > ".device/bin/$(basename "$model").head"

@@ -8,6 +8,8 @@
 #                    every f16/bf16/f32 field stays finite (same work per token as the real file)
 #   bench [ARGS]     runner bench on every verified model, JSON into $OUT/bench-*.json
 #   score MODEL IDS  teacher-forced top-5 (fidelity spot check), JSON into $OUT
+#   fidelity         the fidelity test (llama.cpp goldens, teacher-forced and greedy) on the
+#                    assembled real models, output into $OUT/fidelity.txt
 set -uo pipefail
 models=/root/models
 mkdir -p "$models"
@@ -74,6 +76,11 @@ PY
       name=$(basename "$model" .gguf)
       .device/bin/runner bench -m "$model" --quiet --json "$@" | tee "$OUT/bench-$name.json"
     done
+    ;;
+  fidelity)
+    vulkan_env
+    WEBSHARD_MODELS="$models" WEBSHARD_GOLDENS=.device/bin/goldens WEBSHARD_TEST_BACKENDS=vulkan \
+      .device/bin/fidelity --nocapture --test-threads 1 2>&1 | tee "$OUT/fidelity.txt"
     ;;
   score)
     vulkan_env
