@@ -7,9 +7,9 @@ use std::time::Instant;
 use serde_json::json;
 use webshard::engine::Engine;
 use webshard::gpu::{CounterSnapshot, Gpu, KernelTimes, Recorder};
-use webshard::ops::elementwise;
 use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
+use webshard::ops::elementwise;
 
 use crate::memory;
 use crate::model_args::ModelArgs;
@@ -304,6 +304,9 @@ impl DecodeProfile {
                 self.per_token(*count)
             );
         }
-        println!("| total (profiled, one pass per dispatch) | {:.1} | | |", total / 1e3 / f64::from(self.tokens));
+        println!(
+            "| total (profiled, one pass per dispatch) | {:.1} | | |",
+            total / 1e3 / f64::from(self.tokens)
+        );
     }
 }

@@ -217,7 +217,7 @@ impl Gpu {
                 source,
             })?;
         let granted = device.limits();
-        let hardware_binding = u64::from(granted.max_storage_buffer_binding_size);
+        let hardware_binding = granted.max_storage_buffer_binding_size;
         let caps = Caps {
             adapter: info.name.clone(),
             backend: format!("{:?}", info.backend),

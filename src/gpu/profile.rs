@@ -131,10 +131,6 @@ impl Gpu {
         Ok(())
     }
 
-    pub fn profiling(&self) -> bool {
-        self.profiler.lock().map_or(false, |p| p.is_some())
-    }
-
     /// The next timestamp pair for a dispatch of `family`, if profiling and room is left.
     pub(super) fn timed_pass(&self, family: &'static str) -> Option<TimedPass> {
         let mut guard = self.profiler.lock().expect("profiler lock");
