@@ -6,13 +6,12 @@ use std::time::Instant;
 
 use serde_json::json;
 use webshard::engine::Engine;
-use webshard::gpu::{CounterSnapshot, Gpu, KernelTimes, Recorder};
 use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
-use webshard::ops::elementwise;
 
 use crate::memory;
 use crate::model_args::ModelArgs;
+use crate::profile::{profile_decode, profile_prefill, DecodeProfile, KernelTable};
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -58,7 +57,11 @@ fn random_ids(count: u32, vocab: u32, seed: u64) -> Vec<u32> {
         .collect()
 }
 
-async fn prompt_rate(engine: &mut Engine, tokens: u32, seed: u64) -> anyhow::Result<f64> {
+pub(crate) async fn prompt_rate(
+    engine: &mut Engine,
+    tokens: u32,
+    seed: u64,
+) -> anyhow::Result<f64> {
     let ids = random_ids(tokens, engine.cfg.vocab, seed);
     let started = Instant::now();
     engine.evaluate(&ids).await?;
@@ -67,7 +70,7 @@ async fn prompt_rate(engine: &mut Engine, tokens: u32, seed: u64) -> anyhow::Res
 
 /// Greedy decode from an empty cache, each token fed back on the GPU as `runner generate
 /// --temp 0` does.
-async fn generation_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f64> {
+pub(crate) async fn generation_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f64> {
     engine.reset();
     let token = engine.tokenizer.bos_id().unwrap_or(0);
     let started = Instant::now();
@@ -130,6 +133,10 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         (true, n) if n > 0 => Some(profile_decode(&mut engine, n).await?),
         _ => None,
     };
+    let prefill_profile = match (args.profile, args.prompt) {
+        (true, p) if p > 0 => Some(profile_prefill(&mut engine, p).await?),
+        _ => None,
+    };
     let caps = &engine.stage.gpu.caps;
     let variant = engine.stage.gpu.variant();
     let resident = memory::resident_peak().unwrap_or(0);
@@ -145,6 +152,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             "peak_heap_bytes_during_load": load.peak_heap_bytes, "peak_resident_bytes": resident,
             "repetitions": args.repetitions, "tests": rows,
             "profile": profile.as_ref().map(DecodeProfile::to_json),
+            "prefill_profile": prefill_profile.as_ref().map(KernelTable::to_json),
         });
         println!("{value}");
         return Ok(());
@@ -168,6 +176,10 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     if let Some(profile) = &profile {
         profile.print();
     }
+    if let Some(table) = &prefill_profile {
+        println!("prefill profile over {} tokens:", table.tokens);
+        table.print();
+    }
     println!(
         "load {:.2} s, {:.1} MB; peak host heap during load {:.1} MB; peak resident {:.1} MB",
         load.seconds,
@@ -176,137 +188,4 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         resident as f64 / 1e6
     );
     Ok(())
-}
-
-/// What one dispatch costs on this device and stack, whatever it computes: `DISPATCHES`
-/// dispatches of a 64-float add, each on the buffer the one before wrote (a dependency, so a
-/// barrier between them) or each on its own buffer (no barrier needed), in one submit.
-async fn dispatch_floor_us(gpu: &Gpu, dependent: bool) -> anyhow::Result<f64> {
-    const DISPATCHES: usize = 512;
-    let addend = webshard::gpu::storage_buffer(gpu, "floor addend", 256);
-    let targets: Vec<_> = (0..if dependent { 1 } else { DISPATCHES })
-        .map(|_| webshard::gpu::storage_buffer(gpu, "floor target", 256))
-        .collect();
-    let mut best = f64::MAX;
-    for _ in 0..5 {
-        let mut rec = Recorder::new(gpu);
-        for i in 0..DISPATCHES {
-            elementwise::add_in_place(&mut rec, &targets[i % targets.len()], &addend, 64);
-        }
-        let started = Instant::now();
-        rec.submit_and_read(&addend, 0, 4).await?;
-        best = best.min(started.elapsed().as_secs_f64());
-    }
-    Ok(best * 1e6 / DISPATCHES as f64)
-}
-
-/// Where a decode token's time goes.
-struct DecodeProfile {
-    tokens: u32,
-    /// µs per dispatch of a trivial kernel: dependent chain, independent.
-    floor_us: (f64, f64),
-    /// Counters over an unprofiled run.
-    counts: CounterSnapshot,
-    wall_seconds: f64,
-    /// GPU time by kernel family over a second, profiled run.
-    kernels: KernelTimes,
-}
-
-async fn profile_decode(engine: &mut Engine, tokens: u32) -> anyhow::Result<DecodeProfile> {
-    let gpu = engine.stage.gpu.clone();
-    let before = gpu.counters.snapshot();
-    let started = Instant::now();
-    generation_rate(engine, tokens).await?;
-    let wall_seconds = started.elapsed().as_secs_f64();
-    let counts = gpu.counters.snapshot() - before;
-    let floor_us = (
-        dispatch_floor_us(&gpu, true).await?,
-        dispatch_floor_us(&gpu, false).await?,
-    );
-    let kernels = if gpu.caps.timestamps {
-        gpu.start_profiling()?;
-        generation_rate(engine, tokens).await?;
-        gpu.collect_profile().await?;
-        gpu.finish_profiling()
-    } else {
-        KernelTimes::new()
-    };
-    Ok(DecodeProfile {
-        tokens,
-        floor_us,
-        counts,
-        wall_seconds,
-        kernels,
-    })
-}
-
-impl DecodeProfile {
-    fn per_token(&self, value: u64) -> f64 {
-        value as f64 / f64::from(self.tokens)
-    }
-
-    /// Host time per token not spent blocked on the GPU, in µs.
-    fn host_us(&self) -> f64 {
-        (self.wall_seconds * 1e9 - self.counts.wait_ns as f64) / 1e3 / f64::from(self.tokens)
-    }
-
-    fn to_json(&self) -> serde_json::Value {
-        let kernels: Vec<_> = self
-            .kernels
-            .iter()
-            .map(|(family, (ns, count))| {
-                json!({ "kernel": family, "us_per_token": ns / 1e3 / f64::from(self.tokens),
-                        "dispatches_per_token": self.per_token(*count) })
-            })
-            .collect();
-        json!({
-            "tokens": self.tokens,
-            "us_per_token": self.wall_seconds * 1e6 / f64::from(self.tokens),
-            "host_us_per_token": self.host_us(),
-            "dispatches_per_token": self.per_token(self.counts.dispatches),
-            "submits_per_token": self.per_token(self.counts.submits),
-            "syncs_per_token": self.per_token(self.counts.syncs),
-            "dispatch_floor_us": { "dependent": self.floor_us.0, "independent": self.floor_us.1 },
-            "kernels": kernels,
-        })
-    }
-
-    fn print(&self) {
-        println!(
-            "decode profile over {} tokens: {:.0} µs/token wall, {:.0} µs host (not waiting), \
-             {:.1} dispatches, {:.2} submits, {:.2} host syncs per token",
-            self.tokens,
-            self.wall_seconds * 1e6 / f64::from(self.tokens),
-            self.host_us(),
-            self.per_token(self.counts.dispatches),
-            self.per_token(self.counts.submits),
-            self.per_token(self.counts.syncs),
-        );
-        println!(
-            "a trivial dispatch costs {:.1} µs after a dependent one, {:.1} µs after an \
-             independent one",
-            self.floor_us.0, self.floor_us.1
-        );
-        if self.kernels.is_empty() {
-            println!("(no timestamp queries on this adapter: no per-kernel GPU times)");
-            return;
-        }
-        let total: f64 = self.kernels.values().map(|(ns, _)| ns).sum();
-        println!("| kernel | GPU µs/token | share | dispatches/token |");
-        println!("| --- | ---: | ---: | ---: |");
-        let mut rows: Vec<_> = self.kernels.iter().collect();
-        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
-        for (family, (ns, count)) in rows {
-            println!(
-                "| {family} | {:.1} | {:.1}% | {:.1} |",
-                ns / 1e3 / f64::from(self.tokens),
-                100.0 * ns / total,
-                self.per_token(*count)
-            );
-        }
-        println!(
-            "| total (profiled, one pass per dispatch) | {:.1} | | |",
-            total / 1e3 / f64::from(self.tokens)
-        );
-    }
 }

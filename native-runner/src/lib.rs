@@ -7,6 +7,7 @@ pub mod generate;
 pub mod info;
 pub mod memory;
 pub mod model_args;
+pub mod profile;
 pub mod score;
 pub mod serve;
 pub mod signal;

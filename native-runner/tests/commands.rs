@@ -267,22 +267,43 @@ fn bench_profile_accounts_for_a_decode_token() {
     let per_token = |key: &str| profile[key].as_f64().unwrap();
     // 30 layers of fused decode: at least one dispatch per layer, far fewer than 20.
     let dispatches = per_token("dispatches_per_token");
-    assert!((30.0..600.0).contains(&dispatches), "{dispatches} dispatches");
+    assert!(
+        (30.0..600.0).contains(&dispatches),
+        "{dispatches} dispatches"
+    );
     // One submit per token (the decoder's steps), and one host sync per token read back.
-    assert!((per_token("submits_per_token") - 1.0).abs() < 0.3, "{profile}");
-    assert!((per_token("syncs_per_token") - 1.0).abs() < 0.3, "{profile}");
+    assert!(
+        (per_token("submits_per_token") - 1.0).abs() < 0.3,
+        "{profile}"
+    );
+    assert!(
+        (per_token("syncs_per_token") - 1.0).abs() < 0.3,
+        "{profile}"
+    );
     assert!(per_token("host_us_per_token") > 0.0);
     let floor = &profile["dispatch_floor_us"];
     assert!(floor["dependent"].as_f64().unwrap() > 0.0);
     // lavapipe has timestamp queries: every kernel family of a decode step is timed, and the
     // timed dispatches add up to the counted ones.
     let kernels = profile["kernels"].as_array().unwrap();
-    let families: Vec<&str> = kernels.iter().map(|k| k["kernel"].as_str().unwrap()).collect();
+    let families: Vec<&str> = kernels
+        .iter()
+        .map(|k| k["kernel"].as_str().unwrap())
+        .collect();
     for family in ["embed", "rope_store", "argmax_final"] {
-        assert!(families.contains(&family), "{family} missing from {families:?}");
+        assert!(
+            families.contains(&family),
+            "{family} missing from {families:?}"
+        );
     }
-    let timed: f64 = kernels.iter().map(|k| k["dispatches_per_token"].as_f64().unwrap()).sum();
-    assert!((timed - dispatches).abs() < 1.0, "timed {timed} vs counted {dispatches}");
+    let timed: f64 = kernels
+        .iter()
+        .map(|k| k["dispatches_per_token"].as_f64().unwrap())
+        .sum();
+    assert!(
+        (timed - dispatches).abs() < 1.0,
+        "timed {timed} vs counted {dispatches}"
+    );
 }
 
 #[test]
