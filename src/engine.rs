@@ -86,7 +86,7 @@ impl Engine {
         let cfg = model::config_for(&header)?;
         let tokenizer = Tokenizer::from_metadata(&header.metadata)?;
         let template = ChatTemplate::new(&tokenizer)?;
-        let spec = StageSpec::whole(&cfg, options.max_context);
+        let spec = StageSpec::whole(&cfg, options.max_context, &gpu);
         let stage = Stage::load(gpu, source, &header, spec, options.load, progress).await?;
         Ok(Engine {
             header,

@@ -76,6 +76,11 @@ fn devices_and_variants() -> Vec<(Arc<Gpu>, Variant)> {
     pollster::block_on(testing::device_variants()).expect("devices under test")
 }
 
+/// Products split their work by adapter kind: CPU adapters run the GPU split too.
+fn devices_variants_and_splits() -> Vec<(Arc<Gpu>, Variant)> {
+    pollster::block_on(testing::device_variants_both_splits()).expect("devices under test")
+}
+
 /// Kernels and references differ only in summation order and fused multiply-adds.
 fn tolerance(quant: QuantType) -> f32 {
     match quant {
@@ -110,7 +115,7 @@ fn check_products(quant: QuantType) {
         (1, wide, 17),
     ];
     let mut worst = 0.0f32;
-    for (gpu, variant) in devices_and_variants() {
+    for (gpu, variant) in devices_variants_and_splits() {
         for (index, &(rows, cols, tokens)) in shapes.iter().enumerate() {
             let case_seed = seed.wrapping_add(index as u64 * 7919);
             let bytes = random_weights(quant, rows, cols, case_seed);
@@ -124,8 +129,9 @@ fn check_products(quant: QuantType) {
             let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
             let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
             let what = format!(
-                "{quant:?} {} {variant} rows={rows} cols={cols} tokens={tokens} seed={seed}",
-                gpu.caps.adapter
+                "{quant:?} {} {variant} cpu_split={} rows={rows} cols={cols} tokens={tokens} \
+                 seed={seed}",
+                gpu.caps.adapter, gpu.caps.cpu_work_split
             );
             testing::assert_close(&got, &want, tolerance(quant), &what);
             worst = worst.max(testing::relative_error(&got, &want));

@@ -29,15 +29,26 @@ pub struct StageSpec {
 }
 
 impl StageSpec {
-    /// The whole model on one device.
-    pub fn whole(cfg: &ModelConfig, max_context: u32) -> StageSpec {
+    /// The whole model on `gpu`.
+    pub fn whole(cfg: &ModelConfig, max_context: u32, gpu: &Gpu) -> StageSpec {
         StageSpec {
             layers: 0..cfg.n_layers,
             embedding: true,
             head: true,
             max_context: max_context.min(cfg.context_length).max(1),
-            max_batch: 128,
+            max_batch: default_max_batch(gpu),
         }
+    }
+}
+
+/// Prompt tokens per forward: a GPU fills its cores only with long chunks (512 prefills
+/// 2.5–3.4× faster than 128 on the H200), while a CPU adapter gains nothing from them and
+/// pays in scratch memory.
+pub fn default_max_batch(gpu: &Gpu) -> u32 {
+    if gpu.caps.cpu_work_split {
+        128
+    } else {
+        512
     }
 }
 

@@ -245,8 +245,13 @@ const EMBED: Kernel = Kernel {
     libs: &[Lib::Dequant],
 };
 
-/// Prefill tile: rows, tokens, and each thread's rows and tokens within it (64 threads).
-const MATMUL_TILE: [(&str, u32); 5] = [("TR", 32), ("TT", 32), ("RPT", 4), ("TPT", 4), ("WG", 64)];
+/// Prefill tiles: rows, tokens, each thread's rows and tokens within it, and threads.
+const MATMUL_TILE_CPU: [(&str, u32); 5] =
+    [("TR", 32), ("TT", 32), ("RPT", 4), ("TPT", 4), ("WG", 64)];
+/// GPUs need far more threads in flight: 4× the lanes, each with a quarter of the outputs
+/// (measured on the H200: 3.4× the prefill rate of the CPU tile, the best of seven shapes).
+const MATMUL_TILE_GPU: [(&str, u32); 5] =
+    [("TR", 16), ("TT", 64), ("RPT", 1), ("TPT", 4), ("WG", 256)];
 const EMBED_WG: u32 = 64;
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
@@ -292,8 +297,12 @@ fn matmul_tiled(
     tokens: u32,
 ) {
     let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
-    let tile = |name: &str| MATMUL_TILE.iter().find(|c| c.0 == name).map_or(1, |c| c.1);
-    let mut consts: Vec<(&'static str, u32)> = MATMUL_TILE.to_vec();
+    let table = match rec.gpu().caps.cpu_work_split {
+        true => MATMUL_TILE_CPU,
+        false => MATMUL_TILE_GPU,
+    };
+    let tile = |name: &str| table.iter().find(|c| c.0 == name).map_or(1, |c| c.1);
+    let mut consts: Vec<(&'static str, u32)> = table.to_vec();
     consts.extend(w.quant_consts());
     let pipeline = rec.pipeline(&MATMUL, &consts);
     let token_groups = tokens.div_ceil(tile("TT"));
