@@ -1,10 +1,12 @@
-//! Any bytes as a frame, and as a stream of wire chunks: decoding, validation and reassembly
-//! must return, never panic; what is accepted must re-encode to an equal message, and the
-//! reassembler must stay within its limits.
+//! Any bytes as a frame, and as a stream of wire messages: decoding, validation, credit
+//! parsing and reassembly must return, never panic; what is accepted must re-encode to an
+//! equal message, and the reassembler and the flow-control window must stay within their
+//! limits.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use webshard::shard::flow::{encode_credit, parse_credit, ReceiveWindow, WINDOW_BYTES};
 use webshard::shard::{
     decode_frame, encode_frame, FrameLimits, FrameValidator, InputKind, ModelShape, Reassembler,
     ReassemblyLimits,
@@ -29,7 +31,8 @@ fn check_frame(frame: &[u8]) {
     }
 }
 
-/// Reads the input as chunks, each prefixed by a u16 LE length, into a small reassembler.
+/// Reads the input as wire messages, each prefixed by a u16 LE length: credits are parsed,
+/// everything else counts against a receive window and goes into a small reassembler.
 fn check_chunks(data: &[u8]) {
     let limits = ReassemblyLimits {
         max_frame_bytes: 1 << 16,
@@ -37,11 +40,25 @@ fn check_chunks(data: &[u8]) {
         max_buffered_bytes: 1 << 16,
     };
     let mut reassembler = Reassembler::new(limits);
+    let mut window = ReceiveWindow::default();
     let mut rest = data;
     while let Some((len, tail)) = rest.split_first_chunk::<2>() {
         let len = (u16::from_le_bytes(*len) as usize).min(tail.len());
         let (chunk, after) = tail.split_at(len);
         rest = after;
+        match parse_credit(chunk) {
+            Some(Ok(bytes)) => {
+                assert!(bytes <= WINDOW_BYTES);
+                assert_eq!(parse_credit(&encode_credit(bytes)), Some(Ok(bytes)));
+                continue;
+            }
+            Some(Err(_)) => continue,
+            None => {}
+        }
+        if window.arrived(chunk.len()).is_ok() {
+            window.consumed(chunk.len());
+        }
+        assert!(window.unacknowledged() <= u64::from(WINDOW_BYTES));
         if let Ok(Some(frame)) = reassembler.push(chunk) {
             assert!(!frame.is_empty() && frame.len() <= limits.max_frame_bytes);
             check_frame(&frame);

@@ -9,3 +9,4 @@ pub mod memory;
 pub mod model_args;
 pub mod score;
 pub mod serve;
+pub mod signal;

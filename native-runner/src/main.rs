@@ -26,7 +26,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Serve web/ at /, models/ at /models/ and pkg/ at /pkg/ with Range and COOP/COEP support.
+    /// Serve web/ at /, models/ at /models/ and pkg/ at /pkg/ with Range and COOP/COEP support,
+    /// and WebRTC signaling for shard fleets at ws://HOST:PORT/signal/ROOM.
     Serve {
         /// Repository root holding web/, pkg/ and models/.
         #[arg(long, default_value = ".")]
@@ -42,6 +43,9 @@ enum Command {
         /// Append one JSON line per request (method, path, range, status) to this file.
         #[arg(long)]
         request_log: Option<PathBuf>,
+        /// Admit only this fleet's signaling room (derived from the token) at /signal.
+        #[arg(long, value_name = "TOKEN")]
+        fleet: Option<String>,
     },
     /// Describe a GGUF model (path or http(s) URL), reading only its header.
     Info {
@@ -124,6 +128,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             host,
             port,
             request_log,
+            fleet,
         } => {
             let opts = ServeOptions {
                 root,
@@ -131,6 +136,7 @@ fn run(command: Command) -> anyhow::Result<()> {
                 host,
                 port,
                 request_log,
+                fleet_token: fleet,
             };
             runtime.block_on(serve(&opts))?;
         }

@@ -3,7 +3,8 @@
 //! Browsers read models with Range requests and run the wasm build with threads/WebGPU, so the
 //! server must get ranges right (206, 416, If-Range) and send the cross-origin isolation headers
 //! (COOP/COEP) that `SharedArrayBuffer` needs. File serving itself is tower-http's `ServeDir`;
-//! this module adds only what it lacks (If-Range) and the headers.
+//! this module adds only what it lacks (If-Range) and the headers. WebRTC signaling for the
+//! shard fleet is served next to the files, at `/signal` (`signal`).
 
 use std::convert::Infallible;
 use std::io::{self, Write};
@@ -26,6 +27,9 @@ use tower_http::services::fs::ServeFileSystemResponseBody;
 use tower_http::services::ServeDir;
 use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
+use webshard::shard::fleet_room;
+
+use crate::signal::{signal_routes, SIGNAL_PATH};
 
 /// Where the served directories are and where to listen.
 #[derive(Debug, Clone)]
@@ -39,6 +43,8 @@ pub struct ServeOptions {
     pub port: u16,
     /// Appends one JSON line per request to this file (tests count a page's requests).
     pub request_log: Option<PathBuf>,
+    /// When set, `/signal` admits only this fleet's room (`webshard::shard::fleet_room`).
+    pub fleet_token: Option<String>,
 }
 
 impl ServeOptions {
@@ -49,6 +55,7 @@ impl ServeOptions {
             host: "127.0.0.1".to_string(),
             port: 0,
             request_log: None,
+            fleet_token: None,
         }
     }
 
@@ -59,7 +66,7 @@ impl ServeOptions {
     }
 }
 
-/// A bound, not yet running server. Routes can be added (e.g. `/signal`) before `run`.
+/// A bound, not yet running server: files and `/signal`. Routes can be added before `run`.
 pub struct Server {
     listener: TcpListener,
     addr: SocketAddr,
@@ -79,7 +86,7 @@ impl Server {
         Ok(Self {
             listener,
             addr,
-            app: static_routes(opts),
+            app: static_routes(opts).merge(signal_routes(opts.fleet_token.as_deref())),
             log,
         })
     }
@@ -105,6 +112,8 @@ impl Server {
         if let Some(log) = self.log {
             app = app.layer(middleware::from_fn_with_state(log, log_request));
         }
+        // Signaling reads the peer's address.
+        let app = app.into_make_service_with_connect_info::<SocketAddr>();
         axum::serve(self.listener, app).await
     }
 }
@@ -124,8 +133,13 @@ pub async fn serve(opts: &ServeOptions) -> io::Result<()> {
 fn banner(base: &str, opts: &ServeOptions) -> String {
     let web = opts.root.join("web");
     let pkg = opts.root.join("pkg");
+    let signal = base.replacen("http://", "ws://", 1) + SIGNAL_PATH.trim_start_matches('/');
+    let rooms = match &opts.fleet_token {
+        Some(token) => format!("/{}  (the fleet's room only)", fleet_room(token)),
+        None => "/ROOM  (any room)".to_string(),
+    };
     format!(
-        "serving {base}\n  web     {base}  <- {}\n  models  {base}models/  <- {}\n  pkg     {base}pkg/  <- {}\n",
+        "serving {base}\n  web     {base}  <- {}\n  models  {base}models/  <- {}\n  pkg     {base}pkg/  <- {}\n  signal  {signal}{rooms}\n",
         web.display(),
         opts.models_path().display(),
         pkg.display()

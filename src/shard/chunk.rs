@@ -67,6 +67,16 @@ pub enum ChunkError {
     TooManyPartialFrames { max: usize },
     #[error("partial frames would hold {needed} bytes, over the limit of {max}")]
     BufferFull { needed: usize, max: usize },
+    // Flow control (`flow`): credit messages share the channel with chunks.
+    #[error("credit message of {len} bytes, expected {}", super::flow::CREDIT_LEN)]
+    CreditLength { len: usize },
+    #[error(
+        "credit of {bytes} bytes is over the {}-byte window",
+        super::flow::WINDOW_BYTES
+    )]
+    CreditTooLarge { bytes: u32 },
+    #[error("peer has {unacknowledged} bytes unacknowledged, over the flow-control window of {window}; its further messages are dropped")]
+    WindowExceeded { unacknowledged: u64, window: u32 },
 }
 
 /// Cuts a frame into wire chunks.

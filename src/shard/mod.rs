@@ -3,18 +3,24 @@
 //! Transport-agnostic foundations: `vocab` (ByteVocab, so donors show text without the
 //! tokenizer), `frame`/`activations`/`validate` (the protocol, `docs/protocol.md`), `chunk`
 //! (16 KiB wire chunks and reassembly), `plan` (layer ranges per donor) and `transport`.
+//! `webrtc` implements the transport over WebRTC data channels, with `flow` (credit windows)
+//! and `fleet` (the fleet token and its signaling room).
 
 pub mod activations;
 pub mod chunk;
+pub mod fleet;
+pub mod flow;
 pub mod frame;
 pub mod plan;
 pub mod roles;
 pub mod transport;
 pub mod validate;
 pub mod vocab;
+pub mod webrtc;
 
 pub use activations::{f16_round_trip_error, Activations, Encoding, RoundTripError};
 pub use chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
+pub use fleet::{fleet_room, token_matches};
 pub use frame::{decode_frame, encode_frame, FrameError, Kind, Message};
 pub use plan::{plan, replan, DonorCapacity, FleetChange, ModelSizes, Plan, PlanError, StagePlan};
 pub use transport::{
@@ -23,3 +29,4 @@ pub use transport::{
 };
 pub use validate::{FrameLimits, FrameValidator, InputKind, ModelShape};
 pub use vocab::{ByteVocab, StreamDecoder, VocabError};
+pub use webrtc::{WebRtcConfig, WebRtcTransport};

@@ -58,6 +58,14 @@ pub enum TransportError {
     Chunk(#[from] ChunkError),
     #[error("cannot encode frame: {0}")]
     Frame(#[from] FrameError),
+    #[error("cannot join room {room:?} at {signal_url:?}: the URL must be ws:// or wss:// and the room 1 to 64 of A-Z a-z 0-9 - _")]
+    InvalidRoom { signal_url: String, room: String },
+    #[error("cannot join signaling room {url}: {reason}")]
+    Connect { url: String, reason: String },
+    #[error("no answer from signaling room {url} within {ms} ms")]
+    ConnectTimeout { url: String, ms: u64 },
+    #[error("the WebRTC transport must be created inside a tokio runtime: a spawned task drives its connections")]
+    NoRuntime,
 }
 
 /// Byte and frame counters since the transport started (wire bytes, chunk headers included).
@@ -187,12 +195,29 @@ fn lock(directory: &Mutex<Directory>) -> std::sync::MutexGuard<'_, Directory> {
     directory.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// What `stats` reports, shared with the other transports of this module tree.
 #[derive(Default)]
-struct Counters {
-    bytes_sent: AtomicU64,
-    bytes_received: AtomicU64,
-    frames_sent: AtomicU64,
-    frames_received: AtomicU64,
+pub(super) struct Counters {
+    pub(super) bytes_sent: AtomicU64,
+    pub(super) bytes_received: AtomicU64,
+    pub(super) frames_sent: AtomicU64,
+    pub(super) frames_received: AtomicU64,
+}
+
+impl Counters {
+    pub(super) fn add(counter: &AtomicU64, amount: usize) {
+        counter.fetch_add(amount as u64, Ordering::Relaxed);
+    }
+
+    pub(super) fn snapshot(&self) -> TransportStats {
+        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
+        TransportStats {
+            bytes_sent: load(&self.bytes_sent),
+            bytes_received: load(&self.bytes_received),
+            frames_sent: load(&self.frames_sent),
+            frames_received: load(&self.frames_received),
+        }
+    }
 }
 
 struct InboxState {
@@ -284,13 +309,7 @@ impl Transport for InProcessTransport {
     }
 
     fn stats(&self) -> TransportStats {
-        let load = |counter: &AtomicU64| counter.load(Ordering::Relaxed);
-        TransportStats {
-            bytes_sent: load(&self.counters.bytes_sent),
-            bytes_received: load(&self.counters.bytes_received),
-            frames_sent: load(&self.counters.frames_sent),
-            frames_received: load(&self.counters.frames_received),
-        }
+        self.counters.snapshot()
     }
 
     async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {

@@ -1,0 +1,327 @@
+//! `Transport` over WebRTC data channels, through matchbox_socket: web-sys in browsers,
+//! webrtc-rs natively, one API. Peers meet in a room of a matchbox signaling server
+//! (`runner serve` serves one at `/signal`) and connect in a full mesh, each pair over one
+//! reliable, ordered data channel.
+//!
+//! Frames travel as 16 KiB chunks (`chunk`). Matchbox queues without bound and has no
+//! backpressure, so the transport adds a credit window per peer (`flow`): `send` waits while
+//! a window's worth is unacknowledged, and `recv` acknowledges what it takes.
+
+mod driver;
+mod spawn;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::channel::mpsc::{self, UnboundedReceiver, UnboundedSender};
+use futures::channel::oneshot;
+use futures::lock::Mutex as AsyncMutex;
+use futures::{select, FutureExt, StreamExt};
+use futures_timer::Delay;
+use matchbox_socket::{ChannelConfig, Packet, RtcIceServerConfig, WebRtcSocket};
+use tokio::sync::Semaphore;
+
+use self::driver::{to_matchbox, to_peer, Driver, Inbound, Links};
+use super::chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
+use super::fleet::{fleet_room, room_url};
+use super::flow::{encode_credit, parse_credit};
+use super::transport::{
+    Counters, PeerId, Transport, TransportError, TransportEvent, TransportStats,
+};
+
+/// Largest message `send_raw_chunk` puts on the wire: matchbox's native data channels take
+/// up to 64 KiB.
+pub const MAX_RAW_MESSAGE: usize = 64 << 10;
+/// How often `connect` looks for the id the signaling server assigns (matchbox only offers
+/// a non-blocking getter).
+const ID_POLL: Duration = Duration::from_millis(5);
+
+/// How a `WebRtcTransport` connects.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WebRtcConfig {
+    /// STUN/TURN URLs for ICE (`stun:host:port`, `turn:host:port`); empty on a LAN or
+    /// loopback, where host candidates suffice.
+    pub ice_urls: Vec<String>,
+    pub ice_username: Option<String>,
+    pub ice_credential: Option<String>,
+    /// Until the signaling server has admitted us to the room.
+    pub connect_timeout: Duration,
+    pub reassembly: ReassemblyLimits,
+}
+
+impl Default for WebRtcConfig {
+    /// Matchbox's public STUN servers, 10 s to connect, default reassembly limits.
+    fn default() -> WebRtcConfig {
+        WebRtcConfig {
+            ice_urls: RtcIceServerConfig::default().urls,
+            ice_username: None,
+            ice_credential: None,
+            connect_timeout: Duration::from_secs(10),
+            reassembly: ReassemblyLimits::default(),
+        }
+    }
+}
+
+/// `recv`'s state: the driver's queue and one reassembler per peer.
+struct RecvState {
+    inbox: UnboundedReceiver<Inbound>,
+    reassemblers: HashMap<PeerId, Reassembler>,
+    limits: ReassemblyLimits,
+}
+
+/// One peer of a WebRTC full mesh. Dropping it is leaving: its connections close and the
+/// others get `PeerLeft`.
+pub struct WebRtcTransport {
+    id: PeerId,
+    outgoing: UnboundedSender<(matchbox_socket::PeerId, Packet)>,
+    links: Arc<Links>,
+    counters: Counters,
+    next_frame_id: AtomicU32,
+    inbox: AsyncMutex<RecvState>,
+}
+
+impl WebRtcTransport {
+    /// Joins `room` at a matchbox signaling server (`ws://HOST:PORT/signal`) with the default
+    /// configuration. Returns once the server has admitted us; peers then arrive as
+    /// `PeerJoined` events.
+    pub async fn connect(signal_url: &str, room: &str) -> Result<WebRtcTransport, TransportError> {
+        WebRtcTransport::connect_with(signal_url, room, WebRtcConfig::default()).await
+    }
+
+    /// Joins the room of the fleet with this token (`fleet_room`).
+    pub async fn join_fleet(
+        signal_url: &str,
+        fleet_token: &str,
+        config: WebRtcConfig,
+    ) -> Result<WebRtcTransport, TransportError> {
+        WebRtcTransport::connect_with(signal_url, &fleet_room(fleet_token), config).await
+    }
+
+    pub async fn connect_with(
+        signal_url: &str,
+        room: &str,
+        config: WebRtcConfig,
+    ) -> Result<WebRtcTransport, TransportError> {
+        let url = room_url(signal_url, room).ok_or_else(|| TransportError::InvalidRoom {
+            signal_url: signal_url.to_string(),
+            room: room.to_string(),
+        })?;
+        let (mut socket, message_loop) = WebRtcSocket::builder(url.clone())
+            .ice_server(RtcIceServerConfig {
+                urls: config.ice_urls.clone(),
+                username: config.ice_username.clone(),
+                credential: config.ice_credential.clone(),
+            })
+            // A refused or unreachable server is an answer; matchbox would retry every 3 s.
+            .reconnect_attempts(Some(1))
+            .add_channel(ChannelConfig::reliable())
+            .build();
+
+        let (ended_sender, mut ended) = oneshot::channel();
+        let loop_url = url.clone();
+        spawn::spawn(async move {
+            let result = message_loop.await;
+            // Once `connect` has returned, nobody listens: say why the socket ended.
+            if let Err(Err(error)) = ended_sender.send(result) {
+                tracing::warn!("WebRTC socket for {loop_url} ended: {}", describe(&error));
+            }
+        })?;
+
+        let id = {
+            let mut deadline = Delay::new(config.connect_timeout).fuse();
+            let mut admitted = Box::pin(wait_for_id(&mut socket).fuse());
+            select! {
+                id = admitted => id,
+                result = ended => return Err(connect_error(&url, result)),
+                () = deadline => return Err(TransportError::ConnectTimeout {
+                    url,
+                    ms: config.connect_timeout.as_millis() as u64,
+                }),
+            }
+        };
+
+        let channel = socket
+            .take_channel(0)
+            .map_err(|error| TransportError::Connect {
+                url: url.clone(),
+                reason: error.to_string(),
+            })?;
+        let (outgoing, packets) = channel.split();
+        let (inbox_sender, inbox) = mpsc::unbounded();
+        let links = Arc::new(Links::default());
+        let driver = Driver {
+            socket,
+            packets,
+            links: Arc::clone(&links),
+            inbox: inbox_sender,
+            departed: HashSet::new(),
+        };
+        spawn::spawn(driver.run())?;
+        Ok(WebRtcTransport {
+            id: to_peer(id),
+            outgoing,
+            links,
+            counters: Counters::default(),
+            next_frame_id: AtomicU32::new(0),
+            inbox: AsyncMutex::new(RecvState {
+                inbox,
+                reassemblers: HashMap::new(),
+                limits: config.reassembly,
+            }),
+        })
+    }
+
+    /// Puts raw bytes on the wire to `to` as one message, bypassing slicing (it still counts
+    /// against the window): for tests that play a misbehaving peer.
+    pub async fn send_raw_chunk(&self, to: PeerId, message: Vec<u8>) -> Result<(), TransportError> {
+        if message.len() > MAX_RAW_MESSAGE {
+            return Err(ChunkError::TooLong { len: message.len() }.into());
+        }
+        let window = self
+            .links
+            .send_window(to)
+            .ok_or(TransportError::UnknownPeer(to))?;
+        self.put(to, &window, message).await
+    }
+
+    /// Waits for room in the window, then hands one message to matchbox.
+    async fn put(
+        &self,
+        to: PeerId,
+        window: &Semaphore,
+        message: Vec<u8>,
+    ) -> Result<(), TransportError> {
+        let len = message.len();
+        // `len` is at most `MAX_RAW_MESSAGE`, so it fits and never exceeds the window.
+        window
+            .acquire_many(len as u32)
+            .await
+            .map_err(|_| TransportError::PeerGone(to))?
+            .forget();
+        self.outgoing
+            .unbounded_send((to_matchbox(to), message.into()))
+            .map_err(|_| TransportError::Closed)?;
+        Counters::add(&self.counters.bytes_sent, len);
+        Ok(())
+    }
+
+    /// Turns one queued item into an event, or `None` while a frame is still incomplete.
+    fn receive(&self, state: &mut RecvState, item: Inbound) -> Option<TransportEvent> {
+        match item {
+            Inbound::Joined(peer) => {
+                state
+                    .reassemblers
+                    .insert(peer, Reassembler::new(state.limits));
+                Some(TransportEvent::PeerJoined(peer))
+            }
+            Inbound::Left(peer) => {
+                state.reassemblers.remove(&peer);
+                Some(TransportEvent::PeerLeft(peer))
+            }
+            Inbound::Breach(from, error) => Some(TransportEvent::BadChunk { from, error }),
+            Inbound::Data(from, message) => {
+                Counters::add(&self.counters.bytes_received, message.len());
+                if let Some(credit) = self.links.consumed(from, message.len()) {
+                    // Fails only when the socket is gone, and then nobody waits for credit.
+                    let _ = self
+                        .outgoing
+                        .unbounded_send((to_matchbox(from), encode_credit(credit).to_vec().into()));
+                }
+                // Well-formed credits never reach the queue; this one is malformed.
+                if let Some(Err(error)) = parse_credit(&message) {
+                    return Some(TransportEvent::BadChunk { from, error });
+                }
+                let limits = state.limits;
+                let reassembler = state
+                    .reassemblers
+                    .entry(from)
+                    .or_insert_with(|| Reassembler::new(limits));
+                match reassembler.push(&message) {
+                    Ok(None) => None,
+                    Ok(Some(frame)) => {
+                        Counters::add(&self.counters.frames_received, 1);
+                        Some(TransportEvent::Frame { from, frame })
+                    }
+                    Err(error) => Some(TransportEvent::BadChunk { from, error }),
+                }
+            }
+        }
+    }
+}
+
+#[cfg_attr(target_arch = "wasm32", async_trait::async_trait(?Send))]
+#[cfg_attr(not(target_arch = "wasm32"), async_trait::async_trait)]
+impl Transport for WebRtcTransport {
+    fn local_id(&self) -> PeerId {
+        self.id
+    }
+
+    fn peers(&self) -> Vec<PeerId> {
+        self.links.peers()
+    }
+
+    fn stats(&self) -> TransportStats {
+        self.counters.snapshot()
+    }
+
+    async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {
+        let frame_id = self.next_frame_id.fetch_add(1, Ordering::Relaxed);
+        let chunks = slice_frame(frame_id, frame)?;
+        let window = self
+            .links
+            .send_window(to)
+            .ok_or(TransportError::UnknownPeer(to))?;
+        for chunk in chunks {
+            self.put(to, &window, chunk).await?;
+        }
+        Counters::add(&self.counters.frames_sent, 1);
+        Ok(())
+    }
+
+    async fn recv(&self) -> Result<TransportEvent, TransportError> {
+        let mut state = self.inbox.lock().await;
+        loop {
+            let item = state.inbox.next().await.ok_or(TransportError::Closed)?;
+            if let Some(event) = self.receive(&mut state, item) {
+                return Ok(event);
+            }
+        }
+    }
+}
+
+/// The id the signaling server assigned, once it has.
+async fn wait_for_id(socket: &mut WebRtcSocket) -> matchbox_socket::PeerId {
+    loop {
+        if let Some(id) = socket.id() {
+            return id;
+        }
+        Delay::new(ID_POLL).await;
+    }
+}
+
+/// Why matchbox's socket ended before we were admitted.
+fn connect_error(
+    url: &str,
+    result: Result<Result<(), matchbox_socket::Error>, oneshot::Canceled>,
+) -> TransportError {
+    let reason = match result {
+        Ok(Err(error)) => describe(&error),
+        Ok(Ok(())) | Err(oneshot::Canceled) => {
+            "the socket closed before the server assigned an id".to_string()
+        }
+    };
+    TransportError::Connect {
+        url: url.to_string(),
+        reason,
+    }
+}
+
+/// Matchbox's errors keep their cause in a field their message leaves out.
+fn describe(error: &matchbox_socket::Error) -> String {
+    match error {
+        matchbox_socket::Error::ConnectionFailed(cause) => format!("connection failed: {cause}"),
+        matchbox_socket::Error::Disconnected(cause) => format!("disconnected: {cause}"),
+    }
+}

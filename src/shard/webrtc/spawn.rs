@@ -1,0 +1,23 @@
+//! Where the transport's background task runs: a tokio task natively, the browser's
+//! microtask queue on wasm. The only platform switch of the WebRTC transport; matchbox hides
+//! the rest.
+
+use std::future::Future;
+
+use crate::shard::transport::TransportError;
+
+/// Runs `task` in the background on the current tokio runtime.
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Result<(), TransportError> {
+    let runtime = tokio::runtime::Handle::try_current().map_err(|_| TransportError::NoRuntime)?;
+    // Detached: the task ends by itself once the transport is dropped (see `driver`).
+    drop(runtime.spawn(task));
+    Ok(())
+}
+
+/// Runs `task` in the background on the page's (or worker's) event loop.
+#[cfg(target_arch = "wasm32")]
+pub(super) fn spawn(task: impl Future<Output = ()> + 'static) -> Result<(), TransportError> {
+    wasm_bindgen_futures::spawn_local(task);
+    Ok(())
+}
