@@ -1,5 +1,6 @@
 //! `runner coordinate` and `runner donor`: the shard chain's roles on this machine, over
-//! any `Transport`. `connect` is the one place the network transport is chosen.
+//! any `Transport`. `connect` is the one place the network transport is chosen: WebRTC, meeting
+//! in the fleet's room of a signaling server (`runner serve --fleet TOKEN` serves one).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
 use webshard::shard::roles::{
     Coordinator, CoordinatorConfig, Donor, DonorConfig, DonorExit, GenerationRequest, VerifyConfig,
 };
-use webshard::shard::{Encoding, FrameLimits, InProcessTransport, Transport};
+use webshard::shard::{Encoding, FrameLimits, Transport, WebRtcConfig, WebRtcTransport};
 use webshard::tokenizer::ChatMessage;
 
 use crate::model_args::SamplerArgs;
@@ -56,6 +57,9 @@ pub struct CoordinateArgs {
     /// Print `{"ids", "text", "plan", "hops", ...}` instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    /// STUN/TURN server for WebRTC (repeatable); none on a LAN or loopback.
+    #[arg(long)]
+    pub ice: Vec<String>,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -70,22 +74,27 @@ pub struct DonorArgs {
     /// GPU backend: auto, vulkan, gl, metal, dx12.
     #[arg(long, default_value = "auto")]
     pub backend: String,
+    /// STUN/TURN server for WebRTC (repeatable); none on a LAN or loopback.
+    #[arg(long)]
+    pub ice: Vec<String>,
 }
 
-/// Joins the fleet's room on the signalling server. The WebRTC transport
-/// (`webshard::shard::webrtc::WebRtcTransport::connect(signal, room)`) is built in another
-/// branch; until it is merged this build has no network transport and says so.
-async fn connect(signal: &str, room: &str) -> anyhow::Result<InProcessTransport> {
-    bail!("this build has no WebRTC transport yet: cannot join room {room} at {signal}")
+/// Joins the room of the fleet with this token on the signaling server (`ws://HOST:PORT/signal`).
+async fn connect(signal: &str, fleet: &str, ice: &[String]) -> anyhow::Result<WebRtcTransport> {
+    let config = WebRtcConfig {
+        ice_urls: ice.to_vec(),
+        ..WebRtcConfig::default()
+    };
+    Ok(WebRtcTransport::join_fleet(signal, fleet, config).await?)
 }
 
 pub async fn coordinate(args: &CoordinateArgs) -> anyhow::Result<()> {
-    let transport = connect(&args.signal, &args.fleet).await?;
+    let transport = connect(&args.signal, &args.fleet, &args.ice).await?;
     run_coordinator(transport, args).await
 }
 
 pub async fn donor(args: &DonorArgs) -> anyhow::Result<()> {
-    let transport = connect(&args.signal, &args.fleet).await?;
+    let transport = connect(&args.signal, &args.fleet, &args.ice).await?;
     run_donor(transport, args).await
 }
 
