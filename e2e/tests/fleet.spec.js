@@ -157,6 +157,8 @@ function startCoordinator() {
     [
       'coordinate', '-m', `${base}/models/${SMOLLM2}`, '--signal', signal, '--fleet', TOKEN,
       '--donors', '3', '-p', PROMPT, '-n', String(TOKENS), '--temp', '0', '--ctx', String(CTX), '--json',
+      // A SwiftShader stage takes seconds per prefill chunk, answering no heartbeat meanwhile.
+      '--heartbeat-timeout', '120',
     ],
     COORDINATE_MS,
   );

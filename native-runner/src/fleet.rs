@@ -60,6 +60,11 @@ pub struct CoordinateArgs {
     /// STUN/TURN server for WebRTC (repeatable); none on a LAN or loopback.
     #[arg(long)]
     pub ice: Vec<String>,
+    /// Seconds a stage donor may stay silent before it is taken as lost. A donor answers
+    /// heartbeats between steps, so this must exceed its slowest step (a prefill chunk on a
+    /// CPU-emulated WebGPU adapter can take tens of seconds).
+    #[arg(long, default_value_t = 10.0)]
+    pub heartbeat_timeout: f64,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -114,6 +119,10 @@ pub async fn run_coordinator<T: Transport>(
 ) -> anyhow::Result<()> {
     let mut config = CoordinatorConfig::new(&args.model, &args.fleet, args.donors);
     config.runtime.max_context = args.ctx;
+    if !(args.heartbeat_timeout > 0.0 && args.heartbeat_timeout <= 86_400.0) {
+        bail!("--heartbeat-timeout must be more than 0 and at most 86400 seconds");
+    }
+    config.heartbeat_timeout = Duration::from_secs_f64(args.heartbeat_timeout);
     if args.f32_activations {
         config.runtime.hidden = Encoding::F32;
     }
