@@ -206,10 +206,12 @@ test('a donor tab closing mid-generation changes nothing in the output', async (
   startNativeDonor();
   const coordinator = startCoordinator();
   const [leaving, staying] = donors;
-  // Close the tab once tokens flow through it: generation is under way.
-  await expect
-    .poll(async () => (await donorStatus(leaving.page))?.text?.length ?? 0, { timeout: COORDINATE_MS })
-    .toBeGreaterThan(0);
+  // Close a tab once tokens flow through both pages: generation is under way on three stages.
+  for (const { page } of donors) {
+    await expect
+      .poll(async () => (await donorStatus(page))?.text?.length ?? 0, { timeout: COORDINATE_MS })
+      .toBeGreaterThan(0);
+  }
   const closedAfter = (await donorStatus(leaving.page)).text;
   await leaving.context.close();
 
