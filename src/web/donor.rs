@@ -196,8 +196,7 @@ fn aborted(signal: &AbortSignal) -> Stopped {
                 let _ = sender.send(());
             }
         });
-        let _ =
-            signal.add_event_listener_with_callback("abort", listener.as_ref().unchecked_ref());
+        let _ = signal.add_event_listener_with_callback("abort", listener.as_ref().unchecked_ref());
         // Lives as long as the signal: an abort after the donor ended finds no receiver.
         listener.forget();
     }
