@@ -160,8 +160,6 @@ pub async fn run_coordinator<T: Transport>(
     let output = outputs.into_iter().next().unwrap_or_default();
     let report = coordinator.report().clone();
     coordinator.shutdown("generation finished").await;
-    // Give the last frames (the final Token, Leave) time to leave before the process ends.
-    tokio::time::sleep(Duration::from_millis(300)).await;
     if args.json {
         let mut value = serde_json::to_value(&report)?;
         value["ids"] = serde_json::json!(output.ids);
