@@ -1,5 +1,6 @@
 //! `runner coordinate` and `runner donor`: the shard chain's roles on this machine, over
-//! any `Transport`. `connect` is the one place the network transport is chosen.
+//! any `Transport`. `connect` is the one place the network transport is chosen: WebRTC, meeting
+//! in the fleet's room of a signaling server (`runner serve --fleet TOKEN` serves one).
 
 use std::io::Write;
 use std::sync::Arc;
@@ -56,9 +57,14 @@ pub struct CoordinateArgs {
     /// Print `{"ids", "text", "plan", "hops", ...}` instead of streaming text.
     #[arg(long)]
     pub json: bool,
-    /// STUN/TURN server URL for peers beyond the LAN (repeatable; none: host addresses only).
+    /// STUN/TURN server for WebRTC (repeatable); none on a LAN or loopback.
     #[arg(long)]
     pub ice: Vec<String>,
+    /// Seconds a stage donor may stay silent before it is taken as lost. A donor answers
+    /// heartbeats between steps, so this must exceed its slowest step (a prefill chunk on a
+    /// CPU-emulated WebGPU adapter can take tens of seconds).
+    #[arg(long, default_value_t = 10.0)]
+    pub heartbeat_timeout: f64,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -73,13 +79,12 @@ pub struct DonorArgs {
     /// GPU backend: auto, vulkan, gl, metal, dx12.
     #[arg(long, default_value = "auto")]
     pub backend: String,
-    /// STUN/TURN server URL for peers beyond the LAN (repeatable; none: host addresses only).
+    /// STUN/TURN server for WebRTC (repeatable); none on a LAN or loopback.
     #[arg(long)]
     pub ice: Vec<String>,
 }
 
-/// Joins the fleet's room (derived from the token) on the signalling server over WebRTC.
-/// Without `ice` servers peers offer only their host addresses: LAN and loopback.
+/// Joins the room of the fleet with this token on the signaling server (`ws://HOST:PORT/signal`).
 async fn connect(signal: &str, fleet: &str, ice: &[String]) -> anyhow::Result<WebRtcTransport> {
     let config = WebRtcConfig {
         ice_urls: ice.to_vec(),
@@ -114,6 +119,10 @@ pub async fn run_coordinator<T: Transport>(
 ) -> anyhow::Result<()> {
     let mut config = CoordinatorConfig::new(&args.model, &args.fleet, args.donors);
     config.runtime.max_context = args.ctx;
+    if !(args.heartbeat_timeout > 0.0 && args.heartbeat_timeout <= 86_400.0) {
+        bail!("--heartbeat-timeout must be more than 0 and at most 86400 seconds");
+    }
+    config.heartbeat_timeout = Duration::from_secs_f64(args.heartbeat_timeout);
     if args.f32_activations {
         config.runtime.hidden = Encoding::F32;
     }

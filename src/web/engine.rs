@@ -89,7 +89,7 @@ struct LoadHooks {
     signal: Option<AbortSignal>,
 }
 
-fn member<T: JsCast>(options: &JsValue, name: &str) -> Option<T> {
+pub(super) fn member<T: JsCast>(options: &JsValue, name: &str) -> Option<T> {
     if !options.is_object() {
         return None;
     }
@@ -138,7 +138,11 @@ pub fn wasm_memory_bytes() -> f64 {
         .map_or(0.0, |b| f64::from(b.byte_length()))
 }
 
-async fn open_gpu(settings: &LoadSettings) -> Result<Arc<Gpu>, WebError> {
+/// A WebGPU device, with f16 or subgroup kernels turned off on request.
+pub(super) async fn open_gpu(
+    disable_f16: bool,
+    disable_subgroups: bool,
+) -> Result<Arc<Gpu>, WebError> {
     let navigator = Reflect::get(&js_sys::global(), &"navigator".into()).unwrap_or_default();
     let has_gpu = Reflect::get(&navigator, &"gpu".into()).is_ok_and(|g| g.is_object());
     if !has_gpu {
@@ -146,8 +150,8 @@ async fn open_gpu(settings: &LoadSettings) -> Result<Arc<Gpu>, WebError> {
     }
     let options = GpuOptions {
         backend: BackendChoice::BrowserWebGpu,
-        disable_f16: settings.disable_f16,
-        disable_subgroups: settings.disable_subgroups,
+        disable_f16,
+        disable_subgroups,
         max_binding_override: None,
         gpu_work_split: false,
     };
@@ -195,7 +199,7 @@ impl WebEngine {
             max_context: settings.max_context,
             load: settings.load_options()?,
         };
-        let gpu = open_gpu(&settings).await?;
+        let gpu = open_gpu(settings.disable_f16, settings.disable_subgroups).await?;
         let disposed = Rc::new(Cell::new(false));
         watch_device(&gpu, hooks.on_device_lost.clone(), disposed.clone());
         let gpu_errors = GpuErrors::watch(&gpu);

@@ -7,6 +7,7 @@ use crate::engine::EngineError;
 use crate::gguf::{GgufError, SourceError};
 use crate::gpu::GpuError;
 use crate::model::{ConfigError, ModelError};
+use crate::shard::roles::RoleError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WebError {
@@ -34,6 +35,8 @@ pub enum WebError {
     DeviceLost(String),
     #[error("WebGPU reported an error, so results would be wrong: {0}")]
     Validation(String),
+    #[error("fleet: {0}")]
+    Fleet(#[from] RoleError),
     #[error("bad options: {0}")]
     Options(String),
     #[error("cache (OPFS) {operation} `{name}`: {message}")]
@@ -46,7 +49,8 @@ pub enum WebError {
 
 impl WebError {
     /// A short machine-readable class for pages: `not-found`, `http`, `network`, `not-gguf`,
-    /// `unsupported`, `no-webgpu`, `aborted`, `busy`, `device-lost`, `options`, `cache`, `other`.
+    /// `unsupported`, `no-webgpu`, `aborted`, `busy`, `device-lost`, `options`, `cache`, `fleet`,
+    /// `other`.
     pub fn kind(&self) -> &'static str {
         match self {
             WebError::Engine(e) => engine_kind(e),
@@ -59,6 +63,7 @@ impl WebError {
             WebError::Busy => "busy",
             WebError::DeviceLost(_) => "device-lost",
             WebError::Options(_) => "options",
+            WebError::Fleet(_) => "fleet",
             WebError::Cache { .. } => "cache",
         }
     }

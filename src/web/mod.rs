@@ -1,10 +1,12 @@
 //! wasm-bindgen exports and worker glue: the only module that knows it runs in a browser.
 //!
 //! JavaScript sees `Engine` (load a GGUF URL into WebGPU, generate, chat, abort),
-//! `wasmMemoryBytes()` and `clearCache()`. Loads read the file with ranged `fetch`es through
-//! an OPFS cache (`cache`), so interrupted downloads resume and finished ones work offline.
+//! `wasmMemoryBytes()`, `clearCache()`, and `Donor` (lends this GPU to a shard fleet). Loads
+//! read the file with ranged `fetch`es through an OPFS cache (`cache`), so interrupted
+//! downloads resume and finished ones work offline.
 
 pub mod cache;
+pub mod donor;
 pub mod engine;
 pub mod error;
 pub mod fetch;

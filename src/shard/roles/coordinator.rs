@@ -27,6 +27,9 @@ use crate::model::ModelConfig;
 use crate::sample::SamplerConfig;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
+/// How long `shutdown` keeps the transport open after its last frames.
+const SHUTDOWN_LINGER: Duration = Duration::from_millis(500);
+
 pub struct CoordinatorConfig {
     /// Where donors fetch the model from (a URL they can reach, or a path for local donors).
     pub model_url: String,
@@ -245,6 +248,9 @@ impl<T: Transport> Coordinator<T> {
         for peer in self.donors.keys() {
             let _ = send_message(&self.transport, *peer, &leave).await;
         }
+        // Dropping the transport closes its connections and discards what they still queue
+        // (the last Token, the Leave): give those frames time to leave first.
+        super::timer::sleep(SHUTDOWN_LINGER).await;
     }
 
     /// Admits donors (in the order their Hello arrives) until there are enough.

@@ -9,6 +9,7 @@
 use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
+use std::time::Duration;
 
 use serde::Serialize;
 
@@ -21,11 +22,14 @@ use super::super::transport::{send_message, PeerId, Transport, TransportError, T
 use super::super::validate::{FrameLimits, FrameValidator, InputKind, ModelShape};
 use super::super::vocab::ByteVocab;
 use super::host::{StageHost, StepOutput};
+use super::timer::with_timeout;
 use super::{probe, RoleError};
 use crate::gpu::Gpu;
 
 /// Longest message this role puts in an `Error` (the validator's text limit is larger).
 const MAX_ERROR_TEXT: usize = 1024;
+/// How often an unassigned donor repeats its Hello to every peer.
+const REGREET: Duration = Duration::from_secs(2);
 
 pub struct DonorConfig {
     /// Must match the coordinator's, or the Hello is refused.
@@ -141,7 +145,7 @@ impl<T: Transport> Donor<T> {
 
     async fn serve(&mut self) -> Result<DonorExit, RoleError> {
         loop {
-            let event = match self.transport.recv().await {
+            let event = match self.next_event().await {
                 Ok(event) => event,
                 Err(TransportError::Closed) => return Ok(DonorExit::Closed),
                 Err(error) => return Err(error.into()),
@@ -166,6 +170,24 @@ impl<T: Transport> Donor<T> {
                         return Ok(exit);
                     }
                 }
+            }
+        }
+    }
+
+    /// The next transport event. Until a coordinator has assigned a stage, the Hello is sent
+    /// again to every peer each `REGREET`: a frame sent while a new WebRTC link is still
+    /// opening can be lost, and a coordinator ignores a Hello from a donor it knows.
+    async fn next_event(&mut self) -> Result<TransportEvent, TransportError> {
+        loop {
+            if self.coordinator.is_some() {
+                return self.transport.recv().await;
+            }
+            if let Ok(event) = with_timeout(REGREET, self.transport.recv()).await {
+                return event;
+            }
+            self.greeted.clear();
+            for peer in self.transport.peers() {
+                self.hello(peer).await;
             }
         }
     }

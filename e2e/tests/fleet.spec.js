@@ -1,0 +1,230 @@
+// The shard chain across browsers and this machine: two donor pages (each its own browser
+// context, WebGPU on SwiftShader) and one native donor (lavapipe) join a fleet through
+// `runner serve --fleet`'s /signal; `runner coordinate` splits SmolLM2 over the three and
+// generates greedily. The ids must be the single-device `runner generate --temp 0` ids, also
+// when a donor tab closes mid-generation and the coordinator re-plans and replays.
+const { test, expect } = require('@playwright/test');
+const { spawn, execFile } = require('node:child_process');
+const path = require('node:path');
+const { SMOLLM2 } = require('./shared.js');
+
+const root = path.resolve(__dirname, '..', '..');
+const TOKEN = 'e2e-fleet-token';
+const PROMPT = 'The capital of France is';
+const TOKENS = 12;
+// The whole model needs about 144 MB here (98 MB of weights, the tied embedding on two stages,
+// 1.5 MiB of KV per layer at this context), more than any one donor offers, and the native donor
+// offers little: the slow SwiftShader pages hold most layers, so splitting them over both pages
+// is the fastest plan (three stages), and after one page leaves the other page and the native
+// donor still hold the model.
+const CTX = 256;
+const PAGE_MIB = 128;
+const NATIVE_MIB = 48;
+// Generous for SwiftShader, but every wait ends: no test can hang.
+const COORDINATE_MS = 8 * 60 * 1000;
+
+test.use({
+  launchOptions: {
+    executablePath: process.env.WEBSHARD_CHROMIUM || '/usr/lib/chromium/chromium-headless-shell',
+    // Loopback-only machines (CI) gather no ICE candidates without the flag and the
+    // camera/microphone permissions granted below.
+    args: ['--enable-unsafe-webgpu', '--allow-loopback-in-peer-connection'],
+  },
+});
+test.describe.configure({ mode: 'serial', timeout: 12 * 60 * 1000 });
+
+/** A child process whose output is kept, ended with the test (or by its own time limit). */
+class Child {
+  constructor(name, args, limitMs) {
+    this.name = name;
+    this.output = '';
+    this.stdout = '';
+    this.proc = spawn(process.env.WEBSHARD_RUNNER, args, { stdio: ['ignore', 'pipe', 'pipe'] });
+    this.proc.stdout.on('data', (data) => {
+      this.stdout += data;
+      this.output += data;
+    });
+    this.proc.stderr.on('data', (data) => (this.output += data));
+    this.exited = new Promise((resolve) => this.proc.on('exit', (code, signal) => resolve({ code, signal })));
+    this.timer = setTimeout(() => this.kill(), limitMs);
+  }
+
+  kill() {
+    clearTimeout(this.timer);
+    if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill('SIGKILL');
+  }
+
+  /** Resolves to stdout once the process exits 0; rejects with its output otherwise. */
+  async success() {
+    const { code, signal } = await this.exited;
+    clearTimeout(this.timer);
+    if (code !== 0) throw new Error(`${this.name} exited with ${code ?? signal}:\n${this.output.slice(-4000)}`);
+    return this.stdout;
+  }
+}
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = require('node:net').createServer();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+async function waitForHttp(url, limitMs) {
+  const deadline = Date.now() + limitMs;
+  while (Date.now() < deadline) {
+    try {
+      if ((await fetch(url)).ok) return;
+    } catch {
+      // Not listening yet.
+    }
+    await new Promise((resolve) => setTimeout(resolve, 200));
+  }
+  throw new Error(`${url} did not answer within ${limitMs} ms`);
+}
+
+function runnerJson(args, limitMs) {
+  return new Promise((resolve, reject) => {
+    execFile(process.env.WEBSHARD_RUNNER, args, { timeout: limitMs, maxBuffer: 1 << 24 }, (err, stdout, stderr) => {
+      if (err) reject(new Error(`runner ${args[0]}: ${err.message}\n${stderr}`));
+      else resolve(JSON.parse(stdout));
+    });
+  });
+}
+
+let server;
+let base;
+let signal;
+let expected;
+const children = [];
+const contexts = [];
+
+test.beforeAll(async () => {
+  const port = await freePort();
+  base = `http://127.0.0.1:${port}`;
+  signal = `ws://127.0.0.1:${port}/signal`;
+  const models = process.env.WEBSHARD_MODELS || path.join(root, 'models');
+  server = new Child(
+    'runner serve',
+    ['serve', '--root', root, '--models', models, '--host', '127.0.0.1', '--port', String(port), '--fleet', TOKEN],
+    30 * 60 * 1000,
+  );
+  await waitForHttp(`${base}/donor.html`, 60 * 1000);
+  expected = await runnerJson(
+    ['generate', '-m', path.join(models, SMOLLM2), '-p', PROMPT, '-n', String(TOKENS), '--temp', '0', '--json', '--quiet'],
+    10 * 60 * 1000,
+  );
+  expect(expected.ids).toHaveLength(TOKENS);
+});
+
+test.afterAll(() => server?.kill());
+
+test.afterEach(async () => {
+  for (const child of children.splice(0)) child.kill();
+  for (const context of contexts.splice(0)) await context.close().catch(() => {});
+});
+
+/** A donor page in a context of its own, joining the fleet at once. */
+async function openDonorPage(browser) {
+  const context = await browser.newContext();
+  contexts.push(context);
+  await context.grantPermissions(['camera', 'microphone']);
+  const page = await context.newPage();
+  const errors = [];
+  page.on('pageerror', (err) => errors.push(err.message));
+  const query = new URLSearchParams({ signal, fleet: TOKEN, gpu_mem: String(PAGE_MIB) });
+  await page.goto(`${base}/donor.html?${query}`);
+  // Probed and in the room: waiting for the coordinator's Assign.
+  await expect(page.locator('body'), errors.join('\n')).toHaveAttribute('data-phase', 'Joining', { timeout: 3 * 60 * 1000 });
+  await expect(page.locator('#adapter')).toContainText('ms per layer');
+  return { context, page, errors };
+}
+
+function startNativeDonor() {
+  const child = new Child(
+    'runner donor',
+    ['donor', '--signal', signal, '--fleet', TOKEN, '--gpu-mem-mib', String(NATIVE_MIB), '--backend', 'vulkan'],
+    COORDINATE_MS + 60 * 1000,
+  );
+  children.push(child);
+  return child;
+}
+
+function startCoordinator() {
+  const child = new Child(
+    'runner coordinate',
+    [
+      'coordinate', '-m', `${base}/models/${SMOLLM2}`, '--signal', signal, '--fleet', TOKEN,
+      '--donors', '3', '-p', PROMPT, '-n', String(TOKENS), '--temp', '0', '--ctx', String(CTX), '--json',
+      // A SwiftShader stage takes seconds per prefill chunk, answering no heartbeat meanwhile.
+      '--heartbeat-timeout', '120',
+    ],
+    COORDINATE_MS,
+  );
+  children.push(child);
+  return child;
+}
+
+const donorStatus = (page) => page.evaluate(() => window.__donor.status);
+
+test('two browser donors and a native donor generate the single-device ids', async ({ browser }) => {
+  const donors = [await openDonorPage(browser), await openDonorPage(browser)];
+  const native = startNativeDonor();
+  const report = JSON.parse(await startCoordinator().success());
+
+  expect(report.ids).toEqual(expected.ids);
+  expect(report.text).toBe(expected.text);
+  expect(report.plan).toHaveLength(3);
+  expect(report.recoveries).toBe(0);
+
+  const planned = new Set(report.plan.map((stage) => `${stage.layers[0]}-${stage.layers[1]}`));
+  for (const { page, errors } of donors) {
+    const status = await donorStatus(page);
+    expect(errors).toEqual([]);
+    expect(status.refused_frames).toBe(0);
+    const { start, end } = status.layers;
+    expect(end).toBeGreaterThan(start);
+    expect(planned.has(`${start}-${end}`)).toBe(true);
+    expect(status.bytes_downloaded).toBeGreaterThan(1e6);
+    expect(status.steps).toBeGreaterThan(TOKENS - 2);
+    expect(status.bytes_in).toBeGreaterThan(0);
+    expect(status.bytes_out).toBeGreaterThan(0);
+    await expect(page.locator('#layers')).toContainText(`${start}–${end - 1}`);
+    await expect(page.locator('#downloaded')).toContainText(`${(status.bytes_downloaded / 1e6).toFixed(1)} MB`);
+    await expect(page.locator('#step-ms')).toContainText(' ms');
+    // The coordinator streams each token to every donor: the page shows the whole text.
+    await expect(page.locator('#text')).toHaveText(expected.text);
+    // Dismissed when the coordinator finished.
+    await expect(page.locator('body')).toHaveAttribute('data-phase', 'Left');
+  }
+  await native.success();
+});
+
+test('a donor tab closing mid-generation changes nothing in the output', async ({ browser }) => {
+  const donors = [await openDonorPage(browser), await openDonorPage(browser)];
+  startNativeDonor();
+  const coordinator = startCoordinator();
+  const [leaving, staying] = donors;
+  // Close a tab once tokens flow through both pages: generation is under way on three stages.
+  for (const { page } of donors) {
+    await expect
+      .poll(async () => (await donorStatus(page))?.text?.length ?? 0, { timeout: COORDINATE_MS })
+      .toBeGreaterThan(0);
+  }
+  const closedAfter = (await donorStatus(leaving.page)).text;
+  await leaving.context.close();
+
+  const report = JSON.parse(await coordinator.success());
+  expect(closedAfter.length).toBeLessThan(expected.text.length);
+  expect(report.ids).toEqual(expected.ids);
+  expect(report.recoveries).toBeGreaterThanOrEqual(1);
+  // The re-plan runs on the two donors left.
+  expect(report.plan.length).toBeLessThanOrEqual(2);
+  const status = await donorStatus(staying.page);
+  expect(status.epoch).toBeGreaterThan(1);
+  await expect(staying.page.locator('#text')).toHaveText(expected.text);
+});
