@@ -1,11 +1,13 @@
-//! The decode matvec with its fusions (input RMS norm; bias, residual-accumulate and gated
-//! epilogues) against the CPU reference, on every device and variant, in both work splits
-//! (CPU adapters run the GPU split too, so CI covers what discrete GPUs run).
+//! The decode matvec with its fusions (input RMS norm; bias, residual-accumulate, gated and
+//! GLU epilogues), and on matrices that are rows of a larger tensor, against the CPU
+//! reference, on every device and variant, in both work splits (CPU adapters run the GPU split
+//! too, so CI covers what discrete GPUs run).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use webshard::gpu::{self, testing, Gpu, Recorder, Variant, WeightTensor};
-use webshard::ops::elementwise::Activation;
+use webshard::ops::elementwise::{activation_reference, Activation};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
     matvec, matvec_reference, Epilogue, Fusion, QuantMatrix, QuantType, ReferenceEpilogue,
@@ -83,6 +85,7 @@ fn run_gpu(
             ReferenceEpilogue::Accumulate => Epilogue::Accumulate,
             ReferenceEpilogue::Gated(act) => Epilogue::Gated(&aux, act),
         },
+        out_offset: 0,
     };
     let mut rec = Recorder::with_variant(gpu, variant);
     matvec(&mut rec, &w, &x, &out, &fusion);
@@ -144,5 +147,130 @@ fn gpu_work_split_matvec_covers_every_type() {
         let cols = if quant.block_size() == 256 { 768 } else { 96 };
         let inputs = Inputs::new(quant, 129, cols, seed.wrapping_add(index as u64));
         check(&inputs, true, ReferenceEpilogue::Store, seed);
+    }
+}
+
+/// Runs `matvec` on rows `rows` of the inputs' tensor, with the input norm, with a bias or
+/// (given up's rows and the activation) the GLU epilogue, from element `out_offset` of a
+/// poisoned output; returns the rows written.
+fn run_view(
+    gpu: &Gpu,
+    variant: Variant,
+    inputs: &Inputs,
+    rows: Range<u32>,
+    glu: Option<(Range<u32>, Activation)>,
+    out_offset: u32,
+) -> Vec<f32> {
+    let tensor = upload_weights(gpu, &inputs.bytes, inputs.rows);
+    let all = QuantMatrix::new(
+        &tensor,
+        inputs.quant,
+        inputs.cols as u32,
+        inputs.rows as u32,
+    )
+    .expect("matrix");
+    let w = all.rows(rows.clone());
+    let x = gpu::upload_f32(gpu, "x", &inputs.x);
+    let norm_weight = gpu::upload_f32(gpu, "norm", &inputs.norm_weight);
+    let aux = gpu::upload_f32(gpu, "aux", &inputs.aux);
+    let out = gpu::upload_f32(gpu, "out", &inputs.previous);
+    gpu::poison_f32(gpu, &out);
+    let fusion = Fusion {
+        norm: Some((&norm_weight, 1e-5)),
+        epilogue: match glu {
+            Some((up, act)) => Epilogue::Glu(all.rows(up), act),
+            None => Epilogue::Bias(&aux),
+        },
+        out_offset,
+    };
+    let mut rec = Recorder::with_variant(gpu, variant);
+    matvec(&mut rec, &w, &x, &out, &fusion);
+    let bytes = u64::from(rows.len() as u32 * 4);
+    let read = rec.submit_and_read(&out, u64::from(out_offset) * 4, bytes);
+    bytemuck::pod_collect_to_vec(&pollster::block_on(read).expect("read"))
+}
+
+/// The reference products of rows `rows` of the inputs' tensor with the normalised x.
+fn reference_rows(inputs: &Inputs, rows: Range<u32>) -> Vec<f32> {
+    let row_bytes = inputs.bytes.len() / inputs.rows;
+    let bytes = &inputs.bytes[rows.start as usize * row_bytes..rows.end as usize * row_bytes];
+    let mut dots = vec![0.0; rows.len()];
+    let norm = Some((inputs.norm_weight.as_slice(), 1e-5));
+    let (store, quant) = (ReferenceEpilogue::Store, inputs.quant);
+    matvec_reference(
+        quant,
+        bytes,
+        rows.len(),
+        &inputs.x,
+        norm,
+        store,
+        &[],
+        &mut dots,
+    );
+    dots
+}
+
+/// Types with rows of whole words and with rows that are not (Q5_0, Q6_K at these widths).
+fn view_types() -> [(QuantType, usize); 5] {
+    [
+        (QuantType::Q4_1, 576),
+        (QuantType::Q5_0, 96),
+        (QuantType::Q8_0, 64),
+        (QuantType::Q6_K, 256),
+        (QuantType::F32, 64),
+    ]
+}
+
+#[test]
+fn matvec_reads_rows_of_a_larger_tensor() {
+    let seed = testing::fresh_seed();
+    for (index, (quant, cols)) in view_types().into_iter().enumerate() {
+        let inputs = Inputs::new(quant, 90, cols, seed.wrapping_add(index as u64));
+        let (rows, out_offset) = (7..72, 11);
+        let bias = &inputs.aux[out_offset as usize..][..rows.len()];
+        let want: Vec<f32> = reference_rows(&inputs, rows.clone())
+            .iter()
+            .zip(bias)
+            .map(|(dot, b)| dot + b)
+            .collect();
+        for (gpu, variant) in devices() {
+            let got = run_view(&gpu, variant, &inputs, rows.clone(), None, out_offset);
+            let what = format!(
+                "{quant:?} {} {variant} cpu_split={} rows {rows:?} of 90 seed={seed}",
+                gpu.caps.adapter, gpu.caps.cpu_work_split
+            );
+            testing::assert_close(&got, &want, 2e-4, &what);
+        }
+    }
+}
+
+#[test]
+fn glu_matvec_matches_gate_and_up_references() {
+    let seed = testing::fresh_seed();
+    let acts = [Activation::Silu, Activation::GeluTanh];
+    for (index, (quant, cols)) in view_types().into_iter().enumerate() {
+        // Rows: 3 of another matrix, then gate's ff rows, then up's.
+        let ff = 67;
+        let inputs = Inputs::new(quant, 3 + 2 * ff, cols, seed.wrapping_add(index as u64));
+        let (gate, up) = (3..3 + ff as u32, 3 + ff as u32..3 + 2 * ff as u32);
+        let act = acts[index % 2];
+        let (gate_dots, up_dots) = (
+            reference_rows(&inputs, gate.clone()),
+            reference_rows(&inputs, up.clone()),
+        );
+        let want: Vec<f32> = gate_dots
+            .iter()
+            .zip(&up_dots)
+            .map(|(&g, &u)| activation_reference(g, act) * u)
+            .collect();
+        for (gpu, variant) in devices() {
+            let glu = Some((up.clone(), act));
+            let got = run_view(&gpu, variant, &inputs, gate.clone(), glu, 0);
+            let what = format!(
+                "GLU {act:?} {quant:?} {} {variant} cpu_split={} ff={ff} seed={seed}",
+                gpu.caps.adapter, gpu.caps.cpu_work_split
+            );
+            testing::assert_close(&got, &want, 2e-4, &what);
+        }
     }
 }

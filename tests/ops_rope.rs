@@ -127,7 +127,7 @@ fn rope_reference_matches_the_definition() {
 fn rope_store_matches_rope_then_cache_write() {
     use webshard::ops::attention::KvCache;
     use webshard::ops::norm::rms_norm_reference;
-    use webshard::ops::rope::{HeadNorms, StoreTarget};
+    use webshard::ops::rope::{HeadNorms, Section, StoreTarget};
     let seed = testing::fresh_seed();
     let max_ctx = 64u32;
     for (gpu, variant) in each_variant() {
@@ -165,10 +165,22 @@ fn rope_store_matches_rope_then_cache_write() {
                     .for_each(|b| gpu::poison_f32(&gpu, b));
                 let buffers =
                     [&q, &k, &v, &q_norm, &k_norm].map(|data| gpu::upload_f32(&gpu, "in", data));
+                // Odd cases read q, k and v from sections of one buffer, as decode does.
+                let packed = case % 2 == 1;
+                let qkv: Vec<f32> = q.iter().chain(&k).chain(&v).copied().collect();
+                let qkv_buffer = gpu::upload_f32(&gpu, "qkv", &qkv);
+                let section = |index: usize, offset: usize| match packed {
+                    true => Section {
+                        buffer: &qkv_buffer,
+                        offset: offset as u32,
+                    },
+                    false => Section::from(&buffers[index]),
+                };
+                let q_buffer = if packed { &qkv_buffer } else { &buffers[0] };
                 let target = StoreTarget {
-                    q: &buffers[0],
-                    k: &buffers[1],
-                    v: &buffers[2],
+                    q: section(0, 0),
+                    k: section(1, q_len),
+                    v: section(2, q_len + kv_len),
                     cache: &cache,
                     cache_layer: 1,
                     heads,
@@ -201,10 +213,10 @@ fn rope_store_matches_rope_then_cache_write() {
                 rope::rope_reference(&mut want_q, tokens, heads, start_pos, &params);
                 let mut want_k = normed(&k, &k_norm);
                 rope::rope_reference(&mut want_k, tokens, kv_heads, start_pos, &params);
-                let what = format!("rope_store {name} tokens={tokens} start={start_pos} norm={norm} {} {variant} seed={case_seed}", gpu.caps.backend);
+                let what = format!("rope_store {name} tokens={tokens} start={start_pos} norm={norm} packed={packed} {} {variant} seed={case_seed}", gpu.caps.backend);
 
                 let got_q =
-                    pollster::block_on(gpu::read_f32(&gpu, &buffers[0], 0, q_len as u64)).unwrap();
+                    pollster::block_on(gpu::read_f32(&gpu, q_buffer, 0, q_len as u64)).unwrap();
                 testing::assert_close(&got_q, &want_q, 4e-6, &format!("{what}: q"));
                 let (index, offset) = cache.layer_location(1);
                 let layer_floats = cache.layer_bytes() / 4;

@@ -10,7 +10,8 @@ struct Params {
     cols: u32,
     scale: f32,
     first_token: u32,
-    pad: u32,
+    // The part buffer's row holding row first_row.
+    buffer_row: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -29,7 +30,7 @@ fn embed(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_inde
     }
     let block = unit / UNITS;
     let u = unit % UNITS;
-    let values = dequant_unit((id - params.first_row) * params.row_bytes + block * BLOCK_BYTES, u);
+    let values = dequant_unit((params.buffer_row + id - params.first_row) * params.row_bytes + block * BLOCK_BYTES, u);
     let out_base = (token * params.cols + block * BLOCK) / 4u;
     for (var i = 0u; i < 8u; i = i + 1u) {
         out[out_base + block_element(u, i) / 4u] = values[i] * params.scale;

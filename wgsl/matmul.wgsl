@@ -15,6 +15,11 @@ struct Params {
     cols: u32,
     tokens: u32,
     out_stride: u32,
+    // The part buffer's row holding row first_row.
+    buffer_row: u32,
+    pad0: u32,
+    pad1: u32,
+    pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -55,7 +60,7 @@ fn load_tile(first_tile_row: u32, k0: u32, lane: u32) {
             // May wrap below zero for a block that starts before k0; its unit's elements
             // bring it back in range (u32 arithmetic is modular and every term is a multiple of 4).
             let base = tile_row * BK4 + block * (BLOCK / 4u) - k0 / 4u;
-            store_unit(base, u, dequant_unit(row * params.row_bytes + block * BLOCK_BYTES, u));
+            store_unit(base, u, dequant_unit((params.buffer_row + row) * params.row_bytes + block * BLOCK_BYTES, u));
         }
     }
 }

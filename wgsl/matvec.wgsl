@@ -1,4 +1,5 @@
-// Matrix-vector product for one token: out[first_row + r] = dot(W[r, :], x).
+// Matrix-vector product for one token: out[out_offset + first_row + r] = dot(W[r, :], x), W's
+// row r at row buffer_row + r of the bound part (a part may hold several matrices' rows).
 //
 // Each thread accumulates RPT consecutive rows at once, so every activation it loads serves
 // RPT rows (on CPU adapters every storage load is a per-lane scalar loop, and activation
@@ -12,7 +13,11 @@
 //   every workgroup sums x's squares itself (x is one short row, read from cache).
 // - EPILOGUE: 0 stores the dot product; 1 adds aux[row] (a bias); 2 adds it to out[row] (the
 //   residual stream); 3 and 4 store silu(aux[row]) or gelu(aux[row]) times it (aux holds the
-//   gate projection, this matrix is the up projection).
+//   gate projection, this matrix is the up projection); 5 and 6 (GLU, HALVES = 2) also take
+//   the dot product with row up_buffer_row + r of the same part (the up projection) and store
+//   silu(dot) or gelu(dot) times that. aux is indexed like out.
+// Each thread keeps SLOTS = RPT * HALVES sums: its rows' dot products, then (GLU) their up
+// rows'. The thread that writes a row holds both of its sums.
 
 struct Params {
     rows: u32,
@@ -22,7 +27,11 @@ struct Params {
     groups_x: u32,
     cols: u32,
     eps: f32,
-    pad: u32,
+    buffer_row: u32,
+    up_buffer_row: u32,
+    out_offset: u32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -34,8 +43,9 @@ struct Params {
 @group(0) @binding(6) var<storage, read> norm_w: array<vec4<f32>>;
 
 const ROW_GROUPS: u32 = WG / TPR;
+const SLOTS: u32 = RPT * HALVES;
 
-var<workgroup> partials: array<f32, WG * RPT>;
+var<workgroup> partials: array<f32, WG * SLOTS>;
 var<private> norm_scale: f32;
 
 // Sets norm_scale for NORM = 1. Every lane of the workgroup must call it.
@@ -76,43 +86,53 @@ fn unit_activations(x_block: u32, u: u32) -> Unit {
                 activation(x_block + block_element(u, 7u) / 4u));
 }
 
-// This thread's shares of dot(W[first + r, :], x) for r < RPT. Rows past the part repeat its
-// last row (keeping control flow uniform); their sums are never written.
-fn thread_partials(first: u32, thread: u32) -> array<f32, RPT> {
-    var row_start: array<u32, RPT>;
-    for (var r = 0u; r < RPT; r = r + 1u) {
-        row_start[r] = min(first + r, params.rows - 1u) * params.row_bytes;
+// This thread's shares of dot(W[first + r, :], x) for r < RPT, then (GLU) of the up rows'.
+// Rows past the part repeat its last row (keeping control flow uniform); their sums are never
+// written.
+fn thread_partials(first: u32, thread: u32) -> array<f32, SLOTS> {
+    var row_start: array<u32, SLOTS>;
+    for (var s = 0u; s < SLOTS; s = s + 1u) {
+        let base = select(params.buffer_row, params.up_buffer_row, s >= RPT);
+        row_start[s] = (base + min(first + s % RPT, params.rows - 1u)) * params.row_bytes;
     }
-    var acc: array<vec4<f32>, RPT>;
+    var acc: array<vec4<f32>, SLOTS>;
     let units = params.blocks_per_row * UNITS;
     for (var unit = thread; unit < units; unit = unit + TPR) {
         let block = unit / UNITS;
         let u = unit % UNITS;
         let x_block = block * (BLOCK / 4u);
         let activations = unit_activations(x_block, u);
-        for (var r = 0u; r < RPT; r = r + 1u) {
-            acc[r] = acc[r] + unit_dot(dequant_unit(row_start[r] + block * BLOCK_BYTES, u), activations);
+        for (var s = 0u; s < SLOTS; s = s + 1u) {
+            acc[s] = acc[s] + unit_dot(dequant_unit(row_start[s] + block * BLOCK_BYTES, u), activations);
         }
     }
-    var sums: array<f32, RPT>;
-    for (var r = 0u; r < RPT; r = r + 1u) {
-        sums[r] = (acc[r].x + acc[r].y) + (acc[r].z + acc[r].w);
+    var sums: array<f32, SLOTS>;
+    for (var s = 0u; s < SLOTS; s = s + 1u) {
+        sums[s] = (acc[s].x + acc[s].y) + (acc[s].z + acc[s].w);
     }
     return sums;
 }
 
-fn write_row(row: u32, value: f32) {
+// Writes row `row` from its dot product and (GLU) its up row's.
+fn write_row(row: u32, value: f32, up: f32) {
     if (row >= params.rows) {
         return;
     }
-    let i = params.first_row + row;
+    let i = params.out_offset + params.first_row + row;
     switch EPILOGUE {
         case 1u: { out[i] = value + aux[i]; }
         case 2u: { out[i] = out[i] + value; }
         case 3u: { out[i] = silu(aux[i]) * value; }
         case 4u: { out[i] = gelu_tanh(aux[i]) * value; }
+        case 5u: { out[i] = silu(value) * up; }
+        case 6u: { out[i] = gelu_tanh(value) * up; }
         default: { out[i] = value; }
     }
+}
+
+// The slot of row r's up sum (r's own slot without GLU).
+fn up_slot(r: u32) -> u32 {
+    return (HALVES - 1u) * RPT + r;
 }
 
 @compute @workgroup_size(WG)
@@ -123,21 +143,25 @@ fn matvec(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_ind
     let sums = thread_partials(first, thread);
     if (TPR == 1u) {
         for (var r = 0u; r < RPT; r = r + 1u) {
-            write_row(first + r, sums[r]);
+            write_row(first + r, sums[r], sums[up_slot(r)]);
         }
         return;
     }
-    for (var r = 0u; r < RPT; r = r + 1u) {
-        partials[lane * RPT + r] = sums[r];
+    for (var s = 0u; s < SLOTS; s = s + 1u) {
+        partials[lane * SLOTS + s] = sums[s];
     }
     workgroupBarrier();
-    // Thread t of a group adds up rows t, t + TPR, ... of it.
+    // Thread t of a group adds up rows t, t + TPR, ... of it, both sums of each.
     let group_lane = lane - thread;
     for (var r = thread; r < RPT; r = r + TPR) {
         var total = 0.0;
+        var up = 0.0;
         for (var j = 0u; j < TPR; j = j + 1u) {
-            total = total + partials[(group_lane + j) * RPT + r];
+            total = total + partials[(group_lane + j) * SLOTS + r];
+            if (HALVES == 2u) {
+                up = up + partials[(group_lane + j) * SLOTS + up_slot(r)];
+            }
         }
-        write_row(first + r, total);
+        write_row(first + r, total, up);
     }
 }

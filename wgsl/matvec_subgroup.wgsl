@@ -7,14 +7,14 @@ fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invoc
     prepare_norm(lane);
     let first = first_thread_row(group, lane);
     var sums = thread_partials(first, lane % TPR);
-    for (var r = 0u; r < RPT; r = r + 1u) {
+    for (var s = 0u; s < SLOTS; s = s + 1u) {
         for (var mask = TPR / 2u; mask > 0u; mask = mask / 2u) {
-            sums[r] = sums[r] + subgroupShuffleXor(sums[r], mask);
+            sums[s] = sums[s] + subgroupShuffleXor(sums[s], mask);
         }
     }
     if (lane % TPR == 0u) {
         for (var r = 0u; r < RPT; r = r + 1u) {
-            write_row(first + r, sums[r]);
+            write_row(first + r, sums[r], sums[up_slot(r)]);
         }
     }
 }

@@ -21,9 +21,10 @@ struct Params {
     norm: u32,
     eps: f32,
     cache_offset: u32,
-    pad0: u32,
-    pad1: u32,
-    pad2: u32,
+    // rope_store only: where q, k and v begin in their bindings (one buffer may hold all three).
+    q_offset: u32,
+    k_offset: u32,
+    v_offset: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -84,8 +85,9 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
 // rows are k heads, rotated and written into the layer's key cache; the last kv_heads rows are
 // v heads, copied into the value cache. With norm = 1, q and k rows are first RMS-normalised
 // with their per-head weights, as rms_norm computes it. The rotation is the rope entry's.
-@group(0) @binding(2) var<storage, read> k_new: array<f32>;
-@group(0) @binding(3) var<storage, read> v_new: array<f32>;
+// k_new and v_new are only read, but read_write: they may be sections of x's buffer.
+@group(0) @binding(2) var<storage, read_write> k_new: array<f32>;
+@group(0) @binding(3) var<storage, read_write> v_new: array<f32>;
 @group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
 @group(0) @binding(6) var<storage, read> q_norm: array<f32>;
@@ -94,16 +96,16 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
 // A q row's value d, normalised when asked.
 fn q_value(base: u32, d: u32, scale: f32) -> f32 {
     if (params.norm == 1u) {
-        return (x[base + d] * scale) * q_norm[d];
+        return (x[params.q_offset + base + d] * scale) * q_norm[d];
     }
-    return x[base + d];
+    return x[params.q_offset + base + d];
 }
 
 fn k_value(base: u32, d: u32, scale: f32) -> f32 {
     if (params.norm == 1u) {
-        return (k_new[base + d] * scale) * k_norm[d];
+        return (k_new[params.k_offset + base + d] * scale) * k_norm[d];
     }
-    return k_new[base + d];
+    return k_new[params.k_offset + base + d];
 }
 
 // The RMS scale of a q (is_q) or k row; every lane of the workgroup must call it.
@@ -113,7 +115,7 @@ fn row_scale(is_q: bool, base: u32, lane: u32) -> f32 {
     }
     var squares = 0.0;
     for (var d = lane; d < params.head_dim; d = d + WG) {
-        let value = select(k_new[base + d], x[base + d], is_q);
+        let value = select(k_new[params.k_offset + base + d], x[params.q_offset + base + d], is_q);
         squares = squares + value * value;
     }
     let total = reduce_sum(squares, lane);
@@ -138,7 +140,7 @@ fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation
         let head = row - params.heads - params.kv_heads;
         let src = token * kv_row + head * hd;
         for (var d = lane; d < hd; d = d + WG) {
-            v_cache[params.cache_offset + src + d] = v_new[src + d];
+            v_cache[params.cache_offset + src + d] = v_new[params.v_offset + src + d];
         }
         return;
     }
@@ -169,8 +171,8 @@ fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation
             results[1] = x0 * s + x1 * c;
         }
         if (is_q) {
-            x[base + dims.x] = results[0];
-            x[base + dims.y] = results[1];
+            x[params.q_offset + base + dims.x] = results[0];
+            x[params.q_offset + base + dims.y] = results[1];
         } else {
             k_cache[params.cache_offset + base + dims.x] = results[0];
             k_cache[params.cache_offset + base + dims.y] = results[1];

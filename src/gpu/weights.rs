@@ -4,6 +4,8 @@
 //! split only at row boundaries, so a matrix-vector product runs one dispatch per part with a
 //! row offset, and no kernel ever sees a block cut in two.
 
+use std::ops::Range;
+
 use super::buffer::storage_buffer;
 use super::device::{Gpu, GpuError};
 
@@ -43,14 +45,12 @@ impl WeightTensor {
         rows: u64,
         row_bytes: u64,
     ) -> Result<WeightTensor, GpuError> {
-        let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
-        // Keep 4 bytes of slack: a part's size is rounded up to a multiple of 4.
-        let rows_per_part = limit.saturating_sub(4) / row_bytes.max(1);
+        let rows_per_part = Self::rows_per_part(gpu, row_bytes);
         if rows_per_part == 0 {
             return Err(GpuError::BindingTooSmall {
                 name: name.to_string(),
                 needed: row_bytes,
-                limit,
+                limit: gpu.caps.max_binding.min(gpu.caps.max_buffer),
             });
         }
         let mut parts = Vec::new();
@@ -73,6 +73,13 @@ impl WeightTensor {
         })
     }
 
+    /// The most rows of `row_bytes` bytes one part (one binding) holds on this device.
+    pub fn rows_per_part(gpu: &Gpu, row_bytes: u64) -> u64 {
+        let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
+        // Keep 4 bytes of slack: a part's size is rounded up to a multiple of 4.
+        limit.saturating_sub(4) / row_bytes.max(1)
+    }
+
     pub fn total_bytes(&self) -> u64 {
         self.rows * self.row_bytes
     }
@@ -80,18 +87,31 @@ impl WeightTensor {
     /// Splits the tensor's bytes into pieces of at most `chunk_bytes` (a multiple of 4), each
     /// within one part and starting at a 4-byte aligned buffer offset.
     pub fn upload_pieces(&self, chunk_bytes: u64) -> Vec<UploadPiece> {
+        self.upload_row_pieces(0..self.rows, chunk_bytes)
+    }
+
+    /// `upload_pieces` for rows `rows` only (one member of a tensor of several matrices'
+    /// rows), their `tensor_offset`s counted from the first of them. Each piece starts at a
+    /// 4-byte aligned buffer offset when the rows before the range take a multiple of 4 bytes.
+    pub fn upload_row_pieces(&self, rows: Range<u64>, chunk_bytes: u64) -> Vec<UploadPiece> {
         let chunk = chunk_bytes.max(4).next_multiple_of(4);
         let mut pieces = Vec::new();
         for (index, part) in self.parts.iter().enumerate() {
-            let part_start = part.first_row * self.row_bytes;
-            let part_bytes = part.rows * self.row_bytes;
+            let first = rows.start.max(part.first_row);
+            let end = rows.end.min(part.first_row + part.rows);
+            if first >= end {
+                continue;
+            }
+            let range_start = (first - rows.start) * self.row_bytes;
+            let buffer_start = (first - part.first_row) * self.row_bytes;
+            let range_bytes = (end - first) * self.row_bytes;
             let mut done = 0;
-            while done < part_bytes {
-                let bytes = chunk.min(part_bytes - done);
+            while done < range_bytes {
+                let bytes = chunk.min(range_bytes - done);
                 pieces.push(UploadPiece {
                     part: index,
-                    tensor_offset: part_start + done,
-                    buffer_offset: done,
+                    tensor_offset: range_start + done,
+                    buffer_offset: buffer_start + done,
                     bytes,
                 });
                 done += bytes;

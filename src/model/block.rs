@@ -7,47 +7,69 @@
 use crate::gpu::Recorder;
 use crate::ops::attention::{self, AttentionParams};
 use crate::ops::elementwise::{self, Activation};
-use crate::ops::quant::{Epilogue, Fusion};
-use crate::ops::rope::{HeadNorms, RopeParams, StoreTarget};
+use crate::ops::quant::{Epilogue, Fusion, QuantMatrix};
+use crate::ops::rope::{HeadNorms, RopeParams, Section, StoreTarget};
 use crate::ops::{norm, quant, rope};
 
 use super::loader::{Matrix, Vector};
 use super::LayerStep;
 
-/// `out = W · rms_norm(hidden) (+ bias)` for each (W, bias, out). One token fuses the norm
-/// (and bias) into each product; more normalise once into `normed` for the tiled products.
-pub(super) fn normed_projections(
-    rec: &mut Recorder,
-    step: &LayerStep,
-    norm_weight: &Vector,
-    projections: &[(&Matrix, Option<&Vector>, &wgpu::Buffer)],
-) {
-    let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
+/// q, k and v = W · rms_norm(hidden) (+ bias), with the block's attention norm. One token
+/// computes them one after another into `qkv`, a single product for each run of them sharing
+/// a tensor, with the norm and bias fused; more normalise once into `normed` for the tiled
+/// products into `q`, `k` and `v`.
+pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
+    let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
     if tokens == 1 {
-        for &(matrix, bias, out) in projections {
+        let epilogue = w
+            .qkv_bias
+            .as_ref()
+            .map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer));
+        let mut out_offset = 0;
+        for run in runs(&[&w.wq, &w.wk, &w.wv]) {
             let fusion = Fusion {
-                norm: Some((&norm_weight.buffer, cfg.rms_eps)),
-                epilogue: bias.map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer)),
+                norm: Some((&w.attn_norm.buffer, cfg.rms_eps)),
+                epilogue,
+                out_offset,
             };
-            quant::matvec(rec, &matrix.view(), &s.hidden, out, &fusion);
+            quant::matvec(rec, &run, &s.hidden, &s.qkv, &fusion);
+            out_offset += run.rows;
         }
         return;
     }
     norm::rms_norm(
         rec,
         &s.hidden,
-        &norm_weight.buffer,
+        &w.attn_norm.buffer,
         &s.normed,
         tokens,
         cfg.d_model,
         cfg.rms_eps,
     );
-    for &(matrix, bias, out) in projections {
+    let projections = [
+        (&w.wq, &w.bq, &s.q),
+        (&w.wk, &w.bk, &s.k),
+        (&w.wv, &w.bv, &s.v),
+    ];
+    for (matrix, bias, out) in projections {
         quant::matmul(rec, &matrix.view(), &s.normed, out, tokens);
         if let Some(bias) = bias {
             elementwise::add_bias(rec, out, &bias.buffer, tokens, bias.len);
         }
     }
+}
+
+/// The matrices as few products as their tensors allow: each run of neighbours whose rows
+/// follow one another in one tensor as a single matrix.
+fn runs<'a>(matrices: &[&'a Matrix]) -> Vec<QuantMatrix<'a>> {
+    let mut runs: Vec<QuantMatrix<'a>> = Vec::new();
+    for (i, matrix) in matrices.iter().enumerate() {
+        match runs.last_mut() {
+            Some(run) if i > 0 && matrices[i - 1].followed_by(matrix) => run.rows += matrix.rows,
+            _ => runs.push(matrix.view()),
+        }
+    }
+    runs
 }
 
 /// `hidden += W · input`: accumulated by the product itself for one token.
@@ -60,8 +82,8 @@ pub(super) fn project_into_residual(
     let (s, tokens) = (step.scratch, step.tokens);
     if tokens == 1 {
         let fusion = Fusion {
-            norm: None,
             epilogue: Epilogue::Accumulate,
+            ..Fusion::default()
         };
         quant::matvec(rec, &matrix.view(), input, &s.hidden, &fusion);
         return;
@@ -87,11 +109,16 @@ pub(super) fn rotate_and_attend(
     window: Option<u32>,
 ) {
     let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
+    let q = if tokens == 1 { &s.qkv } else { &s.q };
     if tokens == 1 {
+        let section = |offset| Section {
+            buffer: &s.qkv,
+            offset,
+        };
         let target = StoreTarget {
-            q: &s.q,
-            k: &s.k,
-            v: &s.v,
+            q: section(0),
+            k: section(cfg.q_dim()),
+            v: section(cfg.q_dim() + cfg.kv_dim()),
             cache: step.cache,
             cache_layer: step.cache_layer,
             heads: cfg.n_heads,
@@ -144,7 +171,7 @@ pub(super) fn rotate_and_attend(
     };
     attention::attention(
         rec,
-        &s.q,
+        q,
         step.cache,
         step.cache_layer,
         &s.attn,
@@ -171,7 +198,8 @@ pub(super) enum FeedForwardOut {
 }
 
 /// The gated MLP over `rms_norm(hidden)` with the block's ffn norm. One token fuses the norm
-/// into the gate and up products and the activation into the up product.
+/// into the gate and up products, and computes both with the activation in one product where
+/// they share a tensor (else the activation goes into the up product).
 pub(super) fn feed_forward(
     rec: &mut Recorder,
     step: &LayerStep,
@@ -181,23 +209,34 @@ pub(super) fn feed_forward(
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
     if tokens == 1 {
         let norm = Some((&w.ffn_norm.buffer, cfg.rms_eps));
-        let gate = Fusion {
-            norm,
-            epilogue: Epilogue::Store,
-        };
-        quant::matvec(rec, &w.w_gate.view(), &s.hidden, &s.gate, &gate);
-        let up = Fusion {
-            norm,
-            epilogue: Epilogue::Gated(&s.gate, activation),
-        };
-        quant::matvec(rec, &w.w_up.view(), &s.hidden, &s.act, &up);
+        let (gate, up) = (w.w_gate.view(), w.w_up.view());
+        if quant::shares_part(&gate, &up) {
+            let glu = Fusion {
+                norm,
+                epilogue: Epilogue::Glu(up, activation),
+                out_offset: 0,
+            };
+            quant::matvec(rec, &gate, &s.hidden, &s.act, &glu);
+        } else {
+            let gate_fusion = Fusion {
+                norm,
+                ..Fusion::default()
+            };
+            quant::matvec(rec, &gate, &s.hidden, &s.gate, &gate_fusion);
+            let up_fusion = Fusion {
+                norm,
+                epilogue: Epilogue::Gated(&s.gate, activation),
+                out_offset: 0,
+            };
+            quant::matvec(rec, &up, &s.hidden, &s.act, &up_fusion);
+        }
         let (target, epilogue) = match out {
             FeedForwardOut::Residual => (&s.hidden, Epilogue::Accumulate),
             FeedForwardOut::Delta => (&s.delta, Epilogue::Store),
         };
         let down = Fusion {
-            norm: None,
             epilogue,
+            ..Fusion::default()
         };
         quant::matvec(rec, &w.w_down.view(), &s.act, target, &down);
         return;

@@ -11,7 +11,7 @@ use crate::ops::elementwise::{self, Activation};
 use crate::ops::rope::RopeParams;
 use crate::ops::{norm, quant};
 
-use super::block::{feed_forward, normed_projections, rotate_and_attend, FeedForwardOut, QkNorms};
+use super::block::{feed_forward, qkv_projections, rotate_and_attend, FeedForwardOut, QkNorms};
 use super::config::{ConfigError, ModelConfig, SlidingWindow};
 use super::loader::Vector;
 use super::LayerStep;
@@ -50,16 +50,7 @@ pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
         (true, Some(local_rope)) => local_rope,
         _ => &cfg.rope,
     };
-    normed_projections(
-        rec,
-        step,
-        &w.attn_norm,
-        &[
-            (&w.wq, None, &s.q),
-            (&w.wk, None, &s.k),
-            (&w.wv, None, &s.v),
-        ],
-    );
+    qkv_projections(rec, step);
     let window = cfg.sliding_window.filter(|_| local).map(|sw| sw.window);
     let norms = match (&w.q_norm, &w.k_norm) {
         (Some(q), Some(k)) => Some(QkNorms { q, k }),

@@ -9,7 +9,7 @@ use crate::gpu::Recorder;
 use crate::ops::elementwise::Activation;
 
 use super::block::{
-    feed_forward, normed_projections, project_into_residual, rotate_and_attend, FeedForwardOut,
+    feed_forward, project_into_residual, qkv_projections, rotate_and_attend, FeedForwardOut,
 };
 use super::LayerStep;
 
@@ -20,16 +20,7 @@ pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
         scratch: s,
         ..
     } = *step;
-    normed_projections(
-        rec,
-        step,
-        &w.attn_norm,
-        &[
-            (&w.wq, w.bq.as_ref(), &s.q),
-            (&w.wk, w.bk.as_ref(), &s.k),
-            (&w.wv, w.bv.as_ref(), &s.v),
-        ],
-    );
+    qkv_projections(rec, step);
     rotate_and_attend(rec, step, &cfg.rope, None, None);
     project_into_residual(rec, step, &w.wo, &s.attn);
     feed_forward(rec, step, Activation::Silu, FeedForwardOut::Residual);

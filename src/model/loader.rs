@@ -5,6 +5,9 @@
 //! chunks, so host memory stays at `chunk_bytes * in_flight` plus the driver's staging for one
 //! flush window, whatever the model's size.
 
+use std::ops::Range;
+use std::sync::Arc;
+
 use futures::{StreamExt, TryStreamExt};
 
 use crate::gguf::{GgmlType, Header, RangeSource, TensorInfo};
@@ -40,10 +43,12 @@ impl Default for LoadOptions {
 /// Bytes queued to the device between flushes.
 const FLUSH_BYTES: u64 = 32 << 20;
 
-/// A matrix in GPU memory, stored as its GGUF bytes.
+/// A matrix in GPU memory, stored as its GGUF bytes: rows `row_offset..` of a tensor that
+/// may hold other matrices' rows before and after (see `Loader::matrices`).
 #[derive(Debug)]
 pub struct Matrix {
-    pub weights: WeightTensor,
+    pub weights: Arc<WeightTensor>,
+    pub row_offset: u32,
     pub quant: QuantType,
     pub cols: u32,
     pub rows: u32,
@@ -56,7 +61,13 @@ impl Matrix {
             quant: self.quant,
             cols: self.cols,
             rows: self.rows,
+            row_offset: self.row_offset,
         }
+    }
+
+    /// Whether `next`'s rows follow this matrix's in the same tensor.
+    pub fn followed_by(&self, next: &Matrix) -> bool {
+        Arc::ptr_eq(&self.weights, &next.weights) && next.row_offset == self.row_offset + self.rows
     }
 }
 
@@ -107,21 +118,81 @@ impl<'a> Loader<'a> {
 
     /// Loads `name`, which must be a `[cols, rows]` matrix of a computable type.
     pub async fn matrix(&mut self, name: &str, cols: u32, rows: u32) -> Result<Matrix, ModelError> {
-        let info = self.info(name)?;
-        expect_shape(info, &[u64::from(cols), u64::from(rows)])?;
-        let quant = quant_type(info)?;
-        let weights = WeightTensor::allocate(self.gpu, name, info.rows(), info.row_bytes())?;
-        self.stream(info, &weights).await?;
-        Ok(Matrix {
-            weights,
-            quant,
-            cols,
-            rows,
-        })
+        let mut matrices = self.matrices(&[(name, rows)], cols).await?;
+        Ok(matrices.remove(0))
+    }
+
+    /// Loads matrices `(name, rows)` of `cols` columns, in order. Each run of neighbours of one
+    /// type that fits one binding shares a tensor, its members' rows one after another, so a
+    /// single dispatch can read them all.
+    pub async fn matrices(
+        &mut self,
+        members: &[(&str, u32)],
+        cols: u32,
+    ) -> Result<Vec<Matrix>, ModelError> {
+        let mut infos = Vec::with_capacity(members.len());
+        for &(name, rows) in members {
+            let info = self.info(name)?;
+            expect_shape(info, &[u64::from(cols), u64::from(rows)])?;
+            infos.push((info, quant_type(info)?, rows));
+        }
+        let mut matrices = Vec::with_capacity(members.len());
+        let mut start = 0;
+        while start < infos.len() {
+            let (first, quant, _) = infos[start];
+            let row_bytes = first.row_bytes();
+            let fits = WeightTensor::rows_per_part(self.gpu, row_bytes);
+            let (mut end, mut rows) = (start, 0u64);
+            // Members start at 4-byte aligned offsets, for the uploads.
+            while end < infos.len()
+                && infos[end].1 == quant
+                && rows + u64::from(infos[end].2) <= fits
+                && (end == start || (rows * row_bytes) % 4 == 0)
+            {
+                rows += u64::from(infos[end].2);
+                end += 1;
+            }
+            let end = end.max(start + 1);
+            let names: Vec<&str> = infos[start..end]
+                .iter()
+                .map(|m| m.0.name.as_str())
+                .collect();
+            let total: u64 = infos[start..end].iter().map(|m| u64::from(m.2)).sum();
+            let weights = WeightTensor::allocate(self.gpu, &names.join("+"), total, row_bytes)?;
+            let mut row_offset = 0;
+            for &(info, _, rows) in &infos[start..end] {
+                let range = u64::from(row_offset)..u64::from(row_offset + rows);
+                self.stream(info, &weights, range).await?;
+                row_offset += rows;
+            }
+            let weights = Arc::new(weights);
+            let mut row_offset = 0;
+            for &(_, _, rows) in &infos[start..end] {
+                matrices.push(Matrix {
+                    weights: weights.clone(),
+                    row_offset,
+                    quant,
+                    cols,
+                    rows,
+                });
+                row_offset += rows;
+            }
+            start = end;
+        }
+        Ok(matrices)
     }
 
     /// Loads `name`, a vector of `len` elements stored as F32 or F16, as f32.
     pub async fn vector(&mut self, name: &str, len: u32) -> Result<Vector, ModelError> {
+        let values = self.vector_values(name, len).await?;
+        Ok(Vector {
+            buffer: crate::gpu::upload_f32(self.gpu, name, &values),
+            len,
+        })
+    }
+
+    /// The values of vector `name` of `len` elements (F32 or F16), on the host.
+    pub async fn vector_values(&mut self, name: &str, len: u32) -> Result<Vec<f32>, ModelError> {
         let info = self.info(name)?;
         expect_shape(info, &[u64::from(len)])?;
         let bytes = self.source.read_range(info.offset, info.bytes).await?;
@@ -140,10 +211,15 @@ impl<'a> Loader<'a> {
             });
         }
         self.advance(name, info.bytes);
-        Ok(Vector {
-            buffer: crate::gpu::upload_f32(self.gpu, name, &values),
-            len,
-        })
+        Ok(values)
+    }
+
+    /// Uploads `values` as a vector.
+    pub fn upload_vector(&self, name: &str, values: &[f32]) -> Vector {
+        Vector {
+            buffer: crate::gpu::upload_f32(self.gpu, name, values),
+            len: values.len() as u32,
+        }
     }
 
     /// Whether the file has tensor `name` (optional tensors such as biases or `output.weight`).
@@ -158,13 +234,16 @@ impl<'a> Loader<'a> {
         })
     }
 
+    /// Streams tensor `info` into rows `rows` of `weights`.
     async fn stream(
         &mut self,
         info: &TensorInfo,
         weights: &WeightTensor,
+        rows: Range<u64>,
     ) -> Result<(), ModelError> {
         let source = self.source;
-        let reads = futures::stream::iter(weights.upload_pieces(self.options.chunk_bytes))
+        let pieces = weights.upload_row_pieces(rows, self.options.chunk_bytes);
+        let reads = futures::stream::iter(pieces)
             .map(|piece| async move {
                 let bytes = source
                     .read_range(info.offset + piece.tensor_offset, piece.bytes)

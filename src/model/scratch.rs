@@ -15,6 +15,8 @@ pub struct Scratch {
     pub q: wgpu::Buffer,
     pub k: wgpu::Buffer,
     pub v: wgpu::Buffer,
+    /// One token's q, k and v one after another (decode computes them into one buffer).
+    pub qkv: wgpu::Buffer,
     pub attn: wgpu::Buffer,
     /// A block's output before it joins the residual stream.
     pub delta: wgpu::Buffer,
@@ -40,6 +42,7 @@ impl Scratch {
             q: f32s("q", cfg.q_dim()),
             k: f32s("k", cfg.kv_dim()),
             v: f32s("v", cfg.kv_dim()),
+            qkv: storage_buffer(gpu, "qkv", u64::from(cfg.q_dim() + 2 * cfg.kv_dim()) * 4),
             attn: f32s("attn", cfg.q_dim()),
             delta: f32s("delta", cfg.d_model),
             gate: f32s("gate", cfg.ff_dim),

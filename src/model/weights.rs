@@ -5,6 +5,8 @@ use super::loader::{Loader, Matrix, Vector};
 use super::ModelError;
 
 /// One transformer block. Optional parts are present only in the architectures that have them.
+/// Neighbours of one type among q, k and v, and gate and up, share a tensor where they fit one
+/// binding (`Loader::matrices`), for decode to compute them in one dispatch.
 #[derive(Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vector,
@@ -12,10 +14,13 @@ pub struct LayerWeights {
     pub wk: Matrix,
     pub wv: Matrix,
     pub wo: Matrix,
-    /// Qwen2's q/k/v biases.
+    /// Qwen2's q/k/v biases, for prefill.
     pub bq: Option<Vector>,
     pub bk: Option<Vector>,
     pub bv: Option<Vector>,
+    /// The same biases one after another (zeros for a missing one), for decode, which computes
+    /// q, k and v into one buffer in that order.
+    pub qkv_bias: Option<Vector>,
     /// Gemma 3's per-head q and k norms.
     pub q_norm: Option<Vector>,
     pub k_norm: Option<Vector>,
@@ -61,21 +66,40 @@ impl LayerWeights {
                 message: "per-head q and k norms come in pairs; this block has only one".into(),
             });
         }
+        let attn_norm = loader.vector(&name("attn_norm"), d).await?;
+        let [q_name, k_name, v_name] = ["attn_q", "attn_k", "attn_v"].map(name);
+        let qkv = [(q_name.as_str(), q), (&k_name, kv), (&v_name, kv)];
+        let [wq, wk, wv]: [Matrix; 3] =
+            loader.matrices(&qkv, d).await?.try_into().expect("q, k, v");
+        let [bq, bk, bv, qkv_bias] = qkv_biases(loader, layer, [q, kv, kv]).await?;
+        let wo = loader.matrix(&name("attn_output"), q, d).await?;
+        let q_norm = optional_vector(loader, &name("attn_q_norm"), cfg.head_dim).await?;
+        let k_norm = optional_vector(loader, &name("attn_k_norm"), cfg.head_dim).await?;
+        let post_attn_norm = optional_vector(loader, &name("post_attention_norm"), d).await?;
+        let ffn_norm = loader.vector(&name("ffn_norm"), d).await?;
+        let [gate_name, up_name] = ["ffn_gate", "ffn_up"].map(name);
+        let ffn = [(gate_name.as_str(), ff), (&up_name, ff)];
+        let [w_gate, w_up]: [Matrix; 2] = loader
+            .matrices(&ffn, d)
+            .await?
+            .try_into()
+            .expect("gate, up");
         Ok(LayerWeights {
-            attn_norm: loader.vector(&name("attn_norm"), d).await?,
-            wq: loader.matrix(&name("attn_q"), d, q).await?,
-            wk: loader.matrix(&name("attn_k"), d, kv).await?,
-            wv: loader.matrix(&name("attn_v"), d, kv).await?,
-            wo: loader.matrix(&name("attn_output"), q, d).await?,
-            bq: optional_vector(loader, &layer_bias(layer, "attn_q"), q).await?,
-            bk: optional_vector(loader, &layer_bias(layer, "attn_k"), kv).await?,
-            bv: optional_vector(loader, &layer_bias(layer, "attn_v"), kv).await?,
-            q_norm: optional_vector(loader, &name("attn_q_norm"), cfg.head_dim).await?,
-            k_norm: optional_vector(loader, &name("attn_k_norm"), cfg.head_dim).await?,
-            post_attn_norm: optional_vector(loader, &name("post_attention_norm"), d).await?,
-            ffn_norm: loader.vector(&name("ffn_norm"), d).await?,
-            w_gate: loader.matrix(&name("ffn_gate"), d, ff).await?,
-            w_up: loader.matrix(&name("ffn_up"), d, ff).await?,
+            attn_norm,
+            wq,
+            wk,
+            wv,
+            wo,
+            bq,
+            bk,
+            bv,
+            qkv_bias,
+            q_norm,
+            k_norm,
+            post_attn_norm,
+            ffn_norm,
+            w_gate,
+            w_up,
             w_down: loader.matrix(&name("ffn_down"), ff, d).await?,
             post_ffn_norm: optional_vector(loader, &name("post_ffw_norm"), d).await?,
         })
@@ -119,6 +143,33 @@ impl EdgeWeights {
     pub fn head(&self) -> Option<&Matrix> {
         self.head.as_ref().or(self.embedding.as_ref())
     }
+}
+
+/// The q, k and v biases (where the file has them) and their concatenation, zeros standing in
+/// for a missing one; all `None` without any.
+async fn qkv_biases(
+    loader: &mut Loader<'_>,
+    layer: u32,
+    lens: [u32; 3],
+) -> Result<[Option<Vector>; 4], ModelError> {
+    let names = ["attn_q", "attn_k", "attn_v"].map(|n| layer_bias(layer, n));
+    if !names.iter().any(|n| loader.has(n)) {
+        return Ok([None, None, None, None]);
+    }
+    let mut biases = [None, None, None];
+    let mut concatenated = Vec::new();
+    for ((name, len), bias) in names.iter().zip(lens).zip(&mut biases) {
+        if loader.has(name) {
+            let values = loader.vector_values(name, len).await?;
+            *bias = Some(loader.upload_vector(name, &values));
+            concatenated.extend(values);
+        } else {
+            concatenated.extend(std::iter::repeat_n(0.0, len as usize));
+        }
+    }
+    let qkv = loader.upload_vector(&layer_bias(layer, "attn_qkv"), &concatenated);
+    let [bq, bk, bv] = biases;
+    Ok([bq, bk, bv, Some(qkv)])
 }
 
 async fn optional_vector(

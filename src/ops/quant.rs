@@ -8,9 +8,9 @@ mod matvec;
 pub mod testing;
 
 pub use dequant::{dequant_row_reference, matmul_reference};
-pub use matvec::{matvec, matvec_reference, Epilogue, Fusion, ReferenceEpilogue};
+pub use matvec::{matvec, matvec_reference, shares_part, Epilogue, Fusion, ReferenceEpilogue};
 
-use crate::gpu::{Kernel, Lib, Recorder, WeightPart, WeightTensor};
+use crate::gpu::{Kernel, Lib, Recorder, WeightTensor};
 
 /// Weight encodings the kernels read, with GGUF's block layouts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -149,6 +149,18 @@ pub struct QuantMatrix<'a> {
     pub cols: u32,
     /// N: rows (GGUF shape[1]).
     pub rows: u32,
+    /// The tensor row holding the matrix's first row: a tensor may hold several matrices'
+    /// rows one after another (q, k and v; gate and up), each a view of its own rows.
+    pub row_offset: u32,
+}
+
+/// Rows `first_row .. first_row + rows` of a matrix, which lie in one weight part from its
+/// row `buffer_row`: what one dispatch reads.
+pub(super) struct ViewPart<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub first_row: u32,
+    pub rows: u32,
+    pub buffer_row: u32,
 }
 
 impl<'a> QuantMatrix<'a> {
@@ -185,6 +197,37 @@ impl<'a> QuantMatrix<'a> {
             quant,
             cols,
             rows,
+            row_offset: 0,
+        })
+    }
+
+    /// The matrix of rows `rows` of this one.
+    pub fn rows(&self, rows: std::ops::Range<u32>) -> QuantMatrix<'a> {
+        assert!(
+            rows.start <= rows.end && rows.end <= self.rows,
+            "rows {rows:?} of a matrix of {}",
+            self.rows
+        );
+        QuantMatrix {
+            rows: rows.end - rows.start,
+            row_offset: self.row_offset + rows.start,
+            ..*self
+        }
+    }
+
+    /// The matrix's rows part by part, one dispatch each.
+    pub(super) fn parts(&self) -> impl Iterator<Item = ViewPart<'a>> {
+        let start = u64::from(self.row_offset);
+        let end = start + u64::from(self.rows);
+        self.weights.parts.iter().filter_map(move |part| {
+            let first = start.max(part.first_row);
+            let last = end.min(part.first_row + part.rows);
+            (first < last).then(|| ViewPart {
+                buffer: &part.buffer,
+                first_row: (first - start) as u32,
+                rows: (last - first) as u32,
+                buffer_row: (first - part.first_row) as u32,
+            })
         })
     }
 
@@ -204,7 +247,7 @@ impl<'a> QuantMatrix<'a> {
     }
 }
 
-/// Parameters of `matvec.wgsl` and `matmul.wgsl` (one dispatch per weight part).
+/// Parameters of `matmul.wgsl` (one dispatch per weight part).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct ProductParams {
@@ -216,6 +259,8 @@ struct ProductParams {
     cols: u32,
     tokens: u32,
     out_stride: u32,
+    buffer_row: u32,
+    pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -228,7 +273,7 @@ struct EmbedParams {
     cols: u32,
     scale: f32,
     first_token: u32,
-    pad: u32,
+    buffer_row: u32,
 }
 
 const MATMUL: Kernel = Kernel {
@@ -276,16 +321,18 @@ pub(super) fn fold_groups(groups: u32, max_per_dim: u32) -> [u32; 2] {
     [x, groups.div_ceil(x)]
 }
 
-fn product_params(w: &QuantMatrix, part: &WeightPart, groups_x: u32, tokens: u32) -> ProductParams {
+fn product_params(w: &QuantMatrix, part: &ViewPart, groups_x: u32, tokens: u32) -> ProductParams {
     ProductParams {
-        rows: part.rows as u32,
-        first_row: part.first_row as u32,
+        rows: part.rows,
+        first_row: part.first_row,
         row_bytes: w.weights.row_bytes as u32,
         blocks_per_row: w.blocks_per_row(),
         groups_x,
         cols: w.cols,
         tokens,
         out_stride: w.rows,
+        buffer_row: part.buffer_row,
+        pad: [0; 3],
     }
 }
 
@@ -310,10 +357,9 @@ fn matmul_tiled(
         token_groups <= max_per_dim,
         "{tokens} tokens exceed one prefill dispatch"
     );
-    for part in &w.weights.parts {
-        let [groups_x, groups_y] =
-            fold_groups((part.rows as u32).div_ceil(tile("TR")), max_per_dim);
-        let params = product_params(w, part, groups_x, tokens);
+    for part in w.parts() {
+        let [groups_x, groups_y] = fold_groups(part.rows.div_ceil(tile("TR")), max_per_dim);
+        let params = product_params(w, &part, groups_x, tokens);
         rec.dispatch(
             &pipeline,
             &params,
@@ -345,19 +391,19 @@ pub fn embed(
     let pipeline = rec.pipeline(&EMBED, &consts);
     let units = table.blocks_per_row() * (table.quant.kernel_block().0 / 32);
     let groups_x = units.div_ceil(EMBED_WG);
-    for part in &table.weights.parts {
+    for part in table.parts() {
         let mut first_token = 0;
         while first_token < tokens {
             let chunk = (tokens - first_token).min(max_per_dim);
             let params = EmbedParams {
-                rows: part.rows as u32,
-                first_row: part.first_row as u32,
+                rows: part.rows,
+                first_row: part.first_row,
                 row_bytes: table.weights.row_bytes as u32,
                 blocks_per_row: table.blocks_per_row(),
                 cols: table.cols,
                 scale,
                 first_token,
-                pad: 0,
+                buffer_row: part.buffer_row,
             };
             rec.dispatch(
                 &pipeline,

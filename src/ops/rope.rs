@@ -66,7 +66,9 @@ struct RopeUniform {
     norm: u32,
     eps: f32,
     cache_offset: u32,
-    pad: [u32; 3],
+    q_offset: u32,
+    k_offset: u32,
+    v_offset: u32,
 }
 
 /// Rotates x, laid out [tokens, heads * head_dim], in place; token t is at position
@@ -103,16 +105,31 @@ pub fn rope(
         norm: 0,
         eps: 0.0,
         cache_offset: 0,
-        pad: [0; 3],
+        q_offset: 0,
+        k_offset: 0,
+        v_offset: 0,
     };
     rec.dispatch(&pipeline, &params, &[x.as_entire_binding()], grid);
 }
 
-/// The new rows of one step, and where they go.
+/// The f32 values of `buffer` from element `offset` on.
+#[derive(Clone, Copy)]
+pub struct Section<'a> {
+    pub buffer: &'a wgpu::Buffer,
+    pub offset: u32,
+}
+
+impl<'a> From<&'a wgpu::Buffer> for Section<'a> {
+    fn from(buffer: &'a wgpu::Buffer) -> Self {
+        Section { buffer, offset: 0 }
+    }
+}
+
+/// The new rows of one step, and where they go. q, k and v may be sections of one buffer.
 pub struct StoreTarget<'a> {
-    pub q: &'a wgpu::Buffer,
-    pub k: &'a wgpu::Buffer,
-    pub v: &'a wgpu::Buffer,
+    pub q: Section<'a>,
+    pub k: Section<'a>,
+    pub v: Section<'a>,
     pub cache: &'a KvCache,
     pub cache_layer: u32,
     pub heads: u32,
@@ -172,16 +189,18 @@ pub fn rope_store(
         norm: u32::from(norms.is_some()),
         eps: norms.map_or(0.0, |n| n.eps),
         cache_offset: start_pos * target.kv_heads * p.head_dim,
-        pad: [0; 3],
+        q_offset: target.q.offset,
+        k_offset: target.k.offset,
+        v_offset: target.v.offset,
     };
     let rows = target.heads + 2 * target.kv_heads;
     rec.dispatch(
         &pipeline,
         &params,
         &[
-            target.q.as_entire_binding(),
-            target.k.as_entire_binding(),
-            target.v.as_entire_binding(),
+            target.q.buffer.as_entire_binding(),
+            target.k.buffer.as_entire_binding(),
+            target.v.buffer.as_entire_binding(),
             cache.k_layer(target.cache_layer),
             cache.v_layer(target.cache_layer),
             norms.map_or(placeholder, |n| n.q).as_entire_binding(),

@@ -1,6 +1,7 @@
 //! The matrix-vector product of decode (`wgsl/matvec.wgsl`), with the fusions that spare a
 //! decode step whole dispatches: the RMS norm of its input, and an epilogue that adds a bias,
-//! accumulates into the residual stream, or gates by the activated gate projection.
+//! accumulates into the residual stream, gates by the activated gate projection, or computes
+//! the up projection alongside (GLU: both products and the gating in one dispatch).
 
 use crate::gpu::{Kernel, Lib, Recorder};
 use crate::ops::elementwise::{activation_reference, Activation};
@@ -60,6 +61,9 @@ pub enum Epilogue<'a> {
     Accumulate,
     /// `out[r] = act(gate[r]) * dot`.
     Gated(&'a wgpu::Buffer, Activation),
+    /// `out[r] = act(dot) * up_dot[r]`: the matrix is the gate projection and this one, the up
+    /// projection, rows of the same single-part tensor (see `shares_part`).
+    Glu(QuantMatrix<'a>, Activation),
 }
 
 impl Epilogue<'_> {
@@ -70,13 +74,15 @@ impl Epilogue<'_> {
             Epilogue::Accumulate => 2,
             Epilogue::Gated(_, Activation::Silu) => 3,
             Epilogue::Gated(_, Activation::GeluTanh) => 4,
+            Epilogue::Glu(_, Activation::Silu) => 5,
+            Epilogue::Glu(_, Activation::GeluTanh) => 6,
         }
     }
 
     fn aux(&self) -> Option<&wgpu::Buffer> {
         match *self {
             Epilogue::Bias(buffer) | Epilogue::Gated(buffer, _) => Some(buffer),
-            Epilogue::Store | Epilogue::Accumulate => None,
+            Epilogue::Store | Epilogue::Accumulate | Epilogue::Glu(..) => None,
         }
     }
 }
@@ -87,6 +93,16 @@ pub struct Fusion<'a> {
     /// RMS-normalise x first, with this weight and epsilon.
     pub norm: Option<(&'a wgpu::Buffer, f32)>,
     pub epilogue: Epilogue<'a>,
+    /// Where in `out` row 0 goes: row r is `out[out_offset + r]` (and reads `aux` there too).
+    pub out_offset: u32,
+}
+
+/// Whether `a` and `b` lie in the same one-part tensor, so that one dispatch reads both (the
+/// GLU epilogue's condition on gate and up).
+pub fn shares_part(a: &QuantMatrix, b: &QuantMatrix) -> bool {
+    std::ptr::eq(a.weights, b.weights)
+        && a.weights.parts.len() == 1
+        && (a.quant, a.cols, a.rows) == (b.quant, b.cols, b.rows)
 }
 
 #[repr(C)]
@@ -99,7 +115,10 @@ struct MatvecParams {
     groups_x: u32,
     cols: u32,
     eps: f32,
-    pad: u32,
+    buffer_row: u32,
+    up_buffer_row: u32,
+    out_offset: u32,
+    pad: [u32; 2],
 }
 
 /// `out = epilogue(W · fused_norm(x))` for one token; `x` holds `cols` f32 values.
@@ -123,11 +142,20 @@ pub fn matvec(
     } else {
         (&MATVEC, shape.threads_per_row.min(shape.wg))
     };
+    // The GLU epilogue's up rows, as a row offset from the gate rows in the same buffer.
+    let up_rows = match fusion.epilogue {
+        Epilogue::Glu(up, _) => {
+            assert!(shares_part(w, &up), "GLU: gate and up in different parts");
+            Some(up.row_offset.wrapping_sub(w.row_offset))
+        }
+        _ => None,
+    };
     let rows_per_group = shape.wg / threads_per_row * shape.rows_per_thread;
     let mut consts = vec![
         ("WG", shape.wg),
         ("TPR", threads_per_row),
         ("RPT", shape.rows_per_thread),
+        ("HALVES", if up_rows.is_some() { 2 } else { 1 }),
         ("NORM", u32::from(fusion.norm.is_some())),
         ("EPILOGUE", fusion.epilogue.code()),
     ];
@@ -137,18 +165,20 @@ pub fn matvec(
     let aux = fusion.epilogue.aux().unwrap_or(placeholder);
     let (norm_weight, eps) = fusion.norm.unwrap_or((placeholder, 0.0));
     let max_per_dim = gpu.caps.max_workgroups_per_dim;
-    for part in &w.weights.parts {
-        let [groups_x, groups_y] =
-            fold_groups((part.rows as u32).div_ceil(rows_per_group), max_per_dim);
+    for part in w.parts() {
+        let [groups_x, groups_y] = fold_groups(part.rows.div_ceil(rows_per_group), max_per_dim);
         let params = MatvecParams {
-            rows: part.rows as u32,
-            first_row: part.first_row as u32,
+            rows: part.rows,
+            first_row: part.first_row,
             row_bytes: w.weights.row_bytes as u32,
             blocks_per_row: w.blocks_per_row(),
             groups_x,
             cols: w.cols,
             eps,
-            pad: 0,
+            buffer_row: part.buffer_row,
+            up_buffer_row: part.buffer_row.wrapping_add(up_rows.unwrap_or(0)),
+            out_offset: fusion.out_offset,
+            pad: [0; 2],
         };
         rec.dispatch(
             &pipeline,
