@@ -7,8 +7,8 @@
 # Speed, in one device call (carry .gl and .device/bin):
 #   bash .ci/device/run.sh setup && bash .ci/device/run.sh synth && bash .ci/device/run.sh bench
 # Real weights (fidelity), one call per part, carrying .device/parts/<one part> each time:
-#   bash .ci/device/run.sh stash   ...then   bash .ci/device/run.sh assemble && \
-#   bash .ci/device/run.sh fidelity
+#   bash .ci/device/run.sh stash   ...then, carrying .device/fidelity,
+#   bash .ci/device/run.sh assemble && bash .ci/device/run.sh fidelity
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source .ci/env.sh
@@ -26,9 +26,9 @@ for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "fidelity" and m.get("executable"):
         print(m["executable"])')
-  strip -o .device/bin/fidelity "$test_bin"
-  mkdir -p .device/bin/goldens
-  cp "${WEBSHARD_GOLDENS:-../shared/goldens}"/*.generate.json .device/bin/goldens/
+  mkdir -p .device/fidelity/goldens
+  strip -o .device/fidelity/fidelity "$test_bin"
+  cp "${WEBSHARD_GOLDENS:-../shared/goldens}"/*.generate.json .device/fidelity/goldens/
 fi
 head_mib=${HEAD_MIB:-8}
 for model in "${WEBSHARD_MODELS:-models}"/*.gguf; do

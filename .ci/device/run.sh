@@ -79,8 +79,9 @@ PY
     ;;
   fidelity)
     vulkan_env
-    WEBSHARD_MODELS="$models" WEBSHARD_GOLDENS=.device/bin/goldens WEBSHARD_TEST_BACKENDS=vulkan \
-      .device/bin/fidelity --nocapture --test-threads 1 2>&1 | tee "$OUT/fidelity.txt"
+    WEBSHARD_MODELS="$models" WEBSHARD_GOLDENS=.device/fidelity/goldens \
+      WEBSHARD_TEST_BACKENDS=vulkan .device/fidelity/fidelity --nocapture --test-threads 1 2>&1 \
+      | tee "$OUT/fidelity.txt"
     ;;
   score)
     vulkan_env
