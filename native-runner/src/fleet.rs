@@ -67,6 +67,12 @@ pub struct CoordinateArgs {
     /// STUN/TURN server URL for peers beyond the LAN (repeatable; none: host addresses only).
     #[arg(long)]
     pub ice: Vec<String>,
+    /// Seconds a stage's donor may stay silent before it is taken as lost and planned out.
+    /// A donor cannot answer while it computes a step, and a first step that compiles its
+    /// shaders on a slow GPU can take many seconds. (A donor whose process ends is noticed
+    /// at once, through the signaling server.)
+    #[arg(long, default_value_t = 30.0)]
+    pub heartbeat_timeout: f64,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -94,7 +100,11 @@ pub struct DonorArgs {
 /// Without `ice` servers peers offer only their host addresses: LAN and loopback.
 async fn connect(signal: &str, fleet: &str, ice: &[String]) -> anyhow::Result<WebRtcTransport> {
     // `runner serve` prints its room's URL; one of another fleet means another token.
-    let last = signal.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+    let last = signal
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("");
     if last.starts_with("fleet-") && last != fleet_room(fleet) {
         bail!(
             "--signal names another fleet's room ({last}): is the fleet token right? \
@@ -160,6 +170,7 @@ pub async fn run_coordinator<T: Transport>(
 ) -> anyhow::Result<()> {
     let mut config = CoordinatorConfig::new(&args.model, &args.fleet, args.donors);
     config.runtime.max_context = args.ctx;
+    config.heartbeat_timeout = Duration::from_secs_f64(args.heartbeat_timeout.max(0.1));
     if args.f32_activations {
         config.runtime.hidden = Encoding::F32;
     }
@@ -204,8 +215,6 @@ pub async fn run_coordinator<T: Transport>(
         .await?;
     let report = coordinator.report().clone();
     coordinator.shutdown("generation finished").await;
-    // Give the dismissals time to leave before the process ends.
-    tokio::time::sleep(Duration::from_millis(100)).await;
     let first = outputs.first().cloned().unwrap_or_default();
     if args.json {
         let mut value = serde_json::to_value(&report)?;

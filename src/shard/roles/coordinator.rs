@@ -27,6 +27,9 @@ use crate::model::ModelConfig;
 use crate::sample::SamplerConfig;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
+/// How long `shutdown` keeps the transport open after dismissing the donors.
+const SHUTDOWN_GRACE: Duration = Duration::from_millis(200);
+
 pub struct CoordinatorConfig {
     /// Where donors fetch the model from (a URL they can reach, or a path for local donors).
     pub model_url: String,
@@ -245,6 +248,9 @@ impl<T: Transport> Coordinator<T> {
         for peer in self.donors.keys() {
             let _ = send_message(&self.transport, *peer, &leave).await;
         }
+        // Dropping the transport drops what it has not sent yet (WebRTC queues): give the
+        // dismissals a moment to leave first.
+        super::timer::sleep(SHUTDOWN_GRACE).await;
     }
 
     /// Admits donors (in the order their Hello arrives) until there are enough.
