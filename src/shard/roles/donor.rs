@@ -21,11 +21,16 @@ use super::super::transport::{send_message, PeerId, Transport, TransportError, T
 use super::super::validate::{FrameLimits, FrameValidator, InputKind, ModelShape};
 use super::super::vocab::ByteVocab;
 use super::host::{StageHost, StepOutput};
+use super::timer::{with_timeout, Elapsed};
 use super::{probe, RoleError};
 use crate::gpu::Gpu;
 
 /// Longest message this role puts in an `Error` (the validator's text limit is larger).
 const MAX_ERROR_TEXT: usize = 1024;
+/// How often a donor not yet assigned greets every peer again. Over WebRTC a message sent as
+/// a data channel opens can be dropped (webrtc-rs: "data channel not existed"); a lost Hello
+/// left the coordinator waiting for this donor until its join timeout.
+const HELLO_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
 
 pub struct DonorConfig {
     /// Must match the coordinator's, or the Hello is refused.
@@ -141,7 +146,20 @@ impl<T: Transport> Donor<T> {
 
     async fn serve(&mut self) -> Result<DonorExit, RoleError> {
         loop {
-            let event = match self.transport.recv().await {
+            let received = match self.coordinator {
+                Some(_) => self.transport.recv().await,
+                None => match with_timeout(HELLO_RETRY, self.transport.recv()).await {
+                    Ok(received) => received,
+                    Err(Elapsed) => {
+                        self.greeted.clear();
+                        for peer in self.transport.peers() {
+                            self.hello(peer).await;
+                        }
+                        continue;
+                    }
+                },
+            };
+            let event = match received {
                 Ok(event) => event,
                 Err(TransportError::Closed) => return Ok(DonorExit::Closed),
                 Err(error) => return Err(error.into()),
