@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use anyhow::bail;
 use webshard::gpu::{BackendChoice, Gpu, GpuOptions};
+use webshard::shard::fault::Perturbing;
+use webshard::shard::fleet_room;
 use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
 use webshard::shard::roles::{
     Coordinator, CoordinatorConfig, Donor, DonorConfig, DonorExit, GenerationRequest, VerifyConfig,
@@ -31,8 +33,10 @@ pub struct CoordinateArgs {
     /// Donors to wait for before planning.
     #[arg(long)]
     pub donors: usize,
-    #[arg(short = 'p', long)]
-    pub prompt: String,
+    /// The prompt; repeat it to generate for several prompts at once (up to 4 in the chain
+    /// at a time).
+    #[arg(short = 'p', long, required = true)]
+    pub prompt: Vec<String>,
     #[arg(short = 'n', long, default_value_t = 128)]
     pub n: u32,
     #[command(flatten)]
@@ -54,16 +58,21 @@ pub struct CoordinateArgs {
     /// GPU backend for `--verify`: auto, vulkan, gl, metal, dx12.
     #[arg(long, default_value = "auto")]
     pub backend: String,
-    /// Print `{"ids", "text", "plan", "hops", ...}` instead of streaming text.
+    /// Print `{"ids", "text", "outputs", "plan", "hops", ...}` instead of streaming text
+    /// (`ids` and `text` are the first prompt's, `outputs` every prompt's).
     #[arg(long)]
     pub json: bool,
-    /// STUN/TURN server for WebRTC (repeatable); none on a LAN or loopback.
+    /// Print `token REQUEST INDEX ID` on stderr as each token is accepted.
+    #[arg(long)]
+    pub progress: bool,
+    /// STUN/TURN server URL for peers beyond the LAN (repeatable; none: host addresses only).
     #[arg(long)]
     pub ice: Vec<String>,
-    /// Seconds a stage donor may stay silent before it is taken as lost. A donor answers
-    /// heartbeats between steps, so this must exceed its slowest step (a prefill chunk on a
-    /// CPU-emulated WebGPU adapter can take tens of seconds).
-    #[arg(long, default_value_t = 10.0)]
+    /// Seconds a stage's donor may stay silent before it is taken as lost and planned out.
+    /// A donor cannot answer while it computes a step, and a first step that compiles its
+    /// shaders on a slow GPU can take many seconds. (A donor whose process ends is noticed
+    /// at once, through the signaling server.)
+    #[arg(long, default_value_t = 30.0)]
     pub heartbeat_timeout: f64,
 }
 
@@ -82,15 +91,43 @@ pub struct DonorArgs {
     /// STUN/TURN server for WebRTC (repeatable); none on a LAN or loopback.
     #[arg(long)]
     pub ice: Vec<String>,
+    /// Tests only: perturb every activation and logit this donor sends by this fraction of
+    /// its RMS, so that `coordinate --verify` has a faulty donor to flag. Hidden from --help.
+    #[arg(long, hide = true, value_name = "FRACTION")]
+    pub fault_perturb: Option<f32>,
 }
 
 /// Joins the room of the fleet with this token on the signaling server (`ws://HOST:PORT/signal`).
 async fn connect(signal: &str, fleet: &str, ice: &[String]) -> anyhow::Result<WebRtcTransport> {
+    // `runner serve` prints its room's URL; one of another fleet means another token.
+    let last = signal
+        .trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or("");
+    if last.starts_with("fleet-") && last != fleet_room(fleet) {
+        bail!(
+            "--signal names another fleet's room ({last}): is the fleet token right? \
+             (or give the server's ws://HOST:PORT/signal)"
+        );
+    }
     let config = WebRtcConfig {
         ice_urls: ice.to_vec(),
         ..WebRtcConfig::default()
     };
-    Ok(WebRtcTransport::join_fleet(signal, fleet, config).await?)
+    WebRtcTransport::join_fleet(signal, fleet, config)
+        .await
+        .map_err(|error| {
+            let text = error.to_string();
+            let hint = if text.contains("403") {
+                "the signaling server admits only its own fleet's room: is the fleet token right?"
+            } else if text.contains("404") {
+                "no such signaling room: --signal should be ws://HOST:PORT/signal"
+            } else {
+                return anyhow::Error::new(error);
+            };
+            anyhow::Error::new(error).context(hint)
+        })
 }
 
 pub async fn coordinate(args: &CoordinateArgs) -> anyhow::Result<()> {
@@ -100,7 +137,21 @@ pub async fn coordinate(args: &CoordinateArgs) -> anyhow::Result<()> {
 
 pub async fn donor(args: &DonorArgs) -> anyhow::Result<()> {
     let transport = connect(&args.signal, &args.fleet, &args.ice).await?;
-    run_donor(transport, args).await
+    eprintln!("joined the fleet as {}", transport.local_id());
+    match args.fault_perturb {
+        Some(scale) => {
+            eprintln!("fault injection: perturbing every result by {scale} of its RMS");
+            run_donor(
+                Perturbing {
+                    inner: transport,
+                    scale,
+                },
+                args,
+            )
+            .await
+        }
+        None => run_donor(transport, args).await,
+    }
 }
 
 fn gpu_options(backend: &str) -> anyhow::Result<GpuOptions> {
@@ -136,40 +187,56 @@ pub async fn run_coordinator<T: Transport>(
     }
     eprintln!("waiting for {} donor(s)…", args.donors);
     let mut coordinator = Coordinator::connect(transport, config).await?;
-    let prompt = match args.chat {
-        true => coordinator
-            .template
-            .render_prompt(&[ChatMessage::new("user", args.prompt.as_str())], true)?,
-        false => args.prompt.clone(),
-    };
-    let request = GenerationRequest {
-        prompt_ids: coordinator.tokenizer.encode(&prompt, true, true),
-        max_tokens: args.n,
-        sampler: args.sampler.config(),
-        stop: args.stop.clone(),
-    };
-    let stream = !args.json;
+    let mut requests = Vec::with_capacity(args.prompt.len());
+    for prompt in &args.prompt {
+        let prompt = match args.chat {
+            true => coordinator
+                .template
+                .render_prompt(&[ChatMessage::new("user", prompt.as_str())], true)?,
+            false => prompt.clone(),
+        };
+        requests.push(GenerationRequest {
+            prompt_ids: coordinator.tokenizer.encode(&prompt, true, true),
+            max_tokens: args.n,
+            sampler: args.sampler.config(),
+            stop: args.stop.clone(),
+        });
+    }
+    // Text streams only for one prompt: several would interleave.
+    let stream = !args.json && requests.len() == 1;
+    let progress = args.progress;
     let outputs = coordinator
-        .generate(std::slice::from_ref(&request), &mut |update| {
+        .generate(&requests, &mut |update| {
+            if progress {
+                eprintln!("token {} {} {}", update.request, update.index, update.id);
+            }
             if stream {
                 print!("{}", update.text);
                 let _ = std::io::stdout().flush();
             }
         })
         .await?;
-    let output = outputs.into_iter().next().unwrap_or_default();
     let report = coordinator.report().clone();
     coordinator.shutdown("generation finished").await;
+    let first = outputs.first().cloned().unwrap_or_default();
     if args.json {
         let mut value = serde_json::to_value(&report)?;
-        value["ids"] = serde_json::json!(output.ids);
-        value["text"] = serde_json::json!(output.text);
+        value["ids"] = serde_json::json!(first.ids);
+        value["text"] = serde_json::json!(first.text);
+        value["outputs"] = serde_json::to_value(&outputs)?;
         println!("{}", serde_json::to_string_pretty(&value)?);
     } else {
-        println!();
+        if stream {
+            println!();
+        } else {
+            for (prompt, output) in args.prompt.iter().zip(&outputs) {
+                println!("--- {prompt}\n{}", output.text);
+            }
+        }
+        let tokens: usize = outputs.iter().map(|o| o.ids.len()).sum();
         eprintln!(
             "{} tokens, {:.2} tok/s decode, {} stage(s), {} recover(ies), {} flag(s)",
-            output.ids.len(),
+            tokens,
             report.decode_tokens_per_s,
             report.plan.len(),
             report.recoveries,

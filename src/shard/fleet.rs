@@ -50,6 +50,16 @@ pub fn room_url(signal_url: &str, room: &str) -> Option<String> {
     Some(format!("{}/{room}", signal_url.trim_end_matches('/')))
 }
 
+/// The signaling server's URL from what a user gave: `ws://HOST:PORT/signal`, or the room's
+/// own URL `ws://HOST:PORT/signal/ROOM` as `runner serve --fleet` prints it.
+pub fn signal_base<'a>(signal_url: &'a str, room: &str) -> &'a str {
+    let trimmed = signal_url.trim_end_matches('/');
+    trimmed
+        .strip_suffix(room)
+        .and_then(|base| base.strip_suffix('/'))
+        .unwrap_or(signal_url)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -81,5 +91,18 @@ mod tests {
         assert_eq!(room_url("ws://h/signal", "a/b"), None);
         assert_eq!(room_url("ws://h/signal", ""), None);
         assert_eq!(room_url("ws://h/signal", &"x".repeat(65)), None);
+    }
+
+    #[test]
+    fn the_room_url_printed_by_serve_is_taken_as_the_signal_url() {
+        let room = fleet_room("t");
+        let base = "ws://127.0.0.1:8000/signal";
+        assert_eq!(signal_base(base, &room), base);
+        assert_eq!(signal_base(&format!("{base}/{room}"), &room), base);
+        assert_eq!(signal_base(&format!("{base}/{room}/"), &room), base);
+        assert_eq!(
+            signal_base("ws://h/signal/other", &room),
+            "ws://h/signal/other"
+        );
     }
 }

@@ -4,10 +4,12 @@
 //! tokenizer), `frame`/`activations`/`validate` (the protocol, `docs/protocol.md`), `chunk`
 //! (16 KiB wire chunks and reassembly), `plan` (layer ranges per donor) and `transport`.
 //! `webrtc` implements the transport over WebRTC data channels, with `flow` (credit windows)
-//! and `fleet` (the fleet token and its signaling room).
+//! and `fleet` (the fleet token and its signaling room). `fault` makes a donor wrong on
+//! purpose, for tests.
 
 pub mod activations;
 pub mod chunk;
+pub mod fault;
 pub mod fleet;
 pub mod flow;
 pub mod frame;

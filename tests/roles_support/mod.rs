@@ -12,12 +12,10 @@ use futures::channel::oneshot;
 use webshard::engine::GenerateOptions;
 use webshard::gpu::{Gpu, GpuOptions};
 use webshard::sample::SamplerConfig;
-use webshard::shard::frame::{Message, StageInput, StageOutput};
 use webshard::shard::roles::{Donor, DonorConfig, DonorExit, DonorStatus};
 use webshard::shard::transport::TransportStats;
 use webshard::shard::{
-    decode_frame, encode_frame, Activations, FrameLimits, InProcessNetwork, PeerId, Transport,
-    TransportError, TransportEvent,
+    FrameLimits, InProcessNetwork, PeerId, Transport, TransportError, TransportEvent,
 };
 
 use crate::support;
@@ -144,61 +142,8 @@ pub fn with_deadline<R: Send + 'static>(
         .unwrap_or_else(|e| panic!("test did not finish within {limit:?}: {e}"))
 }
 
-/// Adds `scale` × the RMS of every outgoing activation tensor and top-k logit list to it:
-/// a donor whose results are wrong but well formed.
-pub struct Perturbing<T> {
-    pub inner: T,
-    pub scale: f32,
-}
-
-fn perturb(values: &mut [f32], scale: f32) {
-    let rms = (values.iter().map(|v| v * v).sum::<f32>() / values.len().max(1) as f32).sqrt();
-    for (index, value) in values.iter_mut().enumerate() {
-        let sign = if index % 2 == 0 { 1.0 } else { -1.0 };
-        *value += sign * scale * rms;
-    }
-}
-
-fn perturb_activations(hidden: &mut Activations, scale: f32) {
-    let mut values = hidden.to_f32();
-    perturb(&mut values, scale);
-    *hidden = Activations::encode(&values, hidden.d_model, hidden.encoding).expect("encode");
-}
-
-#[async_trait::async_trait]
-impl<T: Transport + Send + Sync> Transport for Perturbing<T> {
-    fn local_id(&self) -> PeerId {
-        self.inner.local_id()
-    }
-    fn peers(&self) -> Vec<PeerId> {
-        self.inner.peers()
-    }
-    fn stats(&self) -> TransportStats {
-        self.inner.stats()
-    }
-    async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {
-        let mut message = decode_frame(frame).expect("own frames decode");
-        match &mut message {
-            Message::Forward(forward) => {
-                if let StageInput::Hidden(hidden) = &mut forward.input {
-                    perturb_activations(hidden, self.scale);
-                }
-            }
-            Message::Result(result) => match &mut result.output {
-                StageOutput::Hidden(hidden) => perturb_activations(hidden, self.scale),
-                StageOutput::TopK { logits, .. } => perturb(logits, self.scale),
-                StageOutput::Sampled(_) => {}
-            },
-            _ => {}
-        }
-        self.inner
-            .send(to, &encode_frame(&message).expect("encode"))
-            .await
-    }
-    async fn recv(&self) -> Result<TransportEvent, TransportError> {
-        self.inner.recv().await
-    }
-}
+/// The perturbation `runner donor --fault-perturb` uses too.
+pub use webshard::shard::fault::Perturbing;
 
 /// A peer that hangs when `frozen` is set: it stays connected but drops everything it
 /// would send or receive, as a crashed tab whose connection has not timed out yet.

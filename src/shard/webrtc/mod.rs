@@ -25,7 +25,7 @@ use tokio::sync::Semaphore;
 
 use self::driver::{to_matchbox, to_peer, Driver, Inbound, Links};
 use super::chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
-use super::fleet::{fleet_room, room_url};
+use super::fleet::{fleet_room, room_url, signal_base};
 use super::flow::{encode_credit, parse_credit};
 use super::transport::{
     Counters, PeerId, Transport, TransportError, TransportEvent, TransportStats,
@@ -90,13 +90,15 @@ impl WebRtcTransport {
         WebRtcTransport::connect_with(signal_url, room, WebRtcConfig::default()).await
     }
 
-    /// Joins the room of the fleet with this token (`fleet_room`).
+    /// Joins the room of the fleet with this token (`fleet_room`). `signal_url` is the
+    /// server's (`ws://HOST:PORT/signal`) or the room's own, as `runner serve` prints it.
     pub async fn join_fleet(
         signal_url: &str,
         fleet_token: &str,
         config: WebRtcConfig,
     ) -> Result<WebRtcTransport, TransportError> {
-        WebRtcTransport::connect_with(signal_url, &fleet_room(fleet_token), config).await
+        let room = fleet_room(fleet_token);
+        WebRtcTransport::connect_with(signal_base(signal_url, &room), &room, config).await
     }
 
     /// `connect` with ICE servers, timeout and reassembly limits of one's own. Fails with

@@ -1,0 +1,215 @@
+#!/usr/bin/env python3
+"""Shard-chain figures on this machine: single device vs 2 and 3 donor processes over WebRTC on
+loopback, 4 concurrent prompts, per-hop times, recovery after a donor is killed.
+
+    python3 .ci/fleet_perf.py RUNNER [--reps 3] [--n 16]
+
+RUNNER is a `runner` binary (copy or hard-link it first if the target directory is shared).
+Prints one JSON line per run and a summary; docs/perf.md "Shard chain (issue 6)" quotes it.
+Every process is killed on exit; every wait has a limit.
+"""
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOKEN = "fleet-perf"
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away,",
+    "The three primary colors are",
+]
+LIMIT = 300
+CHILDREN = []
+
+
+def load():
+    with open("/proc/loadavg") as f:
+        return float(f.read().split()[0])
+
+
+def spawn(args, **kw):
+    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, **kw)
+    CHILDREN.append(p)
+    return p
+
+
+def cleanup(*_):
+    for p in CHILDREN:
+        if p.poll() is None:
+            p.kill()
+    for p in CHILDREN:
+        try:
+            p.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def server(runner, logdir):
+    out = open(os.path.join(logdir, "serve.out"), "w+")
+    p = spawn([runner, "serve", "--root", ROOT, "--port", "0", "--fleet", TOKEN],
+              stdout=out, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        out.seek(0)
+        m = re.search(r"serving http://([0-9.:]+)/", out.read())
+        if m:
+            return p, m.group(1)
+        time.sleep(0.05)
+    raise SystemExit("no banner from runner serve")
+
+
+def donors(runner, host, k, logdir):
+    procs = []
+    for i in range(k):
+        err = open(os.path.join(logdir, f"donor{i}.err"), "w+")
+        p = spawn([runner, "donor", "--signal", f"ws://{host}/signal", "--fleet", TOKEN,
+                   "--backend", "vulkan"], stdout=subprocess.DEVNULL, stderr=err)
+        procs.append((p, err))
+    return procs
+
+
+def serving_start(err):
+    """The first layer a donor serves now, from its last status line."""
+    err.seek(0)
+    found = re.findall(r"Serving: layers Some\((\d+)\.\.(\d+)\)", err.read())
+    return int(found[-1][0]) if found else None
+
+
+def coordinate(runner, host, k, prompts, n, logdir, kill=None):
+    """One fleet run; `kill` = (tokens, 'first'|'middle'|'last') kills that stage's donor."""
+    srv, host = server(runner, logdir)
+    fleet = donors(runner, host, k, logdir)
+    err = open(os.path.join(logdir, "coord.err"), "w+")
+    args = [runner, "coordinate", "-m", f"http://{host}/models/{MODEL}",
+            "--signal", f"ws://{host}/signal", "--fleet", TOKEN, "--donors", str(k),
+            "-n", str(n), "--temp", "0", "--json", "--progress", "--backend", "vulkan"]
+    for p in prompts:
+        args += ["-p", p]
+    started = time.time()
+    c = spawn(args, stdout=subprocess.PIPE, stderr=err, text=True)
+    killed_at = None
+    if kill:
+        tokens, which = kill
+        deadline = time.time() + LIMIT
+        while time.time() < deadline and c.poll() is None:
+            err.seek(0)
+            if f"token 0 {tokens - 1} " in err.read():
+                break
+            time.sleep(0.02)
+        stages = sorted((serving_start(e), i) for i, (_, e) in enumerate(fleet)
+                        if serving_start(e) is not None)
+        index = {"first": 0, "middle": len(stages) // 2, "last": -1}[which]
+        fleet[stages[index][1]][0].kill()
+        killed_at = time.time()
+    out, _ = c.communicate(timeout=LIMIT)
+    wall = time.time() - started
+    for p, _ in fleet:
+        try:
+            p.wait(10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+    srv.kill()
+    srv.wait()
+    if c.returncode != 0:
+        err.seek(0)
+        raise SystemExit(f"coordinate failed:\n{err.read()[-3000:]}")
+    j = json.loads(out)
+    j["wall_s"] = wall
+    if killed_at:
+        j["after_kill_s"] = time.time() - killed_at
+    return j
+
+
+def single(runner, prompt, n):
+    path = os.path.join(ROOT, "models", MODEL)
+    r = subprocess.run([runner, "generate", "-m", path, "-p", prompt, "-n", str(n), "--temp", "0",
+                        "--json", "--quiet", "--backend", "vulkan"],
+                       capture_output=True, text=True, timeout=LIMIT, stdin=subprocess.DEVNULL)
+    m = re.search(r"decode (\d+) tokens ([0-9.]+) tok/s", r.stderr)
+    if r.returncode != 0 or not m:
+        raise SystemExit(f"generate failed:\n{r.stderr[-2000:]}")
+    return {"ids": json.loads(r.stdout)["ids"], "decode_tokens_per_s": float(m.group(2))}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("runner")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--only", default="single,2,3,concurrent,recovery")
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, cleanup)
+    only = a.only.split(",")
+    rows = {}
+
+    def record(label, j):
+        line = {"label": label, "load": load()}
+        for key in ("decode_tokens_per_s", "step_ms_mean", "transfer_ms_mean", "recoveries",
+                    "recovery_ms", "max_in_flight", "wall_s", "after_kill_s"):
+            if key in j:
+                line[key] = j[key]
+        if "hops" in j:
+            line["hops"] = [[h["layers"], round(h["compute_ms_mean"], 1), h["bytes_out"],
+                             h["steps"]] for h in j["hops"]]
+        if "outputs" in j:
+            line["tokens"] = sum(len(o["ids"]) for o in j["outputs"])
+        print(json.dumps(line), flush=True)
+        rows.setdefault(label, []).append(line)
+
+    with tempfile.TemporaryDirectory() as logdir:
+        try:
+            reference = None
+            for rep in range(a.reps):
+                if "single" in only:
+                    s = single(a.runner, PROMPTS[0], a.n)
+                    reference = s["ids"]
+                    record("single device", s)
+                for k in (2, 3):
+                    if str(k) in only:
+                        j = coordinate(a.runner, "", k, PROMPTS[:1], a.n, logdir)
+                        if reference and j["ids"] != reference:
+                            raise SystemExit(f"{k} donors: ids differ from single device")
+                        record(f"{k} donors", j)
+                if "concurrent" in only:
+                    for k in (2, 3):
+                        record(f"{k} donors, 4 prompts", coordinate(a.runner, "", k, PROMPTS,
+                                                                     a.n, logdir))
+                if "recovery" in only:
+                    record("3 donors, kill middle after 4 tokens",
+                           coordinate(a.runner, "", 3, PROMPTS[:1], a.n, logdir,
+                                      kill=(4, "middle")))
+                    record("2 donors, kill first after 4 tokens",
+                           coordinate(a.runner, "", 2, PROMPTS[:1], a.n, logdir,
+                                      kill=(4, "first")))
+        finally:
+            cleanup()
+    print("\nsummary (median over reps)")
+    for label, lines in rows.items():
+        tps = statistics.median(l["decode_tokens_per_s"] for l in lines)
+        extra = ""
+        if "step_ms_mean" in lines[0]:
+            extra += f"  step {statistics.median(l['step_ms_mean'] for l in lines):.0f} ms"
+            extra += f"  transfer {statistics.median(l['transfer_ms_mean'] for l in lines):.1f} ms"
+        if lines[0].get("recovery_ms"):
+            rec = [r for l in lines for r in l["recovery_ms"]]
+            extra += f"  recovery {statistics.median(rec):.0f} ms (of {rec})"
+        loads = [l["load"] for l in lines]
+        print(f"{label:40s} {tps:6.2f} tok/s{extra}  load {min(loads):.1f}-{max(loads):.1f}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        cleanup()
