@@ -404,10 +404,13 @@ impl Donor {
     }
 }
 
+/// Single-device ids by (model file, prompt, tokens).
+type ReferenceCache = Mutex<HashMap<(String, String, usize), Vec<u32>>>;
+
 /// Greedy ids of single-device `runner generate --temp 0 --json`, once per model, prompt and
 /// length.
 fn reference(file: &str, prompt: &str, n: usize) -> Vec<u32> {
-    static CACHE: OnceLock<Mutex<HashMap<(String, String, usize), Vec<u32>>>> = OnceLock::new();
+    static CACHE: OnceLock<ReferenceCache> = OnceLock::new();
     let cache = CACHE.get_or_init(Default::default);
     let key = (file.to_string(), prompt.to_string(), n);
     if let Some(ids) = cache.lock().unwrap().get(&key) {
