@@ -85,9 +85,24 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
 // rows are k heads, rotated and written into the layer's key cache; the last kv_heads rows are
 // v heads, copied into the value cache. With norm = 1, q and k rows are first RMS-normalised
 // with their per-head weights, as rms_norm computes it. The rotation is the rope entry's.
-// k_new and v_new are only read, but read_write: they may be sections of x's buffer.
-@group(0) @binding(2) var<storage, read_write> k_new: array<f32>;
-@group(0) @binding(3) var<storage, read_write> v_new: array<f32>;
+// With PACKED = 1, k and v are sections of x's buffer (a decode step's q/k/v land in one), read
+// through x: WebGPU refuses a buffer bound twice in a dispatch when one binding is writable.
+@group(0) @binding(2) var<storage, read> k_new: array<f32>;
+@group(0) @binding(3) var<storage, read> v_new: array<f32>;
+
+fn k_at(i: u32) -> f32 {
+    if (PACKED == 1u) {
+        return x[params.k_offset + i];
+    }
+    return k_new[params.k_offset + i];
+}
+
+fn v_at(i: u32) -> f32 {
+    if (PACKED == 1u) {
+        return x[params.v_offset + i];
+    }
+    return v_new[params.v_offset + i];
+}
 @group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
 @group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
 @group(0) @binding(6) var<storage, read> q_norm: array<f32>;
@@ -103,9 +118,9 @@ fn q_value(base: u32, d: u32, scale: f32) -> f32 {
 
 fn k_value(base: u32, d: u32, scale: f32) -> f32 {
     if (params.norm == 1u) {
-        return (k_new[params.k_offset + base + d] * scale) * k_norm[d];
+        return (k_at(base + d) * scale) * k_norm[d];
     }
-    return k_new[params.k_offset + base + d];
+    return k_at(base + d);
 }
 
 // The RMS scale of a q (is_q) or k row; every lane of the workgroup must call it.
@@ -115,7 +130,7 @@ fn row_scale(is_q: bool, base: u32, lane: u32) -> f32 {
     }
     var squares = 0.0;
     for (var d = lane; d < params.head_dim; d = d + WG) {
-        let value = select(k_new[params.k_offset + base + d], x[params.q_offset + base + d], is_q);
+        let value = select(k_at(base + d), x[params.q_offset + base + d], is_q);
         squares = squares + value * value;
     }
     let total = reduce_sum(squares, lane);
@@ -140,7 +155,7 @@ fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation
         let head = row - params.heads - params.kv_heads;
         let src = token * kv_row + head * hd;
         for (var d = lane; d < hd; d = d + WG) {
-            v_cache[params.cache_offset + src + d] = v_new[params.v_offset + src + d];
+            v_cache[params.cache_offset + src + d] = v_at(src + d);
         }
         return;
     }

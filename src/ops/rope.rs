@@ -89,7 +89,7 @@ pub fn rope(
     if invocations == 0 {
         return;
     }
-    let pipeline = rec.pipeline(&ROPE, &[("WG", WG)]);
+    let pipeline = rec.pipeline(&ROPE, &[("WG", WG), ("PACKED", 0)]);
     let grid = workgroup_grid(rec.gpu(), invocations.div_ceil(WG));
     let params = RopeUniform {
         tokens,
@@ -173,8 +173,19 @@ pub fn rope_store(
     if tokens == 0 {
         return;
     }
-    let pipeline = rec.pipeline(&ROPE_STORE, &[("WG", WG)]);
+    let (q, k, v) = (target.q.buffer, target.k.buffer, target.v.buffer);
+    let packed = k == q && v == q;
+    assert!(
+        packed || (k != q && v != q && k != v),
+        "rope_store: q, k and v are all sections of one buffer or three buffers"
+    );
+    let pipeline = rec.pipeline(&ROPE_STORE, &[("WG", WG), ("PACKED", u32::from(packed))]);
     let placeholder = rec.gpu().placeholder();
+    let (k, v) = if packed {
+        (placeholder, placeholder)
+    } else {
+        (k, v)
+    };
     let params = RopeUniform {
         tokens,
         heads: target.heads,
@@ -198,9 +209,9 @@ pub fn rope_store(
         &pipeline,
         &params,
         &[
-            target.q.buffer.as_entire_binding(),
-            target.k.buffer.as_entire_binding(),
-            target.v.buffer.as_entire_binding(),
+            q.as_entire_binding(),
+            k.as_entire_binding(),
+            v.as_entire_binding(),
             cache.k_layer(target.cache_layer),
             cache.v_layer(target.cache_layer),
             norms.map_or(placeholder, |n| n.q).as_entire_binding(),
