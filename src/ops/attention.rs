@@ -264,29 +264,68 @@ pub fn attention_prefill(
     let row_blocks = (tokens * (p.heads / p.kv_heads)).div_ceil(PREFILL_WG);
     let tile = prefill_tile(rec.gpu(), rec.variant(), p.head_dim);
     let splits = prefill_splits(rec.gpu(), p, start_pos, tokens, tile);
-    // With one split the kernel writes `out` directly and leaves the partials alone.
-    let partial_tokens = if splits > 1 { tokens } else { 1 };
-    let (partial_acc, partial_stats) = partials(rec, cache, partial_tokens, p, splits);
-    let params = KernelParams::new(p, start_pos, tokens, splits);
     let pipeline = rec.pipeline(
         &PREFILL,
         &[("WG", PREFILL_WG), ("HD", p.head_dim), ("BK", tile)],
     );
+    let call = SplitCall {
+        q,
+        cache,
+        layer,
+        out,
+        start_pos,
+        tokens,
+        splits,
+    };
+    dispatch_split(rec, &pipeline, &call, p, [row_blocks, p.kv_heads, splits]);
+}
+
+/// One attention call of a kernel that splits the keys, as its dispatch sees it.
+pub(super) struct SplitCall<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub cache: &'a KvCache,
+    pub layer: u32,
+    pub out: &'a wgpu::Buffer,
+    pub start_pos: u32,
+    pub tokens: u32,
+    pub splits: u32,
+}
+
+/// Dispatches a split-keys kernel (bindings: q, k and v of the layer, out, partials) and
+/// merges its splits. With one split the kernel writes `out` directly and leaves the partials
+/// alone, so no merge runs.
+pub(super) fn dispatch_split(
+    rec: &mut Recorder,
+    pipeline: &wgpu::ComputePipeline,
+    call: &SplitCall,
+    p: &AttentionParams,
+    grid: [u32; 3],
+) {
+    let partial_tokens = if call.splits > 1 { call.tokens } else { 1 };
+    let (partial_acc, partial_stats) = partials(rec, call.cache, partial_tokens, p, call.splits);
+    let params = KernelParams::new(p, call.start_pos, call.tokens, call.splits);
     rec.dispatch(
-        &pipeline,
+        pipeline,
         &params,
         &[
-            q.as_entire_binding(),
-            cache.k_layer(layer),
-            cache.v_layer(layer),
-            out.as_entire_binding(),
+            call.q.as_entire_binding(),
+            call.cache.k_layer(call.layer),
+            call.cache.v_layer(call.layer),
+            call.out.as_entire_binding(),
             partial_acc.as_entire_binding(),
             partial_stats.as_entire_binding(),
         ],
-        [row_blocks, p.kv_heads, splits],
+        grid,
     );
-    if splits > 1 {
-        combine(rec, &params, p.head_dim, &partial_acc, &partial_stats, out);
+    if call.splits > 1 {
+        combine(
+            rec,
+            &params,
+            p.head_dim,
+            &partial_acc,
+            &partial_stats,
+            call.out,
+        );
     }
 }
 

@@ -2,7 +2,7 @@
 //! per (split, query head, token) with every phase spread over its lanes. CPU adapters keep
 //! `attention_decode.wgsl`, whose work split suits them.
 
-use super::{check_call, combine, first_visible, partials, AttentionParams, KernelParams};
+use super::{check_call, dispatch_split, first_visible, AttentionParams, SplitCall};
 use crate::gpu::{Gpu, Kernel, Lib, Recorder};
 use crate::ops::attention::KvCache;
 
@@ -73,28 +73,18 @@ pub fn attention_decode_gpu(
     let last_pos = start_pos + tokens - 1;
     let visible = last_pos - first_visible(last_pos, p.window) + 1;
     let splits = splits(rec.gpu(), p, tokens, visible);
-    // With one split the kernel writes `out` directly and leaves the partials alone.
-    let partial_tokens = if splits > 1 { tokens } else { 1 };
-    let (partial_acc, partial_stats) = partials(rec, cache, partial_tokens, p, splits);
-    let params = KernelParams::new(p, start_pos, tokens, splits);
     let pipeline = rec.pipeline(
         &DECODE_GPU,
         &[("WG", WG), ("HD", p.head_dim), ("KPS", MAX_KEYS_PER_SPLIT)],
     );
-    rec.dispatch(
-        &pipeline,
-        &params,
-        &[
-            q.as_entire_binding(),
-            cache.k_layer(layer),
-            cache.v_layer(layer),
-            out.as_entire_binding(),
-            partial_acc.as_entire_binding(),
-            partial_stats.as_entire_binding(),
-        ],
-        [splits, p.heads, tokens],
-    );
-    if splits > 1 {
-        combine(rec, &params, p.head_dim, &partial_acc, &partial_stats, out);
-    }
+    let call = SplitCall {
+        q,
+        cache,
+        layer,
+        out,
+        start_pos,
+        tokens,
+        splits,
+    };
+    dispatch_split(rec, &pipeline, &call, p, [splits, p.heads, tokens]);
 }
