@@ -177,8 +177,7 @@ impl InProcessNetwork {
             counters: Counters::default(),
             inbox: AsyncMutex::new(InboxState {
                 inbox,
-                reassemblers: HashMap::new(),
-                limits: self.config.reassembly,
+                frames: PeerFrames::new(self.config.reassembly),
             }),
         }
     }
@@ -220,10 +219,56 @@ impl Counters {
     }
 }
 
-struct InboxState {
-    inbox: mpsc::Receiver<Inbound>,
+/// Every transport's receive side: one reassembler per peer, turning chunks into frames.
+pub(super) struct PeerFrames {
     reassemblers: HashMap<PeerId, Reassembler>,
     limits: ReassemblyLimits,
+}
+
+impl PeerFrames {
+    pub(super) fn new(limits: ReassemblyLimits) -> PeerFrames {
+        PeerFrames {
+            reassemblers: HashMap::new(),
+            limits,
+        }
+    }
+
+    pub(super) fn joined(&mut self, peer: PeerId) {
+        self.reassemblers
+            .insert(peer, Reassembler::new(self.limits));
+    }
+
+    pub(super) fn left(&mut self, peer: PeerId) {
+        self.reassemblers.remove(&peer);
+    }
+
+    /// The event `chunk` from `from` completes, or `None` while its frame is incomplete;
+    /// whole frames are counted in `counters`.
+    pub(super) fn push(
+        &mut self,
+        from: PeerId,
+        chunk: &[u8],
+        counters: &Counters,
+    ) -> Option<TransportEvent> {
+        let limits = self.limits;
+        let reassembler = self
+            .reassemblers
+            .entry(from)
+            .or_insert_with(|| Reassembler::new(limits));
+        match reassembler.push(chunk) {
+            Ok(None) => None,
+            Ok(Some(frame)) => {
+                Counters::add(&counters.frames_received, 1);
+                Some(TransportEvent::Frame { from, frame })
+            }
+            Err(error) => Some(TransportEvent::BadChunk { from, error }),
+        }
+    }
+}
+
+struct InboxState {
+    inbox: mpsc::Receiver<Inbound>,
+    frames: PeerFrames,
 }
 
 /// One peer of an `InProcessNetwork`. Dropping it is leaving: the others get `PeerLeft`.
@@ -258,33 +303,16 @@ impl InProcessTransport {
     fn receive(&self, state: &mut InboxState, item: Inbound) -> Option<TransportEvent> {
         match item {
             Inbound::Joined(peer) => {
-                let reassembler = Reassembler::new(state.limits);
-                state.reassemblers.insert(peer, reassembler);
+                state.frames.joined(peer);
                 Some(TransportEvent::PeerJoined(peer))
             }
             Inbound::Left(peer) => {
-                state.reassemblers.remove(&peer);
+                state.frames.left(peer);
                 Some(TransportEvent::PeerLeft(peer))
             }
             Inbound::Chunk(from, chunk) => {
-                self.counters
-                    .bytes_received
-                    .fetch_add(chunk.len() as u64, Ordering::Relaxed);
-                let limits = state.limits;
-                let reassembler = state
-                    .reassemblers
-                    .entry(from)
-                    .or_insert_with(|| Reassembler::new(limits));
-                match reassembler.push(&chunk) {
-                    Ok(None) => None,
-                    Ok(Some(frame)) => {
-                        self.counters
-                            .frames_received
-                            .fetch_add(1, Ordering::Relaxed);
-                        Some(TransportEvent::Frame { from, frame })
-                    }
-                    Err(error) => Some(TransportEvent::BadChunk { from, error }),
-                }
+                Counters::add(&self.counters.bytes_received, chunk.len());
+                state.frames.push(from, &chunk, &self.counters)
             }
         }
     }

@@ -10,7 +10,7 @@
 mod driver;
 mod spawn;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,11 +24,11 @@ use matchbox_socket::{ChannelConfig, Packet, RtcIceServerConfig, WebRtcSocket};
 use tokio::sync::Semaphore;
 
 use self::driver::{to_matchbox, to_peer, Driver, Inbound, Links};
-use super::chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
+use super::chunk::{slice_frame, ChunkError, ReassemblyLimits};
 use super::fleet::{fleet_room, room_url, signal_base};
 use super::flow::{encode_credit, parse_credit};
 use super::transport::{
-    Counters, PeerId, Transport, TransportError, TransportEvent, TransportStats,
+    Counters, PeerFrames, PeerId, Transport, TransportError, TransportEvent, TransportStats,
 };
 
 /// Largest message `send_raw_chunk` puts on the wire: matchbox's native data channels take
@@ -67,8 +67,7 @@ impl Default for WebRtcConfig {
 /// `recv`'s state: the driver's queue and one reassembler per peer.
 struct RecvState {
     inbox: UnboundedReceiver<Inbound>,
-    reassemblers: HashMap<PeerId, Reassembler>,
-    limits: ReassemblyLimits,
+    frames: PeerFrames,
 }
 
 /// One peer of a WebRTC full mesh. Dropping it is leaving: its connections close and the
@@ -172,8 +171,7 @@ impl WebRtcTransport {
             next_frame_id: AtomicU32::new(0),
             inbox: AsyncMutex::new(RecvState {
                 inbox,
-                reassemblers: HashMap::new(),
-                limits: config.reassembly,
+                frames: PeerFrames::new(config.reassembly),
             }),
         })
     }
@@ -216,13 +214,11 @@ impl WebRtcTransport {
     fn receive(&self, state: &mut RecvState, item: Inbound) -> Option<TransportEvent> {
         match item {
             Inbound::Joined(peer) => {
-                state
-                    .reassemblers
-                    .insert(peer, Reassembler::new(state.limits));
+                state.frames.joined(peer);
                 Some(TransportEvent::PeerJoined(peer))
             }
             Inbound::Left(peer) => {
-                state.reassemblers.remove(&peer);
+                state.frames.left(peer);
                 Some(TransportEvent::PeerLeft(peer))
             }
             Inbound::Breach(from, error) => Some(TransportEvent::BadChunk { from, error }),
@@ -238,19 +234,7 @@ impl WebRtcTransport {
                 if let Some(Err(error)) = parse_credit(&message) {
                     return Some(TransportEvent::BadChunk { from, error });
                 }
-                let limits = state.limits;
-                let reassembler = state
-                    .reassemblers
-                    .entry(from)
-                    .or_insert_with(|| Reassembler::new(limits));
-                match reassembler.push(&message) {
-                    Ok(None) => None,
-                    Ok(Some(frame)) => {
-                        Counters::add(&self.counters.frames_received, 1);
-                        Some(TransportEvent::Frame { from, frame })
-                    }
-                    Err(error) => Some(TransportEvent::BadChunk { from, error }),
-                }
+                state.frames.push(from, &message, &self.counters)
             }
         }
     }
