@@ -131,15 +131,16 @@ impl Gpu {
         Ok(())
     }
 
-    /// The next timestamp pair for a dispatch of `family`, if profiling and room is left.
-    pub(super) fn timed_pass(&self, family: &'static str) -> Option<TimedPass> {
+    /// The next timestamp pair for a dispatch of `pipeline`, if profiling and room is left.
+    /// Unprofiled, this is one uncontended lock: the kernel family is looked up only here.
+    pub(super) fn timed_pass(&self, pipeline: &wgpu::ComputePipeline) -> Option<TimedPass> {
         let mut guard = self.profiler.lock().expect("profiler lock");
         let profiler = guard.as_mut()?;
         let index = profiler.pending.len() as u32;
         if index >= MAX_TIMED_DISPATCHES {
             return None;
         }
-        profiler.pending.push(family);
+        profiler.pending.push(self.pipeline_family(pipeline));
         Some(TimedPass {
             queries: profiler.queries.clone(),
             begin: 2 * index,

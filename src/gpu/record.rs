@@ -94,7 +94,7 @@ impl<'g> Recorder<'g> {
                 make_bind_group(self.gpu, pipeline, &uniform, offset, bytes.len(), storage)
             }
         };
-        let timed = self.gpu.timed_pass(self.gpu.pipeline_family(pipeline));
+        let timed = self.gpu.timed_pass(pipeline);
         if timed.is_some() {
             self.pass = None;
         }
