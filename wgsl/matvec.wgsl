@@ -9,8 +9,11 @@
 // the partial sums meet once at the end: one barrier per workgroup, or none with subgroups.
 //
 // Fusions, chosen by constants, spare a decode step whole dispatches:
-// - NORM = 1: x is RMS-normalised on the fly, (x / rms(x)) * norm_w as rms_norm computes it;
-//   every workgroup sums x's squares itself (x is one short row, read from cache).
+// - NORM = 1: x is RMS-normalised on the fly, as rms_norm computes it. Since 1 / rms(x) is one
+//   factor of the whole row, W · ((x / rms(x)) * norm_w) = (W · (x * norm_w)) / rms(x): the
+//   threads sum x's squares from the same loads as the dot products and the factor is applied
+//   at the end, so the weight loads never wait on a reduction (a row group's threads together
+//   read all of x once).
 // - EPILOGUE: 0 stores the dot product; 1 adds aux[row] (a bias); 2 adds it to out[row] (the
 //   residual stream); 3 and 4 store silu(aux[row]) or gelu(aux[row]) times it (aux holds the
 //   gate projection, this matrix is the up projection); 5 and 6 (GLU, HALVES = 2) also take
@@ -44,29 +47,27 @@ struct Params {
 
 const ROW_GROUPS: u32 = WG / TPR;
 const SLOTS: u32 = RPT * HALVES;
+// The thread's sums: SLOTS dot products, then (NORM) the sum of the squares of x it read.
+const SUMS: u32 = SLOTS + NORM;
 
-var<workgroup> partials: array<f32, WG * SLOTS>;
-var<private> norm_scale: f32;
-
-// Sets norm_scale for NORM = 1. Every lane of the workgroup must call it.
-fn prepare_norm(lane: u32) {
-    if (NORM == 0u) {
-        return;
-    }
-    var squares = 0.0;
-    for (var i = lane; i < params.cols / 4u; i = i + WG) {
-        let v = x[i];
-        squares = squares + dot(v, v);
-    }
-    let total = reduce_sum(squares, lane);
-    norm_scale = 1.0 / sqrt(total / f32(params.cols) + params.eps);
-}
+var<workgroup> partials: array<f32, WG * SUMS>;
+var<private> squares: f32;
 
 fn activation(i: u32) -> vec4<f32> {
+    let v = x[i];
     if (NORM == 1u) {
-        return (x[i] * norm_scale) * norm_w[i];
+        squares = squares + dot(v, v);
+        return v * norm_w[i];
     }
-    return x[i];
+    return v;
+}
+
+// The factor that completes the fused norm, from the sum of all of x's squares.
+fn norm_factor(total_squares: f32) -> f32 {
+    if (NORM == 0u) {
+        return 1.0;
+    }
+    return 1.0 / sqrt(total_squares / f32(params.cols) + params.eps);
 }
 
 // The first of the RPT rows this thread works on.
@@ -86,10 +87,10 @@ fn unit_activations(x_block: u32, u: u32) -> Unit {
                 activation(x_block + block_element(u, 7u) / 4u));
 }
 
-// This thread's shares of dot(W[first + r, :], x) for r < RPT, then (GLU) of the up rows'.
-// Rows past the part repeat its last row (keeping control flow uniform); their sums are never
-// written.
-fn thread_partials(first: u32, thread: u32) -> array<f32, SLOTS> {
+// This thread's shares of dot(W[first + r, :], x) for r < RPT, then (GLU) of the up rows',
+// then (NORM) of x's squares. Rows past the part repeat its last row (keeping control flow
+// uniform); their sums are never written.
+fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
     var row_start: array<u32, SLOTS>;
     for (var s = 0u; s < SLOTS; s = s + 1u) {
         let base = select(params.buffer_row, params.up_buffer_row, s >= RPT);
@@ -106,18 +107,25 @@ fn thread_partials(first: u32, thread: u32) -> array<f32, SLOTS> {
             acc[s] = acc[s] + unit_dot(dequant_unit(row_start[s] + block * BLOCK_BYTES, u), activations);
         }
     }
-    var sums: array<f32, SLOTS>;
+    var sums: array<f32, SUMS>;
     for (var s = 0u; s < SLOTS; s = s + 1u) {
         sums[s] = (acc[s].x + acc[s].y) + (acc[s].z + acc[s].w);
+    }
+    if (NORM == 1u) {
+        // SUMS - 1 is SLOTS here; naga rejects a constant index past the end even in a dead branch.
+        sums[SUMS - 1u] = squares;
     }
     return sums;
 }
 
-// Writes row `row` from its dot product and (GLU) its up row's.
-fn write_row(row: u32, value: f32, up: f32) {
+// Writes row `row` from its dot product and (GLU) its up row's, both still to be multiplied by
+// `factor` (the fused norm's).
+fn write_row(row: u32, dot_sum: f32, up_sum: f32, factor: f32) {
     if (row >= params.rows) {
         return;
     }
+    let value = dot_sum * factor;
+    let up = up_sum * factor;
     let i = params.out_offset + params.first_row + row;
     switch EPILOGUE {
         case 1u: { out[i] = value + aux[i]; }
@@ -137,31 +145,36 @@ fn up_slot(r: u32) -> u32 {
 
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    prepare_norm(lane);
     let first = first_thread_row(group, lane);
     let thread = lane % TPR;
     let sums = thread_partials(first, thread);
     if (TPR == 1u) {
+        let factor = norm_factor(sums[SUMS - 1u]);
         for (var r = 0u; r < RPT; r = r + 1u) {
-            write_row(first + r, sums[r], sums[up_slot(r)]);
+            write_row(first + r, sums[r], sums[up_slot(r)], factor);
         }
         return;
     }
-    for (var s = 0u; s < SLOTS; s = s + 1u) {
-        partials[lane * SLOTS + s] = sums[s];
+    for (var s = 0u; s < SUMS; s = s + 1u) {
+        partials[lane * SUMS + s] = sums[s];
     }
     workgroupBarrier();
-    // Thread t of a group adds up rows t, t + TPR, ... of it, both sums of each.
+    // Thread t of a group adds up rows t, t + TPR, ... of it, every sum of each.
     let group_lane = lane - thread;
     for (var r = thread; r < RPT; r = r + TPR) {
         var total = 0.0;
         var up = 0.0;
+        var total_squares = 0.0;
         for (var j = 0u; j < TPR; j = j + 1u) {
-            total = total + partials[(group_lane + j) * SLOTS + r];
+            let at = (group_lane + j) * SUMS;
+            total = total + partials[at + r];
             if (HALVES == 2u) {
-                up = up + partials[(group_lane + j) * SLOTS + up_slot(r)];
+                up = up + partials[at + up_slot(r)];
+            }
+            if (NORM == 1u) {
+                total_squares = total_squares + partials[at + SUMS - 1u];
             }
         }
-        write_row(first + r, total, up);
+        write_row(first + r, total, up, norm_factor(total_squares));
     }
 }

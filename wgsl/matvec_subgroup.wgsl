@@ -4,17 +4,17 @@
 
 @compute @workgroup_size(WG)
 fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    prepare_norm(lane);
     let first = first_thread_row(group, lane);
     var sums = thread_partials(first, lane % TPR);
-    for (var s = 0u; s < SLOTS; s = s + 1u) {
+    for (var s = 0u; s < SUMS; s = s + 1u) {
         for (var mask = TPR / 2u; mask > 0u; mask = mask / 2u) {
             sums[s] = sums[s] + subgroupShuffleXor(sums[s], mask);
         }
     }
     if (lane % TPR == 0u) {
+        let factor = norm_factor(sums[SUMS - 1u]);
         for (var r = 0u; r < RPT; r = r + 1u) {
-            write_row(first + r, sums[r], sums[up_slot(r)]);
+            write_row(first + r, sums[r], sums[up_slot(r)], factor);
         }
     }
 }
