@@ -153,6 +153,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             "repetitions": args.repetitions, "tests": rows,
             "profile": profile.as_ref().map(DecodeProfile::to_json),
             "prefill_profile": prefill_profile.as_ref().map(KernelTable::to_json),
+            "prefill_grids": prefill_profile.as_ref().map(KernelTable::grids_json),
         });
         println!("{value}");
         return Ok(());

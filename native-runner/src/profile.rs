@@ -3,11 +3,12 @@
 //! time per kernel family from timestamp queries over a second, profiled run of decode and of
 //! prefill.
 
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 use serde_json::json;
 use webshard::engine::Engine;
-use webshard::gpu::{CounterSnapshot, Gpu, KernelTimes, Recorder};
+use webshard::gpu::{CounterSnapshot, DispatchKey, Gpu, KernelTimes, Recorder};
 use webshard::ops::elementwise;
 
 use crate::bench::{generation_rate, prompt_rate};
@@ -119,6 +120,7 @@ impl DecodeProfile {
             "syncs_per_token": self.per_token(self.counts.syncs),
             "dispatch_floor_us": { "dependent": self.floor_us.0, "independent": self.floor_us.1 },
             "kernels": self.kernels.to_json(),
+            "grids": self.kernels.grids_json(),
         })
     }
 
@@ -142,18 +144,61 @@ impl DecodeProfile {
     }
 }
 
+/// Rows of the grid table that `print` shows (the JSON has every grid).
+const GRIDS_PRINTED: usize = 12;
+
 impl KernelTable {
     fn per_token(&self, value: f64) -> f64 {
         value / f64::from(self.tokens)
     }
 
+    /// GPU time and dispatch count per kernel family, all grids together.
+    fn families(&self) -> BTreeMap<&'static str, (f64, u64)> {
+        let mut families = BTreeMap::<&'static str, (f64, u64)>::new();
+        for ((family, _), (ns, count)) in &self.kernels {
+            let entry = families.entry(family).or_default();
+            entry.0 += ns;
+            entry.1 += count;
+        }
+        families
+    }
+
+    /// Family and grid rows, most GPU time first.
+    fn grids_by_time(&self) -> Vec<(&DispatchKey, &(f64, u64))> {
+        let mut rows: Vec<_> = self.kernels.iter().collect();
+        rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
+        rows
+    }
+
+    fn row_json(&self, ns: f64, count: u64) -> serde_json::Value {
+        json!({ "us_per_token": self.per_token(ns / 1e3),
+                "dispatches_per_token": self.per_token(count as f64),
+                "us_per_dispatch": ns / 1e3 / count.max(1) as f64 })
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         let rows: Vec<_> = self
-            .kernels
-            .iter()
+            .families()
+            .into_iter()
             .map(|(family, (ns, count))| {
-                json!({ "kernel": family, "us_per_token": self.per_token(ns / 1e3),
-                        "dispatches_per_token": self.per_token(*count as f64) })
+                let mut row = self.row_json(ns, count);
+                row["kernel"] = json!(family);
+                row
+            })
+            .collect();
+        json!(rows)
+    }
+
+    /// Every family and grid, most GPU time first.
+    pub fn grids_json(&self) -> serde_json::Value {
+        let rows: Vec<_> = self
+            .grids_by_time()
+            .into_iter()
+            .map(|((family, grid), (ns, count))| {
+                let mut row = self.row_json(*ns, *count);
+                row["kernel"] = json!(family);
+                row["grid"] = json!(grid);
+                row
             })
             .collect();
         json!(rows)
@@ -167,19 +212,32 @@ impl KernelTable {
         let total: f64 = self.kernels.values().map(|(ns, _)| ns).sum();
         println!("| kernel | GPU µs/token | share | dispatches/token |");
         println!("| --- | ---: | ---: | ---: |");
-        let mut rows: Vec<_> = self.kernels.iter().collect();
+        let mut rows: Vec<_> = self.families().into_iter().collect();
         rows.sort_by(|a, b| b.1 .0.total_cmp(&a.1 .0));
         for (family, (ns, count)) in rows {
             println!(
                 "| {family} | {:.1} | {:.1}% | {:.2} |",
                 self.per_token(ns / 1e3),
                 100.0 * ns / total,
-                self.per_token(*count as f64)
+                self.per_token(count as f64)
             );
         }
         println!(
             "| total (profiled, one pass per dispatch) | {:.1} | | |",
             self.per_token(total / 1e3)
         );
+        println!("| kernel | grid | GPU µs/token | µs/dispatch | dispatches/token |");
+        println!("| --- | --- | ---: | ---: | ---: |");
+        for ((family, grid), (ns, count)) in self.grids_by_time().into_iter().take(GRIDS_PRINTED) {
+            println!(
+                "| {family} | {}×{}×{} | {:.1} | {:.2} | {:.2} |",
+                grid[0],
+                grid[1],
+                grid[2],
+                self.per_token(ns / 1e3),
+                ns / 1e3 / (*count).max(1) as f64,
+                self.per_token(*count as f64)
+            );
+        }
     }
 }

@@ -1,6 +1,7 @@
 //! What the GPU path costs: counters every run keeps (dispatches, submits, host syncs, time
 //! spent waiting on the GPU) and, when switched on, per-dispatch GPU timestamps grouped by
-//! kernel family. `runner bench --profile` prints both per token.
+//! kernel family and grid (a family's grid tells its matrices apart). `runner bench --profile`
+//! prints both per token.
 //!
 //! Timing puts each dispatch in its own compute pass with begin/end timestamps, which needs
 //! only the core `TIMESTAMP_QUERY` feature (no timestamps inside passes). Splitting passes
@@ -73,19 +74,22 @@ impl GpuCounters {
     }
 }
 
-/// GPU nanoseconds and dispatch counts per kernel family.
-pub type KernelTimes = BTreeMap<&'static str, (f64, u64)>;
+/// A timed dispatch's kernel family and workgroup grid.
+pub type DispatchKey = (&'static str, [u32; 3]);
+
+/// GPU nanoseconds and dispatch counts per kernel family and grid.
+pub type KernelTimes = BTreeMap<DispatchKey, (f64, u64)>;
 
 /// Timestamp queries of one device: a query set big enough for one submit, and the families
 /// of the dispatches timed so far in the submit being recorded.
 pub(super) struct Profiler {
     queries: wgpu::QuerySet,
     resolved: wgpu::Buffer,
-    /// Kernel family of each timed dispatch of the submit being recorded, in query order.
-    pending: Vec<&'static str>,
+    /// Family and grid of each timed dispatch of the submit being recorded, in query order.
+    pending: Vec<DispatchKey>,
     /// Submitted, not yet collected: each submit's timestamps (copied out of the query set
     /// within that submit, so the next one may reuse it) and their families.
-    submitted: Vec<(wgpu::Buffer, Vec<&'static str>)>,
+    submitted: Vec<(wgpu::Buffer, Vec<DispatchKey>)>,
     totals: KernelTimes,
 }
 
@@ -131,16 +135,21 @@ impl Gpu {
         Ok(())
     }
 
-    /// The next timestamp pair for a dispatch of `pipeline`, if profiling and room is left.
-    /// Unprofiled, this is one uncontended lock: the kernel family is looked up only here.
-    pub(super) fn timed_pass(&self, pipeline: &wgpu::ComputePipeline) -> Option<TimedPass> {
+    /// The next timestamp pair for a dispatch of `pipeline` over `grid`, if profiling and room
+    /// is left. Unprofiled, this is one uncontended lock: the kernel family is looked up only
+    /// here.
+    pub(super) fn timed_pass(
+        &self,
+        pipeline: &wgpu::ComputePipeline,
+        grid: [u32; 3],
+    ) -> Option<TimedPass> {
         let mut guard = self.profiler.lock().expect("profiler lock");
         let profiler = guard.as_mut()?;
         let index = profiler.pending.len() as u32;
         if index >= MAX_TIMED_DISPATCHES {
             return None;
         }
-        profiler.pending.push(self.pipeline_family(pipeline));
+        profiler.pending.push((self.pipeline_family(pipeline), grid));
         Some(TimedPass {
             queries: profiler.queries.clone(),
             begin: 2 * index,
@@ -166,8 +175,8 @@ impl Gpu {
         });
         encoder.resolve_query_set(&profiler.queries, 0..count, &profiler.resolved, 0);
         encoder.copy_buffer_to_buffer(&profiler.resolved, 0, &readback, 0, bytes);
-        let families = std::mem::take(&mut profiler.pending);
-        profiler.submitted.push((readback, families));
+        let keys = std::mem::take(&mut profiler.pending);
+        profiler.submitted.push((readback, keys));
     }
 
     /// Waits for the profiled submits so far and adds their dispatch times to the totals.
@@ -177,15 +186,15 @@ impl Gpu {
             None => return Ok(()),
         };
         let period = f64::from(self.queue.get_timestamp_period());
-        for (readback, families) in submitted {
+        for (readback, keys) in submitted {
             let bytes = super::buffer::map_and_read(self, &readback).await?;
             let ticks: &[u64] = bytemuck::cast_slice(&bytes);
             let mut guard = self.profiler.lock().expect("profiler lock");
             let Some(profiler) = guard.as_mut() else {
                 return Ok(());
             };
-            for (family, pair) in families.iter().zip(ticks.chunks_exact(2)) {
-                let entry = profiler.totals.entry(family).or_default();
+            for (key, pair) in keys.iter().zip(ticks.chunks_exact(2)) {
+                let entry = profiler.totals.entry(*key).or_default();
                 entry.0 += pair[1].saturating_sub(pair[0]) as f64 * period;
                 entry.1 += 1;
             }
@@ -193,7 +202,7 @@ impl Gpu {
         Ok(())
     }
 
-    /// Stops profiling and returns the GPU time and dispatch count per kernel family.
+    /// Stops profiling and returns the GPU time and dispatch count per kernel family and grid.
     pub fn finish_profiling(&self) -> KernelTimes {
         self.profiler
             .lock()

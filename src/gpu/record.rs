@@ -94,7 +94,7 @@ impl<'g> Recorder<'g> {
                 make_bind_group(self.gpu, pipeline, &uniform, offset, bytes.len(), storage)
             }
         };
-        let timed = self.gpu.timed_pass(pipeline);
+        let timed = self.gpu.timed_pass(pipeline, workgroups);
         if timed.is_some() {
             self.pass = None;
         }
