@@ -1,7 +1,7 @@
 // Rotary position embedding in place on [tokens, heads * head_dim], one invocation per rotated
 // pair. Only the first rope_dims values of each head rotate; the rest are never touched.
 // Normal layout (llama) rotates (2i, 2i + 1); NeoX (qwen2, gemma3) rotates (i, i + rope_dims/2).
-// f32 in every variant: angles reach thousands of radians.
+// f32 in every variant: angles reach thousands of radians. The angle arithmetic is Lib::Rotary's.
 
 struct Params {
     tokens: u32,
@@ -30,28 +30,6 @@ struct Params {
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 
-// 2*pi split so that k * TWO_PI_HI is exact for k < 2^16 (Cody-Waite reduction): GPU sin/cos
-// are only accurate near [-pi, pi], and the angles here are far larger.
-const TWO_PI_HI: f32 = 6.28125;
-const TWO_PI_MID: f32 = 0.0019353071693331003;
-const TWO_PI_LO: f32 = 1.0253131677018246e-11;
-const INV_TWO_PI: f32 = 0.15915493667125702;
-
-fn reduce_angle(angle: f32) -> f32 {
-    let k = round(angle * INV_TWO_PI);
-    return ((angle - k * TWO_PI_HI) - k * TWO_PI_MID) - k * TWO_PI_LO;
-}
-
-// ggml builds theta by repeated multiplication (theta_0 = pos, theta_{i+1} = theta_i * scale),
-// not by pow; the same f32 products give bit-identical angles.
-fn pair_theta(pos: u32, pair: u32) -> f32 {
-    var theta = f32(pos);
-    for (var i = 0u; i < pair; i = i + 1u) {
-        theta = theta * params.theta_scale;
-    }
-    return params.freq_scale * theta;
-}
-
 @compute @workgroup_size(WG)
 fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let pairs = params.rope_dims / 2u;
@@ -62,18 +40,13 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let pair = index % pairs;
     let token_head = index / pairs;
     let token = token_head / params.heads;
-    let angle = reduce_angle(pair_theta(params.start_pos + token, pair));
+    let theta = pair_theta(params.start_pos + token, pair, params.theta_scale, params.freq_scale);
+    let angle = reduce_angle(theta);
     let c = cos(angle);
     let s = sin(angle);
-    var first = token_head * params.head_dim;
-    var second = first;
-    if (params.neox != 0u) {
-        first = first + pair;
-        second = first + pairs;
-    } else {
-        first = first + 2u * pair;
-        second = first + 1u;
-    }
+    let dims = token_head * params.head_dim + pair_dims(pair, pairs, params.neox != 0u);
+    let first = dims.x;
+    let second = dims.y;
     let x0 = x[first];
     let x1 = x[second];
     x[first] = x0 * c - x1 * s;
@@ -137,14 +110,6 @@ fn row_scale(is_q: bool, base: u32, lane: u32) -> f32 {
     return 1.0 / sqrt(total / f32(params.head_dim) + params.eps);
 }
 
-// The two dims of `pair` in a head, by layout.
-fn pair_dims(pair: u32, pairs: u32) -> vec2<u32> {
-    if (params.neox != 0u) {
-        return vec2<u32>(pair, pair + pairs);
-    }
-    return vec2<u32>(2u * pair, 2u * pair + 1u);
-}
-
 @compute @workgroup_size(WG)
 fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let row = group.x;
@@ -172,14 +137,15 @@ fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation
         dims.y = dims.x + 1u;
         var rotate = pair < pairs;
         if (rotate) {
-            dims = pair_dims(pair, pairs);
+            dims = pair_dims(pair, pairs, params.neox != 0u);
         }
         let x0 = select(k_value(base, dims.x, scale), q_value(base, dims.x, scale), is_q);
         let x1 = select(k_value(base, dims.y, scale), q_value(base, dims.y, scale), is_q);
         results[0] = x0;
         results[1] = x1;
         if (rotate) {
-            let angle = reduce_angle(pair_theta(pos, pair));
+            let theta = pair_theta(pos, pair, params.theta_scale, params.freq_scale);
+            let angle = reduce_angle(theta);
             let c = cos(angle);
             let s = sin(angle);
             results[0] = x0 * c - x1 * s;

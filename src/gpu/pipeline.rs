@@ -20,6 +20,8 @@ pub enum Lib {
     Dequant,
     /// `silu` and `gelu_tanh` (`wgsl/activation.wgsl`).
     Activation,
+    /// Rotary angles and pair layouts (`wgsl/rotary.wgsl`).
+    Rotary,
 }
 
 impl Lib {
@@ -29,6 +31,7 @@ impl Lib {
             (Lib::Reduce, false) => include_str!("../../wgsl/reduce_workgroup.wgsl"),
             (Lib::Dequant, _) => include_str!("../../wgsl/dequant.wgsl"),
             (Lib::Activation, _) => include_str!("../../wgsl/activation.wgsl"),
+            (Lib::Rotary, _) => include_str!("../../wgsl/rotary.wgsl"),
         }
     }
 }

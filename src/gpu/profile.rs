@@ -149,7 +149,9 @@ impl Gpu {
         if index >= MAX_TIMED_DISPATCHES {
             return None;
         }
-        profiler.pending.push((self.pipeline_family(pipeline), grid));
+        profiler
+            .pending
+            .push((self.pipeline_family(pipeline), grid));
         Some(TimedPass {
             queries: profiler.queries.clone(),
             begin: 2 * index,

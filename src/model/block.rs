@@ -99,8 +99,8 @@ pub(super) struct QkNorms<'a> {
 }
 
 /// Rotates q and k (after their per-head norms, if any), writes k and v into the cache and
-/// attends from q, leaving the result in `attn`. One token does everything before the
-/// attention in a single dispatch.
+/// attends from q, leaving the result in `attn`. One token does all of it in the attention
+/// dispatch where the GPU kernels run, else everything before the attention in one dispatch.
 pub(super) fn rotate_and_attend(
     rec: &mut Recorder,
     step: &LayerStep,
@@ -109,58 +109,6 @@ pub(super) fn rotate_and_attend(
     window: Option<u32>,
 ) {
     let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
-    let q = if tokens == 1 { &s.qkv } else { &s.q };
-    if tokens == 1 {
-        let section = |offset| Section {
-            buffer: &s.qkv,
-            offset,
-        };
-        let target = StoreTarget {
-            q: section(0),
-            k: section(cfg.q_dim()),
-            v: section(cfg.q_dim() + cfg.kv_dim()),
-            cache: step.cache,
-            cache_layer: step.cache_layer,
-            heads: cfg.n_heads,
-            kv_heads: cfg.n_kv_heads,
-        };
-        let head_norms = norms.as_ref().map(|n| HeadNorms {
-            q: &n.q.buffer,
-            k: &n.k.buffer,
-            eps: cfg.rms_eps,
-        });
-        rope::rope_store(
-            rec,
-            &target,
-            head_norms.as_ref(),
-            1,
-            step.start_pos,
-            rope_params,
-        );
-    } else {
-        if let Some(norms) = &norms {
-            head_norm(rec, &s.q, norms.q, tokens * cfg.n_heads, step);
-            head_norm(rec, &s.k, norms.k, tokens * cfg.n_kv_heads, step);
-        }
-        rope::rope(rec, &s.q, tokens, cfg.n_heads, step.start_pos, rope_params);
-        rope::rope(
-            rec,
-            &s.k,
-            tokens,
-            cfg.n_kv_heads,
-            step.start_pos,
-            rope_params,
-        );
-        attention::kv_write(
-            rec,
-            step.cache,
-            step.cache_layer,
-            &s.k,
-            &s.v,
-            step.start_pos,
-            tokens,
-        );
-    }
     let params = AttentionParams {
         heads: cfg.n_heads,
         kv_heads: cfg.n_kv_heads,
@@ -169,15 +117,86 @@ pub(super) fn rotate_and_attend(
         window,
         softcap: None,
     };
+    if tokens > 1 {
+        rotate_prompt(rec, step, rope_params, norms);
+        attention::attention(
+            rec,
+            &s.q,
+            step.cache,
+            step.cache_layer,
+            &s.attn,
+            step.start_pos,
+            tokens,
+            &params,
+        );
+        return;
+    }
+    let section = |offset| Section {
+        buffer: &s.qkv,
+        offset,
+    };
+    let target = StoreTarget {
+        q: section(0),
+        k: section(cfg.q_dim()),
+        v: section(cfg.q_dim() + cfg.kv_dim()),
+        cache: step.cache,
+        cache_layer: step.cache_layer,
+        heads: cfg.n_heads,
+        kv_heads: cfg.n_kv_heads,
+    };
+    let head_norms = norms.as_ref().map(|n| HeadNorms {
+        q: &n.q.buffer,
+        k: &n.k.buffer,
+        eps: cfg.rms_eps,
+    });
+    let (start, rope) = (step.start_pos, rope_params);
+    if attention::rope_attention_supported(rec.gpu(), &params) {
+        let norms = head_norms.as_ref();
+        attention::rope_attention_decode(rec, &target, norms, start, rope, &params, &s.attn);
+        return;
+    }
+    rope::rope_store(rec, &target, head_norms.as_ref(), 1, start, rope);
     attention::attention(
         rec,
-        q,
+        &s.qkv,
         step.cache,
         step.cache_layer,
         &s.attn,
+        start,
+        1,
+        &params,
+    );
+}
+
+/// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v.
+fn rotate_prompt(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    rope_params: &RopeParams,
+    norms: Option<QkNorms>,
+) {
+    let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
+    if let Some(norms) = &norms {
+        head_norm(rec, &s.q, norms.q, tokens * cfg.n_heads, step);
+        head_norm(rec, &s.k, norms.k, tokens * cfg.n_kv_heads, step);
+    }
+    rope::rope(rec, &s.q, tokens, cfg.n_heads, step.start_pos, rope_params);
+    rope::rope(
+        rec,
+        &s.k,
+        tokens,
+        cfg.n_kv_heads,
+        step.start_pos,
+        rope_params,
+    );
+    attention::kv_write(
+        rec,
+        step.cache,
+        step.cache_layer,
+        &s.k,
+        &s.v,
         step.start_pos,
         tokens,
-        &params,
     );
 }
 

@@ -5,16 +5,19 @@
 //! Decode has two kernels: `attention_decode.wgsl` for CPU adapters (`Caps::cpu_work_split`),
 //! whose lanes walk whole tiles serially, and `attention_decode_gpu.wgsl` (see `decode_gpu`)
 //! for GPUs, which spreads scoring, softmax and value sums over the lanes and uses the
-//! workgroup reductions of `Lib::Reduce`. The other kernels use no subgroup operations, so
+//! workgroup reductions of `Lib::Reduce`; for one token, `decode_rope` also takes over
+//! `rope_store`'s work in the same dispatch. The other kernels use no subgroup operations, so
 //! their subgroup variants compile the same code; f16 variants keep prefill's key/value tiles
 //! in f16 workgroup memory, which doubles the keys per tile. Everything accumulates in f32.
 
 mod decode_gpu;
+mod decode_rope;
 mod kv_cache;
 mod reference;
 mod softmax;
 
 pub use decode_gpu::attention_decode_gpu;
+pub use decode_rope::{rope_attention_decode, rope_attention_supported};
 pub use kv_cache::{kv_write, KvCache};
 pub use reference::attention_reference;
 pub use softmax::{softmax, softmax_reference};
@@ -301,23 +304,35 @@ pub(super) fn dispatch_split(
     p: &AttentionParams,
     grid: [u32; 3],
 ) {
+    let params = KernelParams::new(p, call.start_pos, call.tokens, call.splits);
+    dispatch_split_with(rec, pipeline, call, p, grid, &params, &[]);
+}
+
+/// `dispatch_split` for kernels with a larger uniform (beginning with `KernelParams`) and
+/// `extra` bindings after the partials.
+pub(super) fn dispatch_split_with<P: bytemuck::Pod>(
+    rec: &mut Recorder,
+    pipeline: &wgpu::ComputePipeline,
+    call: &SplitCall,
+    p: &AttentionParams,
+    grid: [u32; 3],
+    uniform: &P,
+    extra: &[wgpu::BindingResource<'_>],
+) {
     let partial_tokens = if call.splits > 1 { call.tokens } else { 1 };
     let (partial_acc, partial_stats) = partials(rec, call.cache, partial_tokens, p, call.splits);
-    let params = KernelParams::new(p, call.start_pos, call.tokens, call.splits);
-    rec.dispatch(
-        pipeline,
-        &params,
-        &[
-            call.q.as_entire_binding(),
-            call.cache.k_layer(call.layer),
-            call.cache.v_layer(call.layer),
-            call.out.as_entire_binding(),
-            partial_acc.as_entire_binding(),
-            partial_stats.as_entire_binding(),
-        ],
-        grid,
-    );
+    let mut bindings = vec![
+        call.q.as_entire_binding(),
+        call.cache.k_layer(call.layer),
+        call.cache.v_layer(call.layer),
+        call.out.as_entire_binding(),
+        partial_acc.as_entire_binding(),
+        partial_stats.as_entire_binding(),
+    ];
+    bindings.extend(extra.iter().cloned());
+    rec.dispatch(pipeline, uniform, &bindings, grid);
     if call.splits > 1 {
+        let params = KernelParams::new(p, call.start_pos, call.tokens, call.splits);
         combine(
             rec,
             &params,

@@ -10,14 +10,14 @@ const ROPE: Kernel = Kernel {
     name: "rope",
     source: include_str!("../../wgsl/rope.wgsl"),
     entry: "rope",
-    libs: &[Lib::Reduce],
+    libs: &[Lib::Reduce, Lib::Rotary],
 };
 
 const ROPE_STORE: Kernel = Kernel {
     name: "rope_store",
     source: include_str!("../../wgsl/rope.wgsl"),
     entry: "rope_store",
-    libs: &[Lib::Reduce],
+    libs: &[Lib::Reduce, Lib::Rotary],
 };
 const WG: u32 = 64;
 
@@ -36,11 +36,11 @@ pub struct RopeParams {
 
 impl RopeParams {
     /// base^(-2 / rope_dims) in f32 through powf, as ggml computes it.
-    fn theta_scale(&self) -> f32 {
+    pub(crate) fn theta_scale(&self) -> f32 {
         self.freq_base.powf(-2.0 / self.rope_dims as f32)
     }
 
-    fn check(&self) {
+    pub(crate) fn check(&self) {
         assert!(
             self.rope_dims > 0 && self.rope_dims % 2 == 0 && self.rope_dims <= self.head_dim,
             "rope_dims {} must be even, positive and at most head_dim {}",

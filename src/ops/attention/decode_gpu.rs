@@ -1,5 +1,6 @@
-//! Split decode attention for GPU adapters (`wgsl/attention_decode_gpu.wgsl`): one workgroup
-//! per (split, query head, token) with every phase spread over its lanes. CPU adapters keep
+//! Split decode attention for GPU adapters (`wgsl/attention_decode_gpu.wgsl` around
+//! `attention_decode_core.wgsl`): one workgroup per (split, query head, token) with every phase
+//! spread over its lanes. CPU adapters keep
 //! `attention_decode.wgsl`, whose work split suits them.
 
 use super::{check_call, dispatch_split, first_visible, AttentionParams, SplitCall};
@@ -8,16 +9,19 @@ use crate::ops::attention::KvCache;
 
 const DECODE_GPU: Kernel = Kernel {
     name: "attention_decode_gpu",
-    source: include_str!("../../../wgsl/attention_decode_gpu.wgsl"),
+    source: concat!(
+        include_str!("../../../wgsl/attention_decode_gpu.wgsl"),
+        include_str!("../../../wgsl/attention_decode_core.wgsl")
+    ),
     entry: "main",
     libs: &[Lib::Reduce],
 };
 
 /// Lanes of a workgroup.
-const WG: u32 = 128;
+pub(super) const WG: u32 = 128;
 /// Keys one workgroup scores at most (its workgroup memory holds their scores). Up to this
 /// many visible keys one split suffices, and the kernel writes `out` without a combine pass.
-const MAX_KEYS_PER_SPLIT: u32 = 256;
+pub(super) const MAX_KEYS_PER_SPLIT: u32 = 256;
 /// Beyond one split, splits are added for parallelism down to this many keys each...
 const MIN_KEYS_PER_SPLIT: u32 = 64;
 /// ...until this many workgroups keep a large GPU busy.
@@ -37,7 +41,7 @@ pub(super) fn supported(gpu: &Gpu, p: &AttentionParams) -> bool {
 /// Key splits for `tokens` queries whose last sees `visible` keys: one while the keys fit one
 /// workgroup, else enough to fit and more for parallelism (as far as the partials fit one
 /// binding).
-fn splits(gpu: &Gpu, p: &AttentionParams, tokens: u32, visible: u32) -> u32 {
+pub(super) fn splits(gpu: &Gpu, p: &AttentionParams, tokens: u32, visible: u32) -> u32 {
     let needed = visible.div_ceil(MAX_KEYS_PER_SPLIT);
     if needed == 1 {
         return 1;

@@ -1,0 +1,114 @@
+//! Decode attention for one token with `rope_store`'s work fused in
+//! (`wgsl/attention_decode_rope.wgsl` around `attention_decode_core.wgsl`): the per-head q/k
+//! norms, the rotation and the KV cache write happen in the attention dispatch itself, so a
+//! decode step has one dependent dispatch fewer per layer. Only on the GPU work split, where
+//! `attention_decode_gpu` would run.
+
+use super::decode_gpu::{self, MAX_KEYS_PER_SPLIT, WG};
+use super::{dispatch_split_with, first_visible, AttentionParams, KernelParams, SplitCall};
+use crate::gpu::{Gpu, Kernel, Lib, Recorder};
+use crate::ops::rope::{HeadNorms, RopeParams, StoreTarget};
+
+const DECODE_ROPE: Kernel = Kernel {
+    name: "attention_decode_rope",
+    source: concat!(
+        include_str!("../../../wgsl/attention_decode_rope.wgsl"),
+        include_str!("../../../wgsl/attention_decode_core.wgsl")
+    ),
+    entry: "main",
+    libs: &[Lib::Reduce, Lib::Rotary],
+};
+
+/// Storage bindings of the fused kernel: q/k/v, two cache layers, out, two partials, two norms.
+const STORAGE_BINDINGS: u32 = 8;
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeAttentionParams {
+    attention: KernelParams,
+    rope_dims: u32,
+    neox: u32,
+    theta_scale: f32,
+    freq_scale: f32,
+    norm: u32,
+    eps: f32,
+    q_offset: u32,
+    k_offset: u32,
+    v_offset: u32,
+    pad: [u32; 3],
+}
+
+/// Whether the fused kernel runs this shape on this device: a GPU work split, the GPU decode
+/// kernel's shapes, and room for its bindings.
+pub fn rope_attention_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
+    !gpu.caps.cpu_work_split
+        && decode_gpu::supported(gpu, p)
+        && gpu.device.limits().max_storage_buffers_per_shader_stage >= STORAGE_BINDINGS
+}
+
+/// One decode token: normalises (with `norms`) and rotates q and k of `target` at position
+/// `start_pos`, writes k and v into the cache, and attends, into `out`. Equal to `rope_store`
+/// followed by `attention`. q, k and v must be sections of one buffer.
+pub fn rope_attention_decode(
+    rec: &mut Recorder,
+    target: &StoreTarget,
+    norms: Option<&HeadNorms>,
+    start_pos: u32,
+    rope: &RopeParams,
+    p: &AttentionParams,
+    out: &wgpu::Buffer,
+) {
+    rope.check();
+    let qkv = target.q.buffer;
+    assert!(
+        target.k.buffer == qkv && target.v.buffer == qkv,
+        "fused decode attention needs q, k and v in one buffer"
+    );
+    assert!(
+        rope_attention_supported(rec.gpu(), p) && rope.head_dim == p.head_dim,
+        "fused decode attention cannot run head_dim {} here",
+        p.head_dim
+    );
+    let cache = target.cache;
+    super::check_call(cache, target.cache_layer, qkv, out, start_pos, 1, p);
+    let visible = start_pos - first_visible(start_pos, p.window) + 1;
+    let splits = decode_gpu::splits(rec.gpu(), p, 1, visible);
+    let pipeline = rec.pipeline(
+        &DECODE_ROPE,
+        &[("WG", WG), ("HD", p.head_dim), ("KPS", MAX_KEYS_PER_SPLIT)],
+    );
+    let uniform = RopeAttentionParams {
+        attention: KernelParams::new(p, start_pos, 1, splits),
+        rope_dims: rope.rope_dims,
+        neox: u32::from(rope.neox),
+        theta_scale: rope.theta_scale(),
+        freq_scale: rope.freq_scale,
+        norm: u32::from(norms.is_some()),
+        eps: norms.map_or(0.0, |n| n.eps),
+        q_offset: target.q.offset,
+        k_offset: target.k.offset,
+        v_offset: target.v.offset,
+        pad: [0; 3],
+    };
+    let call = SplitCall {
+        q: qkv,
+        cache,
+        layer: target.cache_layer,
+        out,
+        start_pos,
+        tokens: 1,
+        splits,
+    };
+    let placeholder = rec.gpu().placeholder().clone();
+    let q_norm = norms.map_or(&placeholder, |n| n.q);
+    let k_norm = norms.map_or(&placeholder, |n| n.k);
+    dispatch_split_with(
+        rec,
+        &pipeline,
+        &call,
+        p,
+        [splits, p.heads, 1],
+        &uniform,
+        &[q_norm.as_entire_binding(), k_norm.as_entire_binding()],
+    );
+}

@@ -1,0 +1,168 @@
+// Decode attention for discrete GPUs, the part every entry shares: few query positions against
+// a KV cache, split over the keys (flash-decoding), with every phase spread over the lanes of
+// the workgroup. The entries (attention_decode_gpu.wgsl: q from a buffer, every key cached;
+// attention_decode_rope.wgsl: q and the newest key rotated in the same dispatch) declare
+// `params`, `k_cache` and `v_cache` and fill `q_row` before calling `attend`.
+//
+// Workgroup (split, head, token) owns one query head and a contiguous share of at most KPS of
+// its token's visible keys:
+//   1. scores: lane i scores keys i, i + WG, ... of the share: q·k over head_dim from
+//      contiguous vec4 loads, independent across lanes; the scores stay in workgroup memory;
+//   2. softmax: a workgroup max reduction, exp(score - max) in place, a sum reduction
+//      (`reduce_max`/`reduce_sum` of Lib::Reduce: subgroups where the variant has them);
+//   3. values: lanes form (key group g, vec4 d4 of head_dim), GROUPS = WG / HD4 groups; lane
+//      (g, d4) accumulates p·v[d4] over keys g, g + GROUPS, ... (four independent loads per
+//      iteration, coalesced across the d4 lanes of a group), and the groups are summed through
+//      workgroup memory.
+// With one split the workgroup writes the normalised output itself (no combine dispatch);
+// otherwise it leaves the partial result (max, sum of exponentials, unnormalised values) that
+// attention_combine.wgsl merges, exactly as attention_decode.wgsl does.
+//
+// A "fresh" share ends with a key that is not read from the cache but from `fresh_k` and
+// `fresh_v` in workgroup memory: the key and value of the position being decoded, which
+// another workgroup of the same dispatch is writing into the cache.
+//
+// Why not attention_decode.wgsl: that kernel is built for CPU adapters, where every lane is a
+// loop iteration and barriers are costly: one lane per query head runs a tile's max and exp
+// serially, and every lane walks all keys of a tile with a dependent value load per key. On a
+// GPU those serial walks are chains of dependent memory latencies; here each lane's loads are
+// independent and the serial parts are short (KPS / WG keys to score, KPS / GROUPS to weight).
+// The host bounds KPS, so one invocation also stays far below llvmpipe's 65535 loop
+// back-edges.
+//
+// Constants: WG (lanes, a power of two), HD (head_dim, HD / 4 <= WG), KPS (keys per split at
+// most).
+
+@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read_write> partial_acc: array<vec4<f32>>;
+@group(0) @binding(6) var<storage, read_write> partial_stats: array<vec2<f32>>;
+
+const HD4: u32 = HD / 4u;
+const GROUPS: u32 = WG / HD4;
+// Stands for "no key": finite, so exp(NEG - NEG) is 1 rather than NaN.
+const NEG: f32 = -1.0e30;
+
+// The query row, already multiplied by the attention scale.
+var<workgroup> q_row: array<vec4<f32>, HD4>;
+var<workgroup> probs: array<f32, KPS>;
+var<workgroup> group_acc: array<vec4<f32>, WG>;
+var<workgroup> fresh_k: array<vec4<f32>, HD4>;
+var<workgroup> fresh_v: array<vec4<f32>, HD4>;
+
+fn first_visible(pos: u32) -> u32 {
+    return select(0u, pos + 1u - params.window, pos + 1u > params.window);
+}
+
+fn capped(score: f32) -> f32 {
+    if (params.softcap > 0.0) {
+        return params.softcap * tanh(score / params.softcap);
+    }
+    return score;
+}
+
+// q·k for the cached key whose vec4s begin at `base`.
+fn cached_score(base: u32) -> f32 {
+    var d = vec4<f32>(0.0);
+    for (var c = 0u; c < HD4; c = c + 4u) {
+        d = d + q_row[c] * k_cache[base + c];
+        d = d + q_row[c + 1u] * k_cache[base + c + 1u];
+        d = d + q_row[c + 2u] * k_cache[base + c + 2u];
+        d = d + q_row[c + 3u] * k_cache[base + c + 3u];
+    }
+    return capped(d.x + d.y + d.z + d.w);
+}
+
+fn fresh_score() -> f32 {
+    var d = vec4<f32>(0.0);
+    for (var c = 0u; c < HD4; c = c + 1u) {
+        d = d + q_row[c] * fresh_k[c];
+    }
+    return capped(d.x + d.y + d.z + d.w);
+}
+
+// Lane (g, d4)'s share of the probability-weighted values of the first `cached` keys.
+fn weighted_values(first: u32, row_stride: u32, cached: u32, g: u32, d4: u32) -> vec4<f32> {
+    var acc = vec4<f32>(0.0);
+    let base = first + d4;
+    var i = g;
+    for (; i + 3u * GROUPS < cached; i = i + 4u * GROUPS) {
+        let v0 = v_cache[base + i * row_stride];
+        let v1 = v_cache[base + (i + GROUPS) * row_stride];
+        let v2 = v_cache[base + (i + 2u * GROUPS) * row_stride];
+        let v3 = v_cache[base + (i + 3u * GROUPS) * row_stride];
+        acc = acc + probs[i] * v0 + probs[i + GROUPS] * v1;
+        acc = acc + probs[i + 2u * GROUPS] * v2 + probs[i + 3u * GROUPS] * v3;
+    }
+    for (; i < cached; i = i + GROUPS) {
+        acc = acc + probs[i] * v_cache[base + i * row_stride];
+    }
+    return acc;
+}
+
+// Attends query head `head` of `token` (q_row, visible to every lane) over split `split` of
+// its keys; with `fresh`, the split's last key is fresh_k/fresh_v. Uniform control flow.
+fn attend(split: u32, head: u32, token: u32, lane: u32, fresh: bool) {
+    let kv_group = head / (params.heads / params.kv_heads);
+    let pos = params.start_pos + token;
+    let lo = first_visible(pos);
+    let visible = pos + 1u - lo;
+    let begin = lo + split * visible / params.splits;
+    let count = lo + (split + 1u) * visible / params.splits - begin;
+    let cached = count - u32(fresh);
+    let row_stride = params.kv_heads * HD4;
+    let first = begin * row_stride + kv_group * HD4;
+
+    // Phase 1: scores of keys lane, lane + WG, ...
+    var local_max = NEG;
+    for (var i = lane; i < cached; i = i + WG) {
+        let score = cached_score(first + i * row_stride);
+        probs[i] = score;
+        local_max = max(local_max, score);
+    }
+    if (fresh && lane == cached % WG) {
+        let score = fresh_score();
+        probs[cached] = score;
+        local_max = max(local_max, score);
+    }
+    // The reductions begin and end with barriers, so every score is visible after this.
+    let m = reduce_max(local_max, lane);
+
+    // Phase 2: probabilities (unnormalised) in place.
+    var local_sum = 0.0;
+    for (var i = lane; i < count; i = i + WG) {
+        let p = exp(probs[i] - m);
+        probs[i] = p;
+        local_sum = local_sum + p;
+    }
+    let total = reduce_sum(local_sum, lane);
+
+    // Phase 3: lane (g, d4) weights the values of keys g, g + GROUPS, ...
+    let g = lane / HD4;
+    let d4 = lane % HD4;
+    var acc = vec4<f32>(0.0);
+    if (g < GROUPS) {
+        acc = weighted_values(first, row_stride, cached, g, d4);
+        if (fresh && g == cached % GROUPS) {
+            acc = acc + probs[cached] * fresh_v[d4];
+        }
+    }
+    group_acc[lane] = acc;
+    workgroupBarrier();
+
+    if (lane < HD4) {
+        var sum = group_acc[lane];
+        for (var k = 1u; k < GROUPS; k = k + 1u) {
+            sum = sum + group_acc[k * HD4 + lane];
+        }
+        let row = token * params.heads + head;
+        if (params.splits == 1u) {
+            out[row * HD4 + lane] = sum / total;
+        } else {
+            let slot = row * params.splits + split;
+            partial_acc[slot * HD4 + lane] = sum;
+            if (lane == 0u) {
+                partial_stats[slot] = vec2<f32>(m, total);
+            }
+        }
+    }
+}

@@ -1,0 +1,33 @@
+// Rotary position embedding arithmetic (Lib::Rotary), shared by rope.wgsl and
+// attention_decode_rope.wgsl so that both rotate to bit-identical values.
+
+// 2*pi split so that k * TWO_PI_HI is exact for k < 2^16 (Cody-Waite reduction): GPU sin/cos
+// are only accurate near [-pi, pi], and the angles here are far larger.
+const TWO_PI_HI: f32 = 6.28125;
+const TWO_PI_MID: f32 = 0.0019353071693331003;
+const TWO_PI_LO: f32 = 1.0253131677018246e-11;
+const INV_TWO_PI: f32 = 0.15915493667125702;
+
+fn reduce_angle(angle: f32) -> f32 {
+    let k = round(angle * INV_TWO_PI);
+    return ((angle - k * TWO_PI_HI) - k * TWO_PI_MID) - k * TWO_PI_LO;
+}
+
+// ggml builds theta by repeated multiplication (theta_0 = pos, theta_{i+1} = theta_i * scale),
+// not by pow; the same f32 products give bit-identical angles.
+fn pair_theta(pos: u32, pair: u32, theta_scale: f32, freq_scale: f32) -> f32 {
+    var theta = f32(pos);
+    for (var i = 0u; i < pair; i = i + 1u) {
+        theta = theta * theta_scale;
+    }
+    return freq_scale * theta;
+}
+
+// The two dims of `pair` in a head: (2i, 2i + 1) in the normal layout (llama), (i, i + pairs)
+// in NeoX's (qwen2, gemma3).
+fn pair_dims(pair: u32, pairs: u32, neox: bool) -> vec2<u32> {
+    if (neox) {
+        return vec2<u32>(pair, pair + pairs);
+    }
+    return vec2<u32>(2u * pair, 2u * pair + 1u);
+}
