@@ -8,8 +8,7 @@ use std::sync::Arc;
 
 use webshard::gpu::{self, testing, Gpu, Recorder, Variant};
 use webshard::ops::attention::{
-    attention_reference, rope_attention_decode, rope_attention_supported, AttentionParams,
-    KvCache,
+    attention_reference, rope_attention_decode, rope_attention_supported, AttentionParams, KvCache,
 };
 use webshard::ops::norm::rms_norm_reference;
 use webshard::ops::rope::{rope_reference, HeadNorms, RopeParams, Section, StoreTarget};
@@ -46,10 +45,38 @@ fn models() -> Vec<Model> {
     };
     vec![
         model("smollm2", 9, 3, rope(64, 64, 100_000.0, false), false, None),
-        model("qwen2.5", 14, 2, rope(64, 64, 1_000_000.0, true), false, None),
-        model("gemma3 global", 4, 1, rope(256, 256, 1_000_000.0, true), true, None),
-        model("gemma3 local", 4, 1, rope(256, 256, 10_000.0, true), true, Some(300)),
-        model("partial rope", 4, 2, rope(128, 64, 10_000.0, false), true, None),
+        model(
+            "qwen2.5",
+            14,
+            2,
+            rope(64, 64, 1_000_000.0, true),
+            false,
+            None,
+        ),
+        model(
+            "gemma3 global",
+            4,
+            1,
+            rope(256, 256, 1_000_000.0, true),
+            true,
+            None,
+        ),
+        model(
+            "gemma3 local",
+            4,
+            1,
+            rope(256, 256, 10_000.0, true),
+            true,
+            Some(300),
+        ),
+        model(
+            "partial rope",
+            4,
+            2,
+            rope(128, 64, 10_000.0, false),
+            true,
+            None,
+        ),
     ]
 }
 
@@ -69,7 +96,10 @@ impl Inputs {
         let q_len = m.heads as usize * hd;
         let kv_len = m.kv_heads as usize * hd;
         let scaled = |n, seed, by: f32| -> Vec<f32> {
-            testing::random_f32(n, seed).iter().map(|v| v * by).collect()
+            testing::random_f32(n, seed)
+                .iter()
+                .map(|v| v * by)
+                .collect()
         };
         let mut qkv = scaled(q_len + kv_len, seed, 4.0);
         qkv.extend(testing::random_f32(kv_len, seed ^ 1));
@@ -129,9 +159,11 @@ fn filled_cache(gpu: &Gpu, m: &Model, x: &Inputs, seed: u64) -> KvCache {
         gpu::poison_f32(gpu, &buffers[0]);
         let (index, offset) = cache.layer_location(0);
         let other = testing::random_f32(layer_floats, seed ^ 6);
-        gpu.queue.write_buffer(&buffers[index], offset, bytemuck::cast_slice(&other));
+        gpu.queue
+            .write_buffer(&buffers[index], offset, bytemuck::cast_slice(&other));
         let (index, offset) = cache.layer_location(LAYER);
-        gpu.queue.write_buffer(&buffers[index], offset, bytemuck::cast_slice(earlier));
+        gpu.queue
+            .write_buffer(&buffers[index], offset, bytemuck::cast_slice(earlier));
     }
     cache
 }
@@ -188,11 +220,22 @@ fn check_case(gpu: &Arc<Gpu>, variant: Variant, m: &Model, pos: u32, seed: u64) 
         ("v", &cache.v, &x.v_cache, &want.v_row),
     ] {
         let layer = read_layer(gpu, &cache, buffers);
-        assert_eq!(&layer[..first], &earlier[..], "{what}: {label} rows before pos changed");
+        assert_eq!(
+            &layer[..first],
+            &earlier[..],
+            "{what}: {label} rows before pos changed"
+        );
         let written = &layer[first..first + row];
-        testing::assert_close(written, new_row, 4e-6, &format!("{what}: {label} row at pos"));
+        testing::assert_close(
+            written,
+            new_row,
+            4e-6,
+            &format!("{what}: {label} row at pos"),
+        );
         assert!(
-            layer[first + row..].iter().all(|v| v.to_bits() == gpu::POISON),
+            layer[first + row..]
+                .iter()
+                .all(|v| v.to_bits() == gpu::POISON),
             "{what}: {label} cache written past pos"
         );
     }
@@ -210,7 +253,13 @@ fn fused_decode_attention_matches_rope_store_then_attention() {
             }
             // One key, a full single split, the first of two splits, and several splits.
             for pos in [0u32, 255, 256, 700] {
-                check_case(gpu, *variant, m, pos, seed + index as u64 * 7919 + u64::from(pos));
+                check_case(
+                    gpu,
+                    *variant,
+                    m,
+                    pos,
+                    seed + index as u64 * 7919 + u64::from(pos),
+                );
                 checked += 1;
             }
         }

@@ -54,6 +54,10 @@ fn row_scale(base: u32, lane: u32) -> f32 {
     return 1.0 / sqrt(total / f32(HD) + params.eps);
 }
 
+// Normalised and rotated q and k of the new token, before they are packed into vec4s.
+var<workgroup> rotated_q: array<f32, HD>;
+var<workgroup> rotated_k: array<f32, HD>;
+
 // Value d of the head row at `base`, normalised when asked.
 fn normed(base: u32, d: u32, scale: f32, is_q: bool) -> f32 {
     if (params.norm == 1u) {
@@ -62,27 +66,20 @@ fn normed(base: u32, d: u32, scale: f32, is_q: bool) -> f32 {
     return qkv[base + d];
 }
 
-// Dims 4i .. 4i + 3 of the head row at `base`, normalised and rotated to position `pos`.
-fn rotated_unit(base: u32, i: u32, scale: f32, is_q: bool, pos: u32) -> vec4<f32> {
-    let pairs = params.rope_dims / 2u;
-    let neox = params.neox != 0u;
-    var unit: vec4<f32>;
-    for (var j = 0u; j < 4u; j = j + 1u) {
-        let d = 4u * i + j;
-        let value = normed(base, d, scale, is_q);
-        unit[j] = value;
-        if (d < params.rope_dims) {
-            let second = select((d & 1u) == 1u, d >= pairs, neox);
-            let pair = select(d / 2u, d - select(0u, pairs, second), neox);
-            let dims = pair_dims(pair, pairs, neox);
-            let partner = normed(base, select(dims.y, dims.x, second), scale, is_q);
-            let angle = reduce_angle(pair_theta(pos, pair, params.theta_scale, params.freq_scale));
-            let c = cos(angle);
-            let s = sin(angle);
-            unit[j] = select(value * c - partner * s, partner * s + value * c, second);
-        }
+// The two dims lane `pair` handles: a rotated pair by layout, or two dims past rope_dims.
+fn pair_slots(pair: u32, pairs: u32) -> vec2<u32> {
+    if (pair < pairs) {
+        return pair_dims(pair, pairs, params.neox != 0u);
     }
-    return unit;
+    let d = params.rope_dims + 2u * (pair - pairs);
+    return vec2<u32>(d, d + 1u);
+}
+
+// Dims `dims` of the head row at `base`, normalised, then turned by (cos, sin) `turn`.
+fn rotated_pair(base: u32, dims: vec2<u32>, scale: f32, is_q: bool, turn: vec2<f32>) -> vec2<f32> {
+    let x0 = normed(base, dims.x, scale, is_q);
+    let x1 = normed(base, dims.y, scale, is_q);
+    return vec2<f32>(x0 * turn.x - x1 * turn.y, x0 * turn.y + x1 * turn.x);
 }
 
 @compute @workgroup_size(WG)
@@ -92,23 +89,46 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     let group_size = params.heads / params.kv_heads;
     let kv_head = head / group_size;
     let pos = params.start_pos;
-
     let q_base = params.q_offset + head * HD;
-    let q_scale = row_scale(q_base, lane);
-    for (var i = lane; i < HD4; i = i + WG) {
-        q_row[i] = rotated_unit(q_base, i, q_scale, true, pos) * params.scale;
-    }
+    let k_base = params.k_offset + kv_head * HD;
+    let v_base = params.v_offset + kv_head * HD;
+
     // Uniform per workgroup, so row_scale's barriers are reached by every lane or none.
     let fresh = split == params.splits - 1u;
+    let q_scale = row_scale(q_base, lane);
+    var k_scale = 1.0;
     if (fresh) {
-        let k_base = params.k_offset + kv_head * HD;
-        let v_base = params.v_offset + kv_head * HD;
-        let k_scale = row_scale(k_base, lane);
-        let at = (pos * params.kv_heads + kv_head) * HD4;
-        for (var i = lane; i < HD4; i = i + WG) {
-            let k = rotated_unit(k_base, i, k_scale, false, pos);
-            let v = vec4<f32>(qkv[v_base + 4u * i], qkv[v_base + 4u * i + 1u],
-                              qkv[v_base + 4u * i + 2u], qkv[v_base + 4u * i + 3u]);
+        k_scale = row_scale(k_base, lane);
+    }
+    // Lane p turns pair p of q and of k by the same angle.
+    let pairs = params.rope_dims / 2u;
+    for (var pair = lane; pair < HD / 2u; pair = pair + WG) {
+        let dims = pair_slots(pair, pairs);
+        var turn = vec2<f32>(1.0, 0.0);
+        if (pair < pairs) {
+            let angle = reduce_angle(pair_theta(pos, pair, params.theta_scale, params.freq_scale));
+            turn = vec2<f32>(cos(angle), sin(angle));
+        }
+        let q = rotated_pair(q_base, dims, q_scale, true, turn);
+        rotated_q[dims.x] = q.x;
+        rotated_q[dims.y] = q.y;
+        if (fresh) {
+            let k = rotated_pair(k_base, dims, k_scale, false, turn);
+            rotated_k[dims.x] = k.x;
+            rotated_k[dims.y] = k.y;
+        }
+    }
+    workgroupBarrier();
+
+    let at = (pos * params.kv_heads + kv_head) * HD4;
+    for (var i = lane; i < HD4; i = i + WG) {
+        let d = 4u * i;
+        let q = vec4<f32>(rotated_q[d], rotated_q[d + 1u], rotated_q[d + 2u], rotated_q[d + 3u]);
+        q_row[i] = q * params.scale;
+        if (fresh) {
+            let k = vec4<f32>(rotated_k[d], rotated_k[d + 1u], rotated_k[d + 2u], rotated_k[d + 3u]);
+            let v = vec4<f32>(qkv[v_base + d], qkv[v_base + d + 1u], qkv[v_base + d + 2u],
+                              qkv[v_base + d + 3u]);
             fresh_k[i] = k;
             fresh_v[i] = v;
             if (head % group_size == 0u) {

@@ -32,6 +32,10 @@ pub struct ModelArgs {
     /// Cap storage bindings at this many bytes (tensors larger are split).
     #[arg(long)]
     pub max_binding: Option<u64>,
+    /// Matvec work split `LANES,LANES_PER_ROW,ROWS_PER_LANE` instead of the built-in one
+    /// (for measuring splits; powers of two, LANES_PER_ROW <= LANES <= 256).
+    #[arg(long, value_parser = parse_matvec_split, hide = true)]
+    pub matvec_split: Option<[u32; 3]>,
     /// No progress bar while loading.
     #[arg(long)]
     pub quiet: bool,
@@ -92,6 +96,7 @@ impl ModelArgs {
             disable_subgroups: self.no_subgroups,
             max_binding_override: self.max_binding,
             gpu_work_split: false,
+            matvec_split: self.matvec_split,
         })
     }
 
@@ -143,4 +148,29 @@ impl ModelArgs {
         );
         bar
     }
+}
+
+/// `LANES,LANES_PER_ROW,ROWS_PER_LANE`, each a power of two, lanes per row at most the lanes,
+/// at most 256 lanes and 8 rows per lane.
+fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
+    let numbers: Vec<u32> = text
+        .split(',')
+        .map(|part| part.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|err| format!("`{text}`: {err}"))?;
+    let [lanes, per_row, rows] = numbers[..] else {
+        return Err(format!(
+            "`{text}`: want three numbers LANES,LANES_PER_ROW,ROWS_PER_LANE"
+        ));
+    };
+    let valid = [lanes, per_row, rows].iter().all(|n| n.is_power_of_two())
+        && per_row <= lanes
+        && lanes <= 256
+        && rows <= 8;
+    if !valid {
+        return Err(format!(
+            "`{text}`: each must be a power of two, LANES_PER_ROW <= LANES <= 256, ROWS_PER_LANE <= 8"
+        ));
+    }
+    Ok([lanes, per_row, rows])
 }

@@ -76,6 +76,9 @@ pub struct GpuOptions {
     pub max_binding_override: Option<u64>,
     /// Split kernel work as for a GPU even on a CPU adapter (tests cover both splits).
     pub gpu_work_split: bool,
+    /// Matvec work split (lanes per workgroup, lanes per row, rows per lane) instead of the
+    /// built-in one: for measuring splits on a device (`runner bench --matvec-split`).
+    pub matvec_split: Option<[u32; 3]>,
 }
 
 /// The shader capabilities a kernel variant is compiled for.
@@ -115,8 +118,14 @@ pub struct Caps {
     pub max_buffer: u64,
     pub max_workgroups_per_dim: u32,
     pub min_uniform_alignment: u32,
+    /// Bytes of workgroup memory a kernel may use.
+    pub max_workgroup_storage: u32,
+    /// Storage bindings one kernel may declare.
+    pub max_storage_bindings: u32,
     /// Whether WGSL must say `enable subgroups;` (browsers) or must not (naga).
     pub wgsl_subgroups_directive: bool,
+    /// `GpuOptions::matvec_split`.
+    pub matvec_split: Option<[u32; 3]>,
 }
 
 impl Caps {
@@ -233,7 +242,10 @@ impl Gpu {
             max_buffer: granted.max_buffer_size,
             max_workgroups_per_dim: granted.max_compute_workgroups_per_dimension,
             min_uniform_alignment: granted.min_uniform_buffer_offset_alignment,
+            max_workgroup_storage: granted.max_compute_workgroup_storage_size,
+            max_storage_bindings: granted.max_storage_buffers_per_shader_stage,
             wgsl_subgroups_directive: info.backend == wgpu::Backend::BrowserWebGpu,
+            matvec_split: options.matvec_split,
         };
         tracing::info!(
             adapter = %caps.adapter, backend = %caps.backend, f16 = caps.f16,

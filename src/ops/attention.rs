@@ -144,8 +144,7 @@ fn decode_cpu_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
     let group = p.heads / p.kv_heads.max(1);
     // The query heads, two tiles of scores (double-buffered), the tile maxima.
     let shared_floats = group * p.head_dim + 2 * group * DECODE_WG + group;
-    group <= DECODE_MAX_GROUP
-        && shared_floats * 4 <= gpu.device.limits().max_compute_workgroup_storage_size
+    group <= DECODE_MAX_GROUP && shared_floats * 4 <= gpu.caps.max_workgroup_storage
 }
 
 /// Attention through the split decode kernels (any `tokens`, built for few): the GPU kernel
@@ -377,7 +376,7 @@ fn choose_splits(gpu: &Gpu, p: &AttentionParams, tokens: u32, needed: u32, paral
 /// Keys per prefill tile: as many as fit twice (keys and values) in workgroup memory.
 fn prefill_tile(gpu: &Gpu, variant: Variant, head_dim: u32) -> u32 {
     let element = if variant.f16 { 2 } else { 4 };
-    let storage = gpu.device.limits().max_compute_workgroup_storage_size;
+    let storage = gpu.caps.max_workgroup_storage;
     let tile = (storage / (2 * head_dim * element)).min(PREFILL_MAX_TILE);
     assert!(
         tile > 0,

@@ -154,6 +154,7 @@ pub(super) async fn open_gpu(
         disable_subgroups,
         max_binding_override: None,
         gpu_work_split: false,
+        matvec_split: None,
     };
     Gpu::new(&options).await.map_err(|err| match err {
         GpuError::NoAdapter { .. } => {

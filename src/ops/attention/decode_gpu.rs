@@ -29,13 +29,18 @@ const TARGET_WORKGROUPS: u32 = 512;
 
 /// Whether the GPU decode kernel can run this shape on this device.
 pub(super) fn supported(gpu: &Gpu, p: &AttentionParams) -> bool {
+    supported_with(gpu, p, 0)
+}
+
+/// `supported` for an entry that needs `entry_bytes` of workgroup memory of its own.
+pub(super) fn supported_with(gpu: &Gpu, p: &AttentionParams, entry_bytes: u32) -> bool {
     let hd4 = p.head_dim / 4;
-    // q, the scores, the group sums, the reduction scratch.
-    let shared_bytes = hd4 * 16 + MAX_KEYS_PER_SPLIT * 4 + WG * 16 + WG * 4;
+    // q, the scores, the group sums, the reduction scratch, the fresh key and value.
+    let shared_bytes = hd4 * 16 + MAX_KEYS_PER_SPLIT * 4 + WG * 16 + WG * 4 + 2 * hd4 * 16;
     hd4 > 0
         && hd4 <= WG
         && hd4 % 4 == 0
-        && shared_bytes <= gpu.device.limits().max_compute_workgroup_storage_size
+        && shared_bytes + entry_bytes <= gpu.caps.max_workgroup_storage
 }
 
 /// Key splits for `tokens` queries whose last sees `visible` keys: one while the keys fit one

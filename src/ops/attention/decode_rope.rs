@@ -39,11 +39,11 @@ struct RopeAttentionParams {
 }
 
 /// Whether the fused kernel runs this shape on this device: a GPU work split, the GPU decode
-/// kernel's shapes, and room for its bindings.
+/// kernel's shapes, and room for its bindings and its rotated q and k rows.
 pub fn rope_attention_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
     !gpu.caps.cpu_work_split
-        && decode_gpu::supported(gpu, p)
-        && gpu.device.limits().max_storage_buffers_per_shader_stage >= STORAGE_BINDINGS
+        && decode_gpu::supported_with(gpu, p, 2 * p.head_dim * 4)
+        && gpu.caps.max_storage_bindings >= STORAGE_BINDINGS
 }
 
 /// One decode token: normalises (with `norms`) and rotates q and k of `target` at position

@@ -130,10 +130,14 @@ pub fn matvec(
     fusion: &Fusion,
 ) {
     let gpu = rec.gpu();
-    let shape = if gpu.caps.cpu_work_split {
-        &CPU_SHAPE
-    } else {
-        &GPU_SHAPE
+    let shape = match gpu.caps.matvec_split {
+        Some([wg, threads_per_row, rows_per_thread]) => Shape {
+            wg,
+            threads_per_row,
+            rows_per_thread,
+        },
+        None if gpu.caps.cpu_work_split => CPU_SHAPE,
+        None => GPU_SHAPE,
     };
     // The shuffle reduction needs all of a row group's threads in one subgroup.
     let (kernel, threads_per_row) = if rec.variant().subgroups && gpu.caps.subgroup_min >= 1 {
