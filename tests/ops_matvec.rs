@@ -150,6 +150,18 @@ fn gpu_work_split_matvec_covers_every_type() {
     }
 }
 
+/// Output heads (16384 rows and more) take GPUs' wide work split, four rows per lane; a row
+/// count that is no multiple of the workgroup's rows checks the tail.
+#[test]
+fn head_sized_matvec_matches_the_reference() {
+    let seed = testing::fresh_seed();
+    for (index, quant) in [QuantType::Q8_0, QuantType::Q6_K].into_iter().enumerate() {
+        let cols = quant.block_size() as usize;
+        let inputs = Inputs::new(quant, 16384 + 77, cols, seed.wrapping_add(index as u64));
+        check(&inputs, true, ReferenceEpilogue::Store, seed);
+    }
+}
+
 /// Runs `matvec` on rows `rows` of the inputs' tensor, with the input norm, with a bias or
 /// (given up's rows and the activation) the GLU epilogue, from element `out_offset` of a
 /// poisoned output; returns the rows written.

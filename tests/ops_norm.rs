@@ -1,4 +1,4 @@
-//! RMSNorm against its CPU reference on every device and variant.
+//! RMSNorm against its CPU reference on every device and variant, in both work splits.
 
 use std::sync::Arc;
 
@@ -6,7 +6,7 @@ use webshard::gpu::{self, testing, Gpu, Recorder, Variant};
 use webshard::ops::norm;
 
 fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
-    pollster::block_on(testing::device_variants()).expect("gpu devices")
+    pollster::block_on(testing::device_variants_both_splits()).expect("gpu devices")
 }
 
 /// Runs rms_norm on fresh inputs; returns (gpu result, reference).

@@ -1,5 +1,5 @@
 //! GPU argmax and top-k against the CPU references: exact ids and values, every device and
-//! variant, vocabulary sizes of the real models, and ties.
+//! variant in both work splits, vocabulary sizes of the real models, and ties.
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use webshard::ops::select;
 const SIZES: [usize; 5] = [1, 1000, 49_152, 151_936, 262_144];
 
 fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
-    pollster::block_on(testing::device_variants()).expect("gpu devices")
+    pollster::block_on(testing::device_variants_both_splits()).expect("gpu devices")
 }
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {

@@ -9,8 +9,11 @@ const SOURCE: &str = include_str!("../../wgsl/select.wgsl");
 /// Enough workgroups to fill a GPU, few enough that one workgroup merges their lists quickly.
 const MAX_GROUPS: u32 = 256;
 /// Logits each lane of the first pass reads before another workgroup is worth starting (at
-/// least 4k, so that the threshold scan has subsets worth taking the maximum of).
-const PER_LANE: u32 = 64;
+/// least 4k, so that the threshold scan has subsets worth taking the maximum of). CPU adapters
+/// run a lane's reads as one loop; on GPUs they are a chain of memory latencies, so GPUs start
+/// more workgroups instead (a 152k-logit argmax took 37 µs on the H200 at 64 per lane).
+const CPU_PER_LANE: u32 = 64;
+const GPU_PER_LANE: u32 = 8;
 
 /// Lanes per workgroup: merging hands (lanes / 2) lists of k entries through shared memory,
 /// kept within 8 KiB (WebGPU guarantees 16 KiB).
@@ -121,8 +124,13 @@ fn partial_lists(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, k: u32) -> P
         (1..=MAX_N).contains(&n),
         "selection needs 1 <= n <= {MAX_N}, got {n}"
     );
+    let per_lane = if rec.gpu().caps.cpu_work_split {
+        CPU_PER_LANE
+    } else {
+        GPU_PER_LANE
+    };
     let groups = n
-        .div_ceil(workgroup_size(k) * PER_LANE.max(4 * k))
+        .div_ceil(workgroup_size(k) * per_lane.max(4 * k))
         .min(MAX_GROUPS);
     let chunk = n.div_ceil(groups);
     // A fresh scratch buffer per call: wgpu keeps it alive until the submit completes.

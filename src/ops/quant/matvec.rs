@@ -50,6 +50,18 @@ const GPU_SHAPE: Shape = Shape {
     rows_per_thread: 1,
 };
 
+/// From this many rows on (output heads of 49k-262k rows), GPUs are limited by how fast they
+/// start workgroups (about one per 4 ns on an H200, whatever each reads), so each lane takes 4
+/// rows: a quarter of the workgroups, each with four loads in flight per lane. Measured on the
+/// H200 (docs/perf.md): the 262k-row Gemma 3 head 434 -> 183 µs, Qwen2.5's 176 -> 121 µs;
+/// the layers' matrices are fastest with GPU_SHAPE.
+const GPU_WIDE_SHAPE: Shape = Shape {
+    wg: 128,
+    threads_per_row: 32,
+    rows_per_thread: 4,
+};
+const WIDE_ROWS: u32 = 16384;
+
 /// What happens to the dot products.
 #[derive(Clone, Copy, Default)]
 pub enum Epilogue<'a> {
@@ -137,6 +149,7 @@ pub fn matvec(
             rows_per_thread,
         },
         None if gpu.caps.cpu_work_split => CPU_SHAPE,
+        None if w.rows >= WIDE_ROWS => GPU_WIDE_SHAPE,
         None => GPU_SHAPE,
     };
     // The shuffle reduction needs all of a row group's threads in one subgroup.
