@@ -261,8 +261,9 @@ fn glu_matvec_matches_gate_and_up_references() {
     let seed = testing::fresh_seed();
     let acts = [Activation::Silu, Activation::GeluTanh];
     for (index, (quant, cols)) in view_types().into_iter().enumerate() {
-        // Rows: 3 of another matrix, then gate's ff rows, then up's.
-        let ff = 67;
+        // Rows: 3 of another matrix, then gate's ff rows, then up's. The first type also
+        // takes GPUs' wide GLU split (4096 gate rows and more), with a tail.
+        let ff = if index == 0 { 4099 } else { 67 };
         let inputs = Inputs::new(quant, 3 + 2 * ff, cols, seed.wrapping_add(index as u64));
         let (gate, up) = (3..3 + ff as u32, 3 + ff as u32..3 + 2 * ff as u32);
         let act = acts[index % 2];
