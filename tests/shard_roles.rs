@@ -247,7 +247,8 @@ fn a_pause_between_generations_loses_no_donor() {
     let (_network, transport, _handles) = fleet(&gpu, 2);
     let mut config = config(file, 2);
     config.heartbeat_interval = Duration::from_millis(200);
-    config.heartbeat_timeout = Duration::from_secs(2);
+    // Longer than any step takes here (a busy stage answers no heartbeat), shorter than the pause.
+    config.heartbeat_timeout = Duration::from_secs(6);
     let (first, second, report) = with_deadline(DEADLINE, move || {
         pollster::block_on(async move {
             let mut coordinator = Coordinator::connect(transport, config)
@@ -258,7 +259,7 @@ fn a_pause_between_generations_loses_no_donor() {
                 .generate(&request, &mut |_| {})
                 .await
                 .expect("first");
-            std::thread::sleep(Duration::from_secs(3));
+            std::thread::sleep(Duration::from_secs(8));
             let second = coordinator
                 .generate(&request, &mut |_| {})
                 .await
