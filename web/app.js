@@ -134,8 +134,13 @@ window.__webshard_reinits = 0;
 async function dropEngine() {
   const engine = state.engine;
   state.engine = null;
-  if (engine instanceof FleetEngine) await engine.close();
-  else engine?.channel.worker.terminate();
+  if (!(engine instanceof FleetEngine)) {
+    engine?.channel.worker.terminate();
+    return;
+  }
+  await engine.close();
+  fleetPanel.status('disconnected', 'closed');
+  $('fleet-disconnect').disabled = true;
 }
 
 function fleetSettings() {
@@ -202,8 +207,6 @@ async function disconnectFleet() {
   }
   if (!(state.engine instanceof FleetEngine)) return;
   await dropEngine();
-  fleetPanel.status('disconnected', 'closed');
-  $('fleet-disconnect').disabled = true;
   $('send').disabled = true;
 }
 

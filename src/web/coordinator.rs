@@ -37,7 +37,9 @@ use super::fleet_watch::Watched;
 use super::options::{self, to_js, GenerateSettings};
 use super::stop::{aborted, race};
 use crate::shard::roles::coordinator::RunReport;
-use crate::shard::roles::{Coordinator, CoordinatorConfig, GenerationRequest, RoleError};
+use crate::shard::roles::{
+    Coordinator, CoordinatorConfig, FleetOutput, GenerationRequest, RoleError, TokenUpdate,
+};
 use crate::shard::transport::TransportError;
 use crate::shard::webrtc::{WebRtcConfig, WebRtcTransport};
 use crate::tokenizer::ChatMessage;
@@ -346,11 +348,22 @@ struct FleetResult {
     report: RunReport,
 }
 
-/// The tokens streamed so far, which are the output when a generation is stopped.
-#[derive(Default)]
-struct Streamed {
-    ids: Vec<u32>,
-    text: String,
+/// How a generation ended: stopped (`Err`), or the coordinator's own result.
+type Outcome = Result<Result<Vec<FleetOutput>, RoleError>, WebError>;
+
+impl FleetResult {
+    fn new(prompt_ids: Vec<u32>, output: FleetOutput, aborted: bool, report: RunReport) -> Self {
+        FleetResult {
+            prompt_ids,
+            ids: output.ids,
+            text: output.text,
+            aborted,
+            decode_tok_s: report.decode_tokens_per_s,
+            step_ms_mean: report.step_ms_mean,
+            recoveries: report.recoveries,
+            report,
+        }
+    }
 }
 
 impl Run {
@@ -371,47 +384,16 @@ impl Run {
             sampler: options.sampler,
             stop: options.stop,
         };
-        let (sender, receiver) = oneshot::channel();
-        self.stop.replace(Some(sender));
-        let stopped = receiver.shared();
-        let mut streamed = Streamed::default();
-        let on_token = self.on_token.clone();
-        let mut on_update = |update: crate::shard::roles::TokenUpdate<'_>| {
-            streamed.ids.push(update.id);
-            streamed.text.push_str(update.text);
-            if let Some(callback) = &on_token {
-                let token = TokenEvent {
-                    index: update.index,
-                    id: update.id,
-                    text: update.text,
-                };
-                if let Ok(value) = to_js(&token) {
-                    let _ = callback.call1(&JsValue::NULL, &value);
-                }
-            }
-        };
-        let outcome = race(
-            coordinator.generate(std::slice::from_ref(&request), &mut on_update),
-            Some(&stopped),
-        )
-        .await;
-        self.stop.replace(None);
+        let (outcome, streamed) = self.stream(&mut coordinator, &request).await;
         let report = coordinator.report().clone();
         let (output, aborted) = match outcome {
             Ok(Ok(mut outputs)) => {
                 self.slot.replace(Slot::Idle(coordinator));
-                let output = outputs.pop().unwrap_or_default();
-                (
-                    Streamed {
-                        ids: output.ids,
-                        text: output.text,
-                    },
-                    false,
-                )
+                (outputs.pop().unwrap_or_default(), false)
             }
             Ok(Err(error)) => {
-                let reason = format!("generation failed: {error}");
-                self.dismiss(coordinator, reason).await;
+                self.dismiss(coordinator, format!("generation failed: {error}"))
+                    .await;
                 return Err(WebError::FleetHint {
                     error,
                     hint: "the fleet was dismissed: connect again",
@@ -423,17 +405,41 @@ impl Run {
                 (streamed, true)
             }
         };
-        let result = FleetResult {
-            prompt_ids,
-            ids: output.ids,
-            text: output.text,
-            aborted,
-            decode_tok_s: report.decode_tokens_per_s,
-            step_ms_mean: report.step_ms_mean,
-            recoveries: report.recoveries,
-            report,
+        to_js(&FleetResult::new(prompt_ids, output, aborted, report)).map_err(WebError::Options)
+    }
+
+    /// Runs `request` until it ends or `stop()` is called, passing each token to `onToken`;
+    /// also returns the tokens streamed, the output of a stopped generation.
+    async fn stream(
+        &self,
+        coordinator: &mut FleetCoordinator,
+        request: &GenerationRequest,
+    ) -> (Outcome, FleetOutput) {
+        let (sender, receiver) = oneshot::channel();
+        self.stop.replace(Some(sender));
+        let stopped = receiver.shared();
+        let mut streamed = FleetOutput::default();
+        let mut on_update = |update: TokenUpdate<'_>| {
+            streamed.ids.push(update.id);
+            streamed.text.push_str(update.text);
+            if let Some(callback) = &self.on_token {
+                let token = TokenEvent {
+                    index: update.index,
+                    id: update.id,
+                    text: update.text,
+                };
+                if let Ok(value) = to_js(&token) {
+                    let _ = callback.call1(&JsValue::NULL, &value);
+                }
+            }
         };
-        to_js(&result).map_err(WebError::Options)
+        let outcome = race(
+            coordinator.generate(std::slice::from_ref(request), &mut on_update),
+            Some(&stopped),
+        )
+        .await;
+        self.stop.replace(None);
+        (outcome, streamed)
     }
 
     /// The coordinator, unless another call has it or the fleet is closed.
