@@ -139,6 +139,41 @@ test('the chat page coordinates two donor pages and gives the single-device ids'
     expect(planned.has(`${status.layers.start}-${status.layers.end}`)).toBe(true);
     await expect(donorPage.locator('#text')).toHaveText(expected.text);
   }
+
+  // The next turn goes through the same fleet (each turn replays its whole prompt).
+  const again = await page.evaluate(
+    ({ prompt, n }) => window.__webshard.generate(prompt, { n, temp: 0 }),
+    { prompt: PROMPT, n: TOKENS },
+  );
+  expect(again.ids).toEqual(expected.ids);
+  expect(again.report.recoveries).toBe(0);
+
+  // A request longer than the chain caches is refused before anything is sent; the fleet stays.
+  const tooLong = await page.evaluate(
+    (prompt) => window.__webshard.generate(prompt, { n: 1000 }).then(
+      () => null,
+      (err) => ({ message: err.message, kind: err.kind }),
+    ),
+    PROMPT,
+  );
+  expect(tooLong.kind).toBe('options');
+  expect(tooLong.message).toContain(`more than the fleet's context of ${CTX}`);
+  await expect(page.locator('body')).toHaveAttribute('data-fleet', 'connected');
+
+  // Stop cannot take a request out of the chain midway: it dismisses the fleet, clearly.
+  await page.fill('#n', '64');
+  await page.fill('#prompt', PROMPT);
+  await page.click('#send');
+  await expect(page.locator('#transcript .assistant').last()).not.toBeEmpty({ timeout: 3 * 60 * 1000 });
+  await page.click('#stop');
+  await expect(page.locator('body')).toHaveAttribute('data-fleet', 'closed');
+  await expect(page.locator('#fleet-status')).toContainText('connect again');
+  await expect(page.locator('#speed')).toContainText('stopped');
+  await expect(page.locator('#send')).toBeDisabled();
+  for (const { page: donorPage } of donors) {
+    await expect(donorPage.locator('body')).toHaveAttribute('data-phase', 'Left');
+    expect((await donorPage.evaluate(() => window.__donor.exit)).exit).toBe('dismissed');
+  }
 });
 
 test('a donor tab closing mid-generation changes nothing in the page output', async ({ browser }) => {

@@ -247,6 +247,7 @@ impl WebCoordinator {
             stop: self.stop.clone(),
             options,
             on_token,
+            max_context: self.info.max_context,
         }
     }
 }
@@ -332,6 +333,8 @@ struct Run {
     stop: Rc<RefCell<Option<oneshot::Sender<()>>>>,
     options: JsValue,
     on_token: Option<Function>,
+    /// Positions every stage caches.
+    max_context: u32,
 }
 
 /// What `generate` and `chat` resolve to.
@@ -371,7 +374,9 @@ impl Run {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
         let options = settings.options()?;
         let mut coordinator = self.take()?;
-        let prompt_ids = match prompt_ids(&coordinator, prompt) {
+        let prompt_ids = prompt_ids(&coordinator, prompt)
+            .and_then(|ids| check_fits(&ids, options.max_tokens, self.max_context).map(|()| ids));
+        let prompt_ids = match prompt_ids {
             Ok(ids) => ids,
             Err(error) => {
                 self.slot.replace(Slot::Idle(coordinator));
@@ -476,4 +481,21 @@ fn prompt_ids(coordinator: &FleetCoordinator, prompt: Prompt) -> Result<Vec<u32>
             .map_err(|e| WebError::Fleet(RoleError::Tokenizer(e.to_string())))?,
     };
     Ok(coordinator.tokenizer.encode(&text, true, true))
+}
+
+/// A request the chain cannot hold is the caller's mistake, found before anything is sent:
+/// the fleet stays connected (the coordinator would fail the whole generation on it).
+fn check_fits(prompt_ids: &[u32], max_tokens: u32, max_context: u32) -> Result<(), WebError> {
+    if prompt_ids.is_empty() {
+        return Err(WebError::Options("the prompt is empty".into()));
+    }
+    let needed = prompt_ids.len() as u64 + u64::from(max_tokens);
+    if needed > u64::from(max_context) {
+        return Err(WebError::Options(format!(
+            "the prompt ({} tokens) and n ({max_tokens}) need {needed} positions, more than the \
+             fleet's context of {max_context} (maxContext when connecting)",
+            prompt_ids.len()
+        )));
+    }
+    Ok(())
 }
