@@ -12,7 +12,7 @@ const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const SAMPLER_FIELDS = ['n', 'temp', 'top_k', 'top_p', 'min_p', 'repeat_penalty', 'seed'];
 
-const state = { engine: null, loadController: null, fleetController: null, messages: [], generating: false };
+const state = { engine: null, loadController: null, fleetController: null, messages: [], generating: false, noWebGpu: false };
 const fleetPanel = new FleetPanel();
 window.__webshard_progress = [];
 window.__webshard_reinits = 0;
@@ -156,7 +156,7 @@ function fleetSettings() {
 function setFleetConnecting(connecting) {
   $('fleet-connect').disabled = connecting;
   $('fleet-disconnect').disabled = !connecting;
-  $('load').disabled = connecting;
+  $('load').disabled = connecting || state.noWebGpu;
   $('send').disabled = connecting || !state.engine;
 }
 
@@ -374,6 +374,7 @@ async function main() {
     $('caps').hidden = false;
     $('caps').textContent = `${NO_WEBGPU_HELP} (${missing})`;
     $('load').disabled = true;
+    state.noWebGpu = true;
     // A fleet needs no GPU here: the donors compute.
     if (params.get('autorun') === '1' && params.has('fleet')) {
       await autorun();

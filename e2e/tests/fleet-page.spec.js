@@ -161,6 +161,7 @@ test('the chat page coordinates two donor pages and gives the single-device ids'
   await expect(page.locator('body')).toHaveAttribute('data-fleet', 'connected');
 
   // Stop cannot take a request out of the chain midway: it dismisses the fleet, clearly.
+  await page.click('#settings summary');
   await page.fill('#n', '64');
   await page.fill('#prompt', PROMPT);
   await page.click('#send');
@@ -203,4 +204,24 @@ test('a donor tab closing mid-generation changes nothing in the page output', as
   expect(state.events.filter((e) => e.type === 'plan').length).toBeGreaterThanOrEqual(2);
   expect(state.plan.stages.length).toBe(last.report.plan.length);
   await expect(staying.page.locator('#text')).toHaveText(expected.text);
+});
+
+test('a lost donor whose layers the others cannot hold is a clear error', async ({ browser }) => {
+  const donors = [await openDonor(browser), await openDonor(browser)];
+  const { page, errors } = await openChatPage(browser, { donors: 2 });
+  const [leaving, staying] = donors;
+  await expect
+    .poll(async () => (await donorStatus(staying.page))?.text?.length ?? 0, { timeout: COORDINATE_MS })
+    .toBeGreaterThan(0);
+  await leaving.context.close();
+
+  const { last, shown } = await pageError(page);
+  expect(last.kind).toBe('fleet');
+  expect(shown).toContain('cannot hold the model');
+  expect(shown).toContain('connect again');
+  await expect(page.locator('body')).toHaveAttribute('data-fleet', 'closed');
+  await expect(page.locator('#fleet-log')).toContainText('left: re-planning without it');
+  // The donor still there is dismissed, not left waiting.
+  await expect(staying.page.locator('body')).toHaveAttribute('data-phase', 'Left');
+  expect(errors).toEqual([]);
 });
