@@ -37,7 +37,7 @@ const EXPLAIN = {
   changed: 'The file changed on the server during the download.',
   'device-lost': 'The GPU device was lost.',
   gpu: 'The GPU failed.',
-  fleet: 'Generating through the fleet failed.',
+  fleet: 'The fleet failed.',
   busy: 'The engine is busy.',
   options: 'A setting is not valid.',
 };
