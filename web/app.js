@@ -177,9 +177,9 @@ async function connectFleet(overrides = {}) {
     await dropEngine();
     state.engine = engine;
     state.messages = [];
-    const { arch, nLayers, donors } = engine.info;
-    fleetPanel.status(`connected: ${arch}, ${nLayers} layers on ${donors} stage(s)`, 'connected');
-    $('model-info').textContent = `${arch}, ${nLayers} layers through a fleet of ${donors} stage(s)`;
+    const { arch, nLayers, stages } = engine.info;
+    fleetPanel.status(`connected: ${arch}, ${nLayers} layers on ${stages} stage(s)`, 'connected');
+    $('model-info').textContent = `${arch}, ${nLayers} layers through a fleet of ${stages} stage(s)`;
     return engine;
   } catch (err) {
     fleetPanel.status('not connected', 'failed');

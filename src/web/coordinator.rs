@@ -148,7 +148,8 @@ struct FleetInfo {
     n_layers: u32,
     vocab: u32,
     max_context: u32,
-    donors: usize,
+    /// Stages of the plan the chain was loaded with.
+    stages: usize,
 }
 
 /// A connected fleet, ready to generate.
@@ -167,7 +168,7 @@ impl WebCoordinator {
         Ok(connect(options).await?)
     }
 
-    /// `{ model, arch, nLayers, vocab, maxContext, donors }`.
+    /// `{ model, arch, nLayers, vocab, maxContext, stages }`.
     pub fn info(&self) -> Result<JsValue, JsValue> {
         Ok(to_js(&self.info).map_err(WebError::Options)?)
     }
@@ -283,7 +284,7 @@ async fn connect(options: JsValue) -> Result<WebCoordinator, WebError> {
         n_layers: coordinator.cfg.n_layers,
         vocab: coordinator.cfg.vocab,
         max_context: settings.max_context,
-        donors: coordinator.plan().stages.len(),
+        stages: coordinator.plan().stages.len(),
     };
     Ok(WebCoordinator {
         slot: Rc::new(RefCell::new(Slot::Idle(Box::new(coordinator)))),
