@@ -236,6 +236,45 @@ fn a_silent_donor_is_found_by_heartbeats() {
         .all(|stage| stage.donor != silent.id.to_string()));
 }
 
+/// A page coordinating a chat generates once per turn and sends nothing in between: a pause
+/// longer than the heartbeat timeout must not make the stages look lost.
+#[test]
+fn a_pause_between_generations_loses_no_donor() {
+    let file = support::SMOLLM2.1;
+    let reference = single_device_ids(file, &PROMPTS[1..2], 4);
+    let (prompt, want) = reference[0].clone();
+    let gpu = gpu();
+    let (_network, transport, _handles) = fleet(&gpu, 2);
+    let mut config = config(file, 2);
+    config.heartbeat_interval = Duration::from_millis(200);
+    // Longer than any step takes here (a busy stage answers no heartbeat), shorter than the pause.
+    config.heartbeat_timeout = Duration::from_secs(6);
+    let (first, second, report) = with_deadline(DEADLINE, move || {
+        pollster::block_on(async move {
+            let mut coordinator = Coordinator::connect(transport, config)
+                .await
+                .expect("connect");
+            let request = [greedy(&prompt, 4)];
+            let first = coordinator
+                .generate(&request, &mut |_| {})
+                .await
+                .expect("first");
+            std::thread::sleep(Duration::from_secs(8));
+            let second = coordinator
+                .generate(&request, &mut |_| {})
+                .await
+                .expect("second");
+            let report = coordinator.report().clone();
+            coordinator.shutdown("done").await;
+            (first, second, report)
+        })
+    });
+    assert_eq!(first[0].ids, want);
+    assert_eq!(second[0].ids, want);
+    assert_eq!(report.recoveries, 0);
+    assert_eq!(report.plan.len(), 2);
+}
+
 #[test]
 fn a_donor_with_the_wrong_token_is_refused() {
     let file = support::SMOLLM2.1;

@@ -1,14 +1,19 @@
-// The chat demo's page thread: it renders and forwards; the engine runs in the worker.
+// The chat demo's page thread: it renders and forwards; the engine runs in the worker, or,
+// in fleet mode, on donors' GPUs with this page as the coordinator (fleet-client.js).
 // URL parameters for automation: model, prompt, n, temp, seed (and top_k, top_p, min_p,
-// repeat_penalty, cache=0), autorun=1. An autorun sets window.__webshard_last and
+// repeat_penalty, cache=0), autorun=1; for fleet mode fleet (the token), signal, donors, ctx,
+// join_timeout and heartbeat_timeout (seconds). An autorun sets window.__webshard_last and
 // document.body.dataset.done = "1" when it ends.
 import { WorkerEngine, EngineError } from './engine-client.js';
+import { FleetEngine } from './fleet-client.js';
+import { FleetPanel } from './fleet-panel.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const SAMPLER_FIELDS = ['n', 'temp', 'top_k', 'top_p', 'min_p', 'repeat_penalty', 'seed'];
 
-const state = { engine: null, loadController: null, messages: [], generating: false };
+const state = { engine: null, loadController: null, fleetController: null, messages: [], generating: false, noWebGpu: false };
+const fleetPanel = new FleetPanel();
 window.__webshard_progress = [];
 window.__webshard_reinits = 0;
 window.__webshard = { state, load: loadModel, generate: (p, o) => state.engine.generate(p, o) };
@@ -32,6 +37,9 @@ const EXPLAIN = {
   changed: 'The file changed on the server during the download.',
   'device-lost': 'The GPU device was lost.',
   gpu: 'The GPU failed.',
+  fleet: 'The fleet failed.',
+  busy: 'The engine is busy.',
+  options: 'A setting is not valid.',
 };
 
 function showError(err) {
@@ -110,7 +118,7 @@ window.__webshard_reinits = 0;
       },
       onReinitFailed: showError,
     });
-    state.engine?.channel.worker.terminate();
+    await dropEngine();
     state.engine = engine;
     state.messages = [];
     window.__webshard_info = engine.info;
@@ -120,6 +128,86 @@ window.__webshard_reinits = 0;
     state.loadController = null;
     setLoading(false);
   }
+}
+
+/** Ends the engine in use: its worker, or its fleet (the donors are dismissed). */
+async function dropEngine() {
+  const engine = state.engine;
+  state.engine = null;
+  if (!(engine instanceof FleetEngine)) {
+    engine?.channel.worker.terminate();
+    return;
+  }
+  await engine.close();
+  fleetPanel.status('disconnected', 'closed');
+  $('fleet-disconnect').disabled = true;
+}
+
+function fleetSettings() {
+  return {
+    signal: $('fleet-signal').value.trim(),
+    fleet: $('fleet-token').value,
+    donors: Number($('fleet-donors').value),
+    // Donors fetch their layers from it: it must not be relative to this page.
+    model: new URL(modelUrl(), location.href).href,
+  };
+}
+
+function setFleetConnecting(connecting) {
+  $('fleet-connect').disabled = connecting;
+  $('fleet-disconnect').disabled = !connecting;
+  $('load').disabled = connecting || state.noWebGpu;
+  $('send').disabled = connecting || !state.engine;
+}
+
+/** Joins the fleet with the panel's settings (and `overrides`); this page then generates through it. */
+async function connectFleet(overrides = {}) {
+  clearError();
+  fleetPanel.reset();
+  const settings = { ...fleetSettings(), ...overrides };
+  const controller = new AbortController();
+  state.fleetController = controller;
+  setFleetConnecting(true);
+  fleetPanel.status(`waiting for ${settings.donors} donor(s) and their stages to load…`, 'connecting');
+  try {
+    const engine = await FleetEngine.connect(settings, {
+      onEvent: (event) => fleetPanel.onEvent(event),
+      signal: controller.signal,
+    });
+    await dropEngine();
+    state.engine = engine;
+    state.messages = [];
+    const { arch, nLayers, stages } = engine.info;
+    fleetPanel.status(`connected: ${arch}, ${nLayers} layers on ${stages} stage(s)`, 'connected');
+    $('model-info').textContent = `${arch}, ${nLayers} layers through a fleet of ${stages} stage(s)`;
+    return engine;
+  } catch (err) {
+    fleetPanel.status('not connected', 'failed');
+    throw err;
+  } finally {
+    state.fleetController = null;
+    setFleetConnecting(false);
+    $('fleet-disconnect').disabled = !(state.engine instanceof FleetEngine);
+  }
+}
+
+/** After a turn: a stopped or failed fleet generation has dismissed the donors. */
+function noteFleetClosed() {
+  if (!(state.engine instanceof FleetEngine) || !state.engine.closed) return;
+  state.engine = null;
+  fleetPanel.status('dismissed: connect again', 'closed');
+  $('fleet-disconnect').disabled = true;
+  $('send').disabled = true;
+}
+
+async function disconnectFleet() {
+  if (state.fleetController) {
+    state.fleetController.abort();
+    return;
+  }
+  if (!(state.engine instanceof FleetEngine)) return;
+  await dropEngine();
+  $('send').disabled = true;
 }
 
 function samplerOptions() {
@@ -151,8 +239,10 @@ async function runTurn(promptText, options, useChat) {
   const reply = addTurn('assistant', '');
   let tokens = 0;
   let firstAt = 0;
+  const fleet = state.engine instanceof FleetEngine;
   const onToken = (text) => {
     tokens += 1;
+    if (fleet) fleetPanel.onToken(tokens, options.n ?? 128);
     firstAt ||= performance.now();
     reply.textContent += text;
     const seconds = (performance.now() - firstAt) / 1000;
@@ -167,10 +257,17 @@ async function runTurn(promptText, options, useChat) {
     return out;
   } finally {
     setGenerating(false);
+    noteFleetClosed();
   }
 }
 
 function showSpeed(out) {
+  if (out.report) {
+    $('speed').textContent =
+      `${out.ids.length} tokens · ${out.decodeTokS.toFixed(2)} tokens/s decode through the fleet · ` +
+      `${out.stepMsMean.toFixed(0)} ms per step · ${out.recoveries} re-plan(s)${out.aborted ? ' · stopped' : ''}`;
+    return;
+  }
   $('speed').textContent =
     `${out.ids.length} tokens · ${out.decodeTokS.toFixed(2)} tokens/s decode · ` +
     `prefill ${out.prefillTokens} tokens in ${out.prefillSeconds.toFixed(2)} s${out.aborted ? ' · stopped' : ''}`;
@@ -189,7 +286,17 @@ async function onSend(event) {
   }
 }
 
-/** Loads `model` and generates once from the URL parameters, for tests and scripts. */
+/** The fleet settings the URL overrides (the panel holds signal, token and donors). */
+function fleetParams() {
+  const overrides = {};
+  const numbers = { ctx: 'maxContext', join_timeout: 'joinTimeoutS', heartbeat_timeout: 'heartbeatTimeoutS' };
+  for (const [param, key] of Object.entries(numbers)) {
+    if (params.has(param)) overrides[key] = Number(params.get(param));
+  }
+  return overrides;
+}
+
+/** Loads `model` (or connects the fleet) and generates once from the URL parameters, for tests and scripts. */
 async function autorun() {
   const model = params.get('model') || $('model').value;
   const prompt = params.get('prompt') || 'The capital of France is';
@@ -198,8 +305,9 @@ async function autorun() {
     if (params.has(field)) options[field] = Number(params.get(field));
   }
   try {
-    const settings = params.get('cache') === '0' ? { cache: false } : {};
-    await loadModel(model, settings);
+    if (params.has('fleet')) await connectFleet(fleetParams());
+    else await loadModel(model, params.get('cache') === '0' ? { cache: false } : {});
+    const info = state.engine.info;
     const out = await runTurn(prompt, options, false);
     showSpeed(out);
     window.__webshard_last = {
@@ -207,8 +315,10 @@ async function autorun() {
       ids: out.ids,
       text: out.text,
       decode_tok_s: out.decodeTokS,
-      adapter: state.engine.info.adapter,
-      variant: state.engine.info.variant,
+      adapter: info.adapter,
+      variant: info.variant,
+      aborted: out.aborted,
+      report: out.report,
     };
   } catch (err) {
     showError(err);
@@ -226,8 +336,10 @@ function wireControls() {
   $('clear-cache').addEventListener('click', async () => {
     const channel = state.engine?.channel || WorkerEngine.channel();
     await channel.request({ type: 'clear-cache' }).catch(showError);
-    if (!state.engine) channel.worker.terminate();
+    if (channel !== state.engine?.channel) channel.worker.terminate();
   });
+  $('fleet-connect').addEventListener('click', () => connectFleet().catch(showError));
+  $('fleet-disconnect').addEventListener('click', () => disconnectFleet().catch(showError));
   $('prompt-form').addEventListener('submit', onSend);
   $('stop').addEventListener('click', () => state.engine?.abort());
   $('new-chat').addEventListener('click', () => {
@@ -237,8 +349,20 @@ function wireControls() {
   });
 }
 
+/** The Fleet panel's fields from the URL; the signaling server defaults to this server's. */
+function fillFleetPanel() {
+  $('fleet-signal').value =
+    params.get('signal') || `${location.protocol === 'https:' ? 'wss' : 'ws'}://${location.host}/signal`;
+  if (params.has('fleet')) {
+    $('fleet-token').value = params.get('fleet');
+    $('fleet-panel').open = true;
+  }
+  if (params.has('donors')) $('fleet-donors').value = params.get('donors');
+}
+
 async function main() {
   wireControls();
+  fillFleetPanel();
   if (params.has('model')) {
     const known = [...$('model').options].some((o) => o.value === params.get('model'));
     $('model').value = known ? params.get('model') : 'other';
@@ -250,6 +374,12 @@ async function main() {
     $('caps').hidden = false;
     $('caps').textContent = `${NO_WEBGPU_HELP} (${missing})`;
     $('load').disabled = true;
+    state.noWebGpu = true;
+    // A fleet needs no GPU here: the donors compute.
+    if (params.get('autorun') === '1' && params.has('fleet')) {
+      await autorun();
+      return;
+    }
     if (params.get('autorun') === '1') {
       window.__webshard_last = { error: $('caps').textContent, kind: 'no-webgpu' };
       document.body.dataset.done = '1';

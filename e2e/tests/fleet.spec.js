@@ -4,11 +4,11 @@
 // generates greedily. The ids must be the single-device `runner generate --temp 0` ids, also
 // when a donor tab closes mid-generation and the coordinator re-plans and replays.
 const { test, expect } = require('@playwright/test');
-const { spawn, execFile } = require('node:child_process');
+const { execFile } = require('node:child_process');
 const path = require('node:path');
 const { SMOLLM2 } = require('./shared.js');
+const { FLEET_LAUNCH, Child, startFleetServer, openDonorPage: openDonor, donorStatus } = require('./fleet-support.js');
 
-const root = path.resolve(__dirname, '..', '..');
 const TOKEN = 'e2e-fleet-token';
 const PROMPT = 'The capital of France is';
 const TOKENS = 12;
@@ -23,69 +23,8 @@ const NATIVE_MIB = 48;
 // Generous for SwiftShader, but every wait ends: no test can hang.
 const COORDINATE_MS = 8 * 60 * 1000;
 
-test.use({
-  launchOptions: {
-    executablePath: process.env.WEBSHARD_CHROMIUM || '/usr/lib/chromium/chromium-headless-shell',
-    // Loopback-only machines (CI) gather no ICE candidates without the flag and the
-    // camera/microphone permissions granted below.
-    args: ['--enable-unsafe-webgpu', '--allow-loopback-in-peer-connection'],
-  },
-});
+test.use({ launchOptions: FLEET_LAUNCH });
 test.describe.configure({ mode: 'serial', timeout: 12 * 60 * 1000 });
-
-/** A child process whose output is kept, ended with the test (or by its own time limit). */
-class Child {
-  constructor(name, args, limitMs) {
-    this.name = name;
-    this.output = '';
-    this.stdout = '';
-    this.proc = spawn(process.env.WEBSHARD_RUNNER, args, { stdio: ['ignore', 'pipe', 'pipe'] });
-    this.proc.stdout.on('data', (data) => {
-      this.stdout += data;
-      this.output += data;
-    });
-    this.proc.stderr.on('data', (data) => (this.output += data));
-    this.exited = new Promise((resolve) => this.proc.on('exit', (code, signal) => resolve({ code, signal })));
-    this.timer = setTimeout(() => this.kill(), limitMs);
-  }
-
-  kill() {
-    clearTimeout(this.timer);
-    if (this.proc.exitCode === null && this.proc.signalCode === null) this.proc.kill('SIGKILL');
-  }
-
-  /** Resolves to stdout once the process exits 0; rejects with its output otherwise. */
-  async success() {
-    const { code, signal } = await this.exited;
-    clearTimeout(this.timer);
-    if (code !== 0) throw new Error(`${this.name} exited with ${code ?? signal}:\n${this.output.slice(-4000)}`);
-    return this.stdout;
-  }
-}
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = require('node:net').createServer();
-    server.on('error', reject);
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-  });
-}
-
-async function waitForHttp(url, limitMs) {
-  const deadline = Date.now() + limitMs;
-  while (Date.now() < deadline) {
-    try {
-      if ((await fetch(url)).ok) return;
-    } catch {
-      // Not listening yet.
-    }
-    await new Promise((resolve) => setTimeout(resolve, 200));
-  }
-  throw new Error(`${url} did not answer within ${limitMs} ms`);
-}
 
 function runnerJson(args, limitMs) {
   return new Promise((resolve, reject) => {
@@ -104,16 +43,8 @@ const children = [];
 const contexts = [];
 
 test.beforeAll(async () => {
-  const port = await freePort();
-  base = `http://127.0.0.1:${port}`;
-  signal = `ws://127.0.0.1:${port}/signal`;
-  const models = process.env.WEBSHARD_MODELS || path.join(root, 'models');
-  server = new Child(
-    'runner serve',
-    ['serve', '--root', root, '--models', models, '--host', '127.0.0.1', '--port', String(port), '--fleet', TOKEN],
-    30 * 60 * 1000,
-  );
-  await waitForHttp(`${base}/donor.html`, 60 * 1000);
+  let models;
+  ({ server, base, signal, models } = await startFleetServer(TOKEN, 30 * 60 * 1000));
   expected = await runnerJson(
     ['generate', '-m', path.join(models, SMOLLM2), '-p', PROMPT, '-n', String(TOKENS), '--temp', '0', '--json', '--quiet'],
     10 * 60 * 1000,
@@ -129,20 +60,7 @@ test.afterEach(async () => {
 });
 
 /** A donor page in a context of its own, joining the fleet at once. */
-async function openDonorPage(browser) {
-  const context = await browser.newContext();
-  contexts.push(context);
-  await context.grantPermissions(['camera', 'microphone']);
-  const page = await context.newPage();
-  const errors = [];
-  page.on('pageerror', (err) => errors.push(err.message));
-  const query = new URLSearchParams({ signal, fleet: TOKEN, gpu_mem: String(PAGE_MIB) });
-  await page.goto(`${base}/donor.html?${query}`);
-  // Probed and in the room: waiting for the coordinator's Assign.
-  await expect(page.locator('body'), errors.join('\n')).toHaveAttribute('data-phase', 'Joining', { timeout: 3 * 60 * 1000 });
-  await expect(page.locator('#adapter')).toContainText('ms per layer');
-  return { context, page, errors };
-}
+const openDonorPage = (browser) => openDonor(browser, contexts, { base, signal, token: TOKEN, gpuMib: PAGE_MIB });
 
 function startNativeDonor() {
   const child = new Child(
@@ -168,8 +86,6 @@ function startCoordinator() {
   children.push(child);
   return child;
 }
-
-const donorStatus = (page) => page.evaluate(() => window.__donor.status);
 
 test('two browser donors and a native donor generate the single-device ids', async ({ browser }) => {
   const donors = [await openDonorPage(browser), await openDonorPage(browser)];

@@ -13,8 +13,6 @@
 
 use std::sync::Arc;
 
-use futures::channel::oneshot;
-use futures::FutureExt;
 use js_sys::Function;
 use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
@@ -22,7 +20,8 @@ use web_sys::AbortSignal;
 
 use super::engine::{member, open_gpu};
 use super::error::WebError;
-use super::options;
+use super::options::{self, to_js};
+use super::stop::{aborted, race};
 use crate::gpu::Gpu;
 use crate::shard::roles::{Donor, DonorConfig, DonorExit, DonorStatus, RoleError};
 use crate::shard::webrtc::{WebRtcConfig, WebRtcTransport};
@@ -180,48 +179,4 @@ async fn open_named_gpu(settings: &DonorSettings) -> Result<Arc<Gpu>, WebError> 
         }
     }
     Ok(gpu)
-}
-
-type Stopped = futures::future::Shared<oneshot::Receiver<()>>;
-
-/// Completes once `signal` aborts.
-fn aborted(signal: &AbortSignal) -> Stopped {
-    let (sender, receiver) = oneshot::channel();
-    if signal.aborted() {
-        let _ = sender.send(());
-    } else {
-        let mut sender = Some(sender);
-        let listener = Closure::<dyn FnMut()>::new(move || {
-            if let Some(sender) = sender.take() {
-                let _ = sender.send(());
-            }
-        });
-        let _ = signal.add_event_listener_with_callback("abort", listener.as_ref().unchecked_ref());
-        // Lives as long as the signal: an abort after the donor ended finds no receiver.
-        listener.forget();
-    }
-    receiver.shared()
-}
-
-/// Runs `work` unless `stopped` completes first, which drops it (and with it the transport:
-/// the other peers see this donor leave).
-async fn race<F: std::future::Future>(
-    work: F,
-    stopped: Option<&Stopped>,
-) -> Result<F::Output, WebError> {
-    let Some(stopped) = stopped else {
-        return Ok(work.await);
-    };
-    let work = work.fuse();
-    let stopped = stopped.clone().fuse();
-    futures::pin_mut!(work, stopped);
-    futures::select_biased! {
-        _ = stopped => Err(WebError::Aborted),
-        output = work => Ok(output),
-    }
-}
-
-fn to_js<T: Serialize>(value: &T) -> Result<JsValue, String> {
-    let serializer = serde_wasm_bindgen::Serializer::json_compatible();
-    value.serialize(&serializer).map_err(|e| e.to_string())
 }

@@ -37,6 +37,14 @@ pub enum WebError {
     Validation(String),
     #[error("fleet: {0}")]
     Fleet(#[from] RoleError),
+    /// A fleet error with what to check or do about it.
+    #[error("fleet: {error}{}", if hint.is_empty() { String::new() } else { format!(" ({hint})") })]
+    FleetHint {
+        error: RoleError,
+        hint: &'static str,
+    },
+    #[error("the fleet is closed ({0}): connect again")]
+    FleetClosed(String),
     #[error("bad options: {0}")]
     Options(String),
     #[error("cache (OPFS) {operation} `{name}`: {message}")]
@@ -63,7 +71,7 @@ impl WebError {
             WebError::Busy => "busy",
             WebError::DeviceLost(_) => "device-lost",
             WebError::Options(_) => "options",
-            WebError::Fleet(_) => "fleet",
+            WebError::Fleet(_) | WebError::FleetHint { .. } | WebError::FleetClosed(_) => "fleet",
             WebError::Cache { .. } => "cache",
         }
     }

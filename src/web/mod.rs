@@ -1,18 +1,22 @@
 //! wasm-bindgen exports and worker glue: the only module that knows it runs in a browser.
 //!
 //! JavaScript sees `Engine` (load a GGUF URL into WebGPU, generate, chat, abort),
-//! `wasmMemoryBytes()`, `clearCache()`, and `Donor` (lends this GPU to a shard fleet). Loads
+//! `wasmMemoryBytes()`, `clearCache()`, `Donor` (lends this GPU to a shard fleet) and
+//! `Coordinator` (generates through a fleet of donors instead of this GPU). Loads
 //! read the file with ranged `fetch`es through an OPFS cache (`cache`), so interrupted
 //! downloads resume and finished ones work offline.
 
 pub mod cache;
+pub mod coordinator;
 pub mod donor;
 pub mod engine;
 pub mod error;
 pub mod fetch;
+pub mod fleet_watch;
 pub mod opfs;
 pub mod options;
 pub mod source;
+pub mod stop;
 
 use wasm_bindgen::prelude::*;
 

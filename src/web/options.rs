@@ -1,7 +1,7 @@
 //! Options objects passed from JavaScript, parsed with serde (unknown keys are errors, so a
-//! typo is reported rather than silently ignored).
+//! typo is reported rather than silently ignored), and plain objects handed back.
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use wasm_bindgen::JsValue;
 
 use super::error::WebError;
@@ -138,4 +138,10 @@ pub fn parse<T: for<'de> Deserialize<'de> + Default>(
     }
     serde_wasm_bindgen::from_value(value.clone())
         .map_err(|e| WebError::Options(format!("{what}: {e}")))
+}
+
+/// A value as a plain JavaScript object (maps as objects, 64-bit integers as numbers).
+pub fn to_js<T: Serialize>(value: &T) -> Result<JsValue, String> {
+    let serializer = serde_wasm_bindgen::Serializer::json_compatible();
+    value.serialize(&serializer).map_err(|e| e.to_string())
 }

@@ -98,6 +98,9 @@ impl<T: Transport> Coordinator<T> {
         }
         let mut session = Session::new(requests, self.config.runtime.kv_slots);
         let started = Instant::now();
+        // Nobody heartbeats the stages between generations, so their silence then says
+        // nothing: a page that generates once per chat turn would find them all lost.
+        self.last_seen.values_mut().for_each(|seen| *seen = started);
         let mut next_tick = Instant::now() + self.config.heartbeat_interval;
         loop {
             self.start_queued(&mut session).await?;
