@@ -169,6 +169,12 @@ impl<T: Transport + Send + Sync> Transport for Freezable<T> {
         }
         self.inner.send(to, frame).await
     }
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.inner.flush(to).await
+    }
     async fn recv(&self) -> Result<TransportEvent, TransportError> {
         loop {
             let event = self.inner.recv().await?;
