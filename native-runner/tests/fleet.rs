@@ -141,9 +141,13 @@ fn killing_a_donor_process_mid_generation_keeps_the_ids() {
         let ids: Vec<String> = fleet.iter_mut().map(Donor::peer_id).collect();
         let mut coordinator = server.coordinate(SMOLLM2, donors, &[PROMPT], N, &[]);
         let progress = format!("token 0 {} ", k - 1);
-        coordinator.wait_line(&format!("{k} tokens"), RUN_LIMIT, |l| {
-            l.starts_with(&progress)
-        });
+        let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
+        coordinator.wait_line_with(
+            &format!("{k} tokens"),
+            RUN_LIMIT,
+            |l| l.starts_with(&progress),
+            &procs,
+        );
         // The stages, in chain order, from what each donor says it serves.
         let mut serving: Vec<(u32, usize)> = fleet
             .iter()
@@ -195,7 +199,13 @@ fn a_donor_process_joining_mid_generation_is_planned_in() {
         .map(|i| server.donor(&format!("donor {i}"), &cap))
         .collect();
     let mut coordinator = server.coordinate(SMOLLM2, 2, &[PROMPT], N, &[]);
-    coordinator.wait_line("2 tokens", RUN_LIMIT, |l| l.starts_with("token 0 1 "));
+    let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
+    coordinator.wait_line_with(
+        "2 tokens",
+        RUN_LIMIT,
+        |l| l.starts_with("token 0 1 "),
+        &procs,
+    );
     let mut joiner = server.donor("donor 2 (joins)", &cap);
     let joiner_id = joiner.peer_id();
     let joined_at = Instant::now();

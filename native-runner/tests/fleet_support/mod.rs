@@ -160,6 +160,21 @@ impl Proc {
         limit: Duration,
         pred: impl Fn(&str) -> bool,
     ) -> String {
+        self.wait_line_with(what, limit, pred, &[])
+    }
+
+    /// `wait_line`, showing the stderr of `others` too when it fails.
+    pub fn wait_line_with(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&str) -> bool,
+        others: &[&Proc],
+    ) -> String {
+        let others = || {
+            let others: Vec<String> = others.iter().map(|p| p.stderr()).collect();
+            others.join("\n")
+        };
         let deadline = Instant::now() + limit;
         loop {
             if let Some(line) = self.find_line(&pred) {
@@ -172,16 +187,18 @@ impl Proc {
                     return line;
                 }
                 panic!(
-                    "{} exited ({status}) before {what}:\n{}",
+                    "{} exited ({status}) before {what}:\n{}\n{}",
                     self.name,
-                    self.stderr()
+                    self.stderr(),
+                    others()
                 );
             }
             if Instant::now() > deadline {
                 panic!(
-                    "{}: no {what} within {limit:?}:\n{}",
+                    "{}: no {what} within {limit:?}:\n{}\n{}",
                     self.name,
-                    self.stderr()
+                    self.stderr(),
+                    others()
                 );
             }
             thread::sleep(Duration::from_millis(20));

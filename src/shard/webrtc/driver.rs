@@ -11,7 +11,9 @@
 //! and webrtc-rs what reaches a negotiated channel before its SCTP stream is set up). So a
 //! link's send window stays closed until the peer has answered a ping, sent again every
 //! `PROBE_INTERVAL` until it does; the channel is ordered, so what follows the answered ping
-//! arrives too.
+//! arrives too. The peer is announced to `recv` (`Joined`, `peers`) only then, so the
+//! application never waits on a link that is not open; what the peer sends before that is held
+//! and queued right after its `Joined`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -52,10 +54,10 @@ struct Link {
     send_window: Arc<Semaphore>,
     receive_window: ReceiveWindow,
     breached: bool,
-    /// The peer has answered a ping: our messages reach it.
+    /// The peer has answered a ping: our messages reach it, and `recv` has been told.
     confirmed: bool,
-    /// `Joined` is queued for `recv` (once confirmed, or at the peer's first data message).
-    announced: bool,
+    /// What the peer sent before that, for `recv` after its `Joined`.
+    held: Vec<Inbound>,
     /// Flushes waiting for their pong, oldest first.
     flushes: VecDeque<(u32, oneshot::Sender<()>)>,
     last_ping: u32,
@@ -68,17 +70,18 @@ impl Link {
             receive_window: ReceiveWindow::default(),
             breached: false,
             confirmed: false,
-            announced: false,
+            held: Vec::new(),
             flushes: VecDeque::new(),
             last_ping: PROBE_PING,
         }
     }
 }
 
-/// What happened to a data message from a peer.
+/// What becomes of a data message from a peer.
 enum Arrival {
-    Queue,
-    Breach(ChunkError),
+    Queue(Inbound),
+    /// Kept until the link is confirmed.
+    Held,
     Drop,
 }
 
@@ -97,7 +100,7 @@ impl Links {
         let mut peers: Vec<PeerId> = self
             .lock()
             .iter()
-            .filter(|(_, link)| link.announced)
+            .filter(|(_, link)| link.confirmed)
             .map(|(peer, _)| *peer)
             .collect();
         peers.sort();
@@ -150,11 +153,11 @@ impl Links {
     }
 
     /// Removes a peer, failing the sends and flushes waiting on it. Whether `recv` had
-    /// announced it; `None` if it was not there.
+    /// been told of it; `None` if it was not there.
     fn remove(&self, peer: PeerId) -> Option<bool> {
         let link = self.lock().remove(&peer)?;
         link.send_window.close();
-        Some(link.announced)
+        Some(link.confirmed)
     }
 
     fn close_all(&self) {
@@ -163,24 +166,19 @@ impl Links {
         }
     }
 
-    /// Marks the peer announced; true if it was not yet (its `Joined` is due).
-    fn announce(&self, peer: PeerId) -> bool {
-        self.lock()
-            .get_mut(&peer)
-            .is_some_and(|link| !std::mem::replace(&mut link.announced, true))
-    }
-
-    /// The peer answered a ping: the link is confirmed (its window opens) and the flushes up
-    /// to that ping are done.
-    fn pong(&self, peer: PeerId, value: u32) {
+    /// The peer answered a ping: the flushes up to that ping are done, and the link is
+    /// confirmed (its window opens) if it was not yet, in which case what it held is returned.
+    fn pong(&self, peer: PeerId, value: u32) -> Option<Vec<Inbound>> {
         let mut links = self.lock();
-        let Some(link) = links.get_mut(&peer) else {
-            return;
+        let link = links.get_mut(&peer)?;
+        let held = match link.confirmed {
+            true => None,
+            false => {
+                link.confirmed = true;
+                link.send_window.add_permits(WINDOW_BYTES as usize);
+                Some(std::mem::take(&mut link.held))
+            }
         };
-        if !link.confirmed {
-            link.confirmed = true;
-            link.send_window.add_permits(WINDOW_BYTES as usize);
-        }
         // Pongs come back in ping order; one for no pending flush (a repeated probe) is ignored.
         if link.flushes.iter().any(|(ping, _)| *ping == value) {
             while let Some((ping, done)) = link.flushes.pop_front() {
@@ -190,6 +188,7 @@ impl Links {
                 }
             }
         }
+        held
     }
 
     fn unconfirmed(&self) -> Vec<PeerId> {
@@ -212,7 +211,7 @@ impl Links {
         }
     }
 
-    fn arrived(&self, peer: PeerId, len: usize) -> Arrival {
+    fn arrived(&self, peer: PeerId, packet: Packet) -> Arrival {
         let mut links = self.lock();
         let Some(link) = links.get_mut(&peer) else {
             return Arrival::Drop;
@@ -220,13 +219,19 @@ impl Links {
         if link.breached {
             return Arrival::Drop;
         }
-        match link.receive_window.arrived(len) {
-            Ok(()) => Arrival::Queue,
+        let item = match link.receive_window.arrived(packet.len()) {
+            Ok(()) => Inbound::Data(peer, packet),
             Err(error) => {
                 link.breached = true;
-                Arrival::Breach(error)
+                Inbound::Breach(peer, error)
             }
+        };
+        if link.confirmed {
+            return Arrival::Queue(item);
         }
+        // Bounded: held data counts against the receive window like queued data.
+        link.held.push(item);
+        Arrival::Held
     }
 }
 
@@ -338,8 +343,11 @@ impl Driver {
         match parse_echo(&packet) {
             Some(Echo::Ping(value)) => self.control(peer, PONG_TAG, value),
             Some(Echo::Pong(value)) => {
-                self.links.pong(peer, value);
-                return !self.links.announce(peer) || self.queue(Inbound::Joined(peer));
+                if let Some(held) = self.links.pong(peer, value) {
+                    tracing::debug!(%peer, held = held.len(), "link confirmed");
+                    let mut items = std::iter::once(Inbound::Joined(peer)).chain(held);
+                    return items.all(|item| self.queue(item));
+                }
             }
             None => return self.on_data(peer, packet),
         }
@@ -347,13 +355,9 @@ impl Driver {
     }
 
     fn on_data(&mut self, peer: PeerId, packet: Packet) -> bool {
-        if self.links.announce(peer) && !self.queue(Inbound::Joined(peer)) {
-            return false;
-        }
-        match self.links.arrived(peer, packet.len()) {
-            Arrival::Queue => self.queue(Inbound::Data(peer, packet)),
-            Arrival::Breach(error) => self.queue(Inbound::Breach(peer, error)),
-            Arrival::Drop => true,
+        match self.links.arrived(peer, packet) {
+            Arrival::Queue(item) => self.queue(item),
+            Arrival::Held | Arrival::Drop => true,
         }
     }
 }
