@@ -64,6 +64,12 @@ pub fn runner() -> PathBuf {
         .expect("tests start with `serial()`")
 }
 
+/// The children's `RUST_LOG`: `WEBSHARD_FLEET_LOG` when set (say
+/// `warn,webshard::shard::webrtc=debug`, which shows each link as it is confirmed), else `warn`.
+fn child_log() -> String {
+    std::env::var("WEBSHARD_FLEET_LOG").unwrap_or_else(|_| "warn".into())
+}
+
 /// A child process, killed when dropped. Its stdout is collected whole, its stderr by line.
 pub struct Proc {
     pub name: String,
@@ -78,7 +84,7 @@ impl Proc {
     pub fn spawn(name: &str, args: &[&str]) -> Proc {
         let mut child = Command::new(runner())
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", child_log())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
