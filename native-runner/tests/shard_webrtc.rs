@@ -235,41 +235,6 @@ async fn a_dropped_peer_is_reported_left_and_its_blocked_senders_fail() {
     assert_eq!(next_frame(b).await, (a.local_id(), b"still here".to_vec()));
 }
 
-/// Greets the peer the moment it is announced, then expects its greeting.
-async fn greet_on_join(peer: &WebRtcTransport) {
-    let other = match next_event(peer).await {
-        TransportEvent::PeerJoined(other) => other,
-        event => panic!("expected a join, got {event:?}"),
-    };
-    within("a greeting", peer.send(other, b"hello"))
-        .await
-        .unwrap();
-    assert_eq!(next_frame(peer).await, (other, b"hello".to_vec()));
-}
-
-/// A frame sent the moment a link is announced arrives: the transport holds it until the
-/// peer has answered a ping (a message sent as a data channel opens can be lost).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_frame_sent_as_a_peer_joins_arrives() {
-    let signal = start_server(None).await;
-    for round in 0..8 {
-        let room = format!("greet-{round}");
-        let a = within(
-            "connect",
-            WebRtcTransport::connect_with(&signal, &room, loopback()),
-        )
-        .await
-        .unwrap();
-        let b = within(
-            "connect",
-            WebRtcTransport::connect_with(&signal, &room, loopback()),
-        )
-        .await
-        .unwrap();
-        tokio::join!(greet_on_join(&a), greet_on_join(&b));
-    }
-}
-
 /// `flush` returns once the peer's transport has every frame sent before it, so the sender
 /// may leave at once: the peer, reading only afterwards, still gets them all before `PeerLeft`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

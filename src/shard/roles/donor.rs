@@ -29,6 +29,8 @@ use crate::gpu::Gpu;
 const MAX_ERROR_TEXT: usize = 1024;
 /// Longest a leaving donor waits for its last frames to reach the coordinator.
 const EXIT_FLUSH: Duration = Duration::from_secs(5);
+/// How often an unassigned donor repeats its Hello to every peer.
+const REGREET: Duration = Duration::from_secs(2);
 
 pub struct DonorConfig {
     /// Must match the coordinator's, or the Hello is refused.
@@ -188,11 +190,25 @@ impl<T: Transport> Donor<T> {
         }
     }
 
-    /// The next event: first those kept while a step computed.
+    /// The next event: first those kept while a step computed. Until a coordinator has
+    /// assigned a stage, the Hello is sent again to every peer each `REGREET`: a frame sent as
+    /// a new WebRTC link opens can be lost (`docs/protocol.md`, Joining), and a coordinator
+    /// ignores a Hello from a donor it knows.
     async fn next_event(&mut self) -> Result<TransportEvent, TransportError> {
-        match self.next_deferred() {
-            Some(event) => Ok(event),
-            None => self.transport.recv().await,
+        if let Some(event) = self.next_deferred() {
+            return Ok(event);
+        }
+        loop {
+            if self.coordinator.is_some() {
+                return self.transport.recv().await;
+            }
+            if let Ok(event) = with_timeout(REGREET, self.transport.recv()).await {
+                return event;
+            }
+            self.greeted.clear();
+            for peer in self.transport.peers() {
+                self.hello(peer).await;
+            }
         }
     }
 

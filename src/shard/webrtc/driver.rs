@@ -1,41 +1,25 @@
 //! The background half of a `WebRtcTransport`: it reads everything matchbox delivers, applies
 //! credits to the send windows at once (a peer that only sends must still see them), answers
-//! pings, confirms new links, and queues peer changes and data messages, in arrival order, for
-//! `recv`.
+//! pings and completes flushes on pongs (whatever the application is doing), and queues peer
+//! changes and data messages, in arrival order, for `recv`.
 //!
 //! The queue is unbounded as a channel but bounded in bytes: each peer may have at most one
 //! flow-control window of data unacknowledged, and `recv` acknowledges only what it takes.
-//!
-//! A new link is not usable at once: a message sent as a data channel opens can be lost
-//! (matchbox drops what is sent to a peer whose handshake it has not finished on its side,
-//! and webrtc-rs what reaches a negotiated channel before its SCTP stream is set up). So a
-//! link's send window stays closed until the peer has answered a ping, sent again every
-//! `PROBE_INTERVAL` until it does; the channel is ordered, so what follows the answered ping
-//! arrives too. The peer is announced to `recv` (`Joined`, `peers`) only then, so the
-//! application never waits on a link that is not open; what the peer sends before that is held
-//! and queued right after its `Joined`.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Duration;
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use futures::channel::oneshot;
 use futures::{select_biased, FutureExt, StreamExt};
-use futures_timer::Delay;
 use matchbox_socket::{Packet, PeerState, WebRtcSocket};
 use tokio::sync::Semaphore;
 
 use crate::shard::chunk::ChunkError;
 use crate::shard::flow::{
-    encode_control, parse_credit, parse_echo, Echo, ReceiveWindow, PING_TAG, PONG_TAG, WINDOW_BYTES,
+    encode_control, parse_credit, parse_echo, Echo, ReceiveWindow, PONG_TAG, WINDOW_BYTES,
 };
 use crate::shard::transport::{PeerId, TransportError};
-
-/// How often an unconfirmed link is pinged again.
-const PROBE_INTERVAL: Duration = Duration::from_millis(50);
-/// The ping that confirms a link; flushes use the values after it.
-const PROBE_PING: u32 = 0;
 
 /// What the driver hands to `recv`, in one queue so that a peer's departure comes after the
 /// messages it sent before leaving.
@@ -49,39 +33,19 @@ pub(super) enum Inbound {
 
 /// One connected peer, seen from both directions.
 struct Link {
-    /// Bytes we may still send to the peer: none until the link is confirmed, closed when the
-    /// peer leaves.
+    /// Bytes we may still send to the peer; closed when the peer leaves.
     send_window: Arc<Semaphore>,
     receive_window: ReceiveWindow,
     breached: bool,
-    /// The peer has answered a ping: our messages reach it, and `recv` has been told.
-    confirmed: bool,
-    /// What the peer sent before that, for `recv` after its `Joined`.
-    held: Vec<Inbound>,
     /// Flushes waiting for their pong, oldest first.
     flushes: VecDeque<(u32, oneshot::Sender<()>)>,
     last_ping: u32,
 }
 
-impl Link {
-    fn new() -> Link {
-        Link {
-            send_window: Arc::new(Semaphore::new(0)),
-            receive_window: ReceiveWindow::default(),
-            breached: false,
-            confirmed: false,
-            held: Vec::new(),
-            flushes: VecDeque::new(),
-            last_ping: PROBE_PING,
-        }
-    }
-}
-
-/// What becomes of a data message from a peer.
+/// What happened to a data message from a peer.
 enum Arrival {
-    Queue(Inbound),
-    /// Kept until the link is confirmed.
-    Held,
+    Queue,
+    Breach(ChunkError),
     Drop,
 }
 
@@ -95,14 +59,8 @@ impl Links {
         self.0.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The peers `recv` has announced.
     pub(super) fn peers(&self) -> Vec<PeerId> {
-        let mut peers: Vec<PeerId> = self
-            .lock()
-            .iter()
-            .filter(|(_, link)| link.confirmed)
-            .map(|(peer, _)| *peer)
-            .collect();
+        let mut peers: Vec<PeerId> = self.lock().keys().copied().collect();
         peers.sort();
         peers
     }
@@ -120,66 +78,28 @@ impl Links {
             .and_then(|link| link.receive_window.consumed(len))
     }
 
-    /// Registers a flush to `peer`: the ping to send and what its pong completes. `None` while
-    /// the link is unconfirmed, when no send to it can have completed yet.
+    /// Registers a flush to `peer`: the ping to send, and what its pong completes.
     pub(super) fn begin_flush(
         &self,
         peer: PeerId,
-    ) -> Result<Option<(u32, oneshot::Receiver<()>)>, TransportError> {
+    ) -> Result<(u32, oneshot::Receiver<()>), TransportError> {
         let mut links = self.lock();
         let link = links
             .get_mut(&peer)
             .ok_or(TransportError::UnknownPeer(peer))?;
-        if !link.confirmed {
-            return Ok(None);
-        }
-        link.last_ping = match link.last_ping.wrapping_add(1) {
-            PROBE_PING => PROBE_PING + 1,
-            value => value,
-        };
+        link.last_ping = link.last_ping.wrapping_add(1);
         let (done, acknowledged) = oneshot::channel();
         link.flushes.push_back((link.last_ping, done));
-        Ok(Some((link.last_ping, acknowledged)))
+        Ok((link.last_ping, acknowledged))
     }
 
-    /// Adds an unconfirmed peer; false if it was already there.
-    fn insert(&self, peer: PeerId) -> bool {
+    /// The peer answered a ping: the flushes up to it are done. Pongs come back in ping
+    /// order; one for no pending flush is ignored.
+    fn pong(&self, peer: PeerId, value: u32) {
         let mut links = self.lock();
-        if links.contains_key(&peer) {
-            return false;
-        }
-        links.insert(peer, Link::new());
-        true
-    }
-
-    /// Removes a peer, failing the sends and flushes waiting on it. Whether `recv` had
-    /// been told of it; `None` if it was not there.
-    fn remove(&self, peer: PeerId) -> Option<bool> {
-        let link = self.lock().remove(&peer)?;
-        link.send_window.close();
-        Some(link.confirmed)
-    }
-
-    fn close_all(&self) {
-        for (_, link) in self.lock().drain() {
-            link.send_window.close();
-        }
-    }
-
-    /// The peer answered a ping: the flushes up to that ping are done, and the link is
-    /// confirmed (its window opens) if it was not yet, in which case what it held is returned.
-    fn pong(&self, peer: PeerId, value: u32) -> Option<Vec<Inbound>> {
-        let mut links = self.lock();
-        let link = links.get_mut(&peer)?;
-        let held = match link.confirmed {
-            true => None,
-            false => {
-                link.confirmed = true;
-                link.send_window.add_permits(WINDOW_BYTES as usize);
-                Some(std::mem::take(&mut link.held))
-            }
+        let Some(link) = links.get_mut(&peer) else {
+            return;
         };
-        // Pongs come back in ping order; one for no pending flush (a repeated probe) is ignored.
         if link.flushes.iter().any(|(ping, _)| *ping == value) {
             while let Some((ping, done)) = link.flushes.pop_front() {
                 let _ = done.send(());
@@ -188,22 +108,44 @@ impl Links {
                 }
             }
         }
-        held
     }
 
-    fn unconfirmed(&self) -> Vec<PeerId> {
-        self.lock()
-            .iter()
-            .filter(|(_, link)| !link.confirmed)
-            .map(|(peer, _)| *peer)
-            .collect()
+    /// Adds a peer; false if it was already there.
+    fn insert(&self, peer: PeerId) -> bool {
+        let mut links = self.lock();
+        if links.contains_key(&peer) {
+            return false;
+        }
+        let link = Link {
+            send_window: Arc::new(Semaphore::new(WINDOW_BYTES as usize)),
+            receive_window: ReceiveWindow::default(),
+            breached: false,
+            flushes: VecDeque::new(),
+            last_ping: 0,
+        };
+        links.insert(peer, link);
+        true
+    }
+
+    /// Removes a peer and fails the sends and flushes waiting on it; false if it was not there.
+    fn remove(&self, peer: PeerId) -> bool {
+        let Some(link) = self.lock().remove(&peer) else {
+            return false;
+        };
+        link.send_window.close();
+        true
+    }
+
+    fn close_all(&self) {
+        for (_, link) in self.lock().drain() {
+            link.send_window.close();
+        }
     }
 
     /// Returns up to `bytes` of window to our sends to `peer`. A peer crediting more than is
-    /// in flight is only clamped: it can only hurt its own receive side. Before the link is
-    /// confirmed nothing was sent, so there is nothing to credit.
+    /// in flight is only clamped: it can only hurt its own receive side.
     fn credit(&self, peer: PeerId, bytes: u32) {
-        if let Some(link) = self.lock().get(&peer).filter(|link| link.confirmed) {
+        if let Some(link) = self.lock().get(&peer) {
             let in_flight =
                 (WINDOW_BYTES as usize).saturating_sub(link.send_window.available_permits());
             link.send_window
@@ -211,7 +153,7 @@ impl Links {
         }
     }
 
-    fn arrived(&self, peer: PeerId, packet: Packet) -> Arrival {
+    fn arrived(&self, peer: PeerId, len: usize) -> Arrival {
         let mut links = self.lock();
         let Some(link) = links.get_mut(&peer) else {
             return Arrival::Drop;
@@ -219,19 +161,13 @@ impl Links {
         if link.breached {
             return Arrival::Drop;
         }
-        let item = match link.receive_window.arrived(packet.len()) {
-            Ok(()) => Inbound::Data(peer, packet),
+        match link.receive_window.arrived(len) {
+            Ok(()) => Arrival::Queue,
             Err(error) => {
                 link.breached = true;
-                Inbound::Breach(peer, error)
+                Arrival::Breach(error)
             }
-        };
-        if link.confirmed {
-            return Arrival::Queue(item);
         }
-        // Bounded: held data counts against the receive window like queued data.
-        link.held.push(item);
-        Arrival::Held
     }
 }
 
@@ -239,14 +175,13 @@ impl Links {
 enum Event {
     Packet(Option<(matchbox_socket::PeerId, Packet)>),
     Peer(Option<(matchbox_socket::PeerId, PeerState)>),
-    Probe,
     TransportDropped,
 }
 
 pub(super) struct Driver {
     pub(super) socket: WebRtcSocket,
     pub(super) packets: UnboundedReceiver<(matchbox_socket::PeerId, Packet)>,
-    /// For pings and pongs; the transport holds the other sender.
+    /// For pongs; the transport holds the other sender.
     pub(super) outgoing: UnboundedSender<(matchbox_socket::PeerId, Packet)>,
     pub(super) links: Arc<Links>,
     pub(super) inbox: UnboundedSender<Inbound>,
@@ -262,26 +197,16 @@ impl Driver {
     /// Runs until the transport is dropped, matchbox's message loop ends (signaling was lost
     /// with no peer left) or nobody reads the queue any more.
     pub(super) async fn run(mut self) {
-        let mut probe = Delay::new(PROBE_INTERVAL).fuse();
         loop {
             // Messages first: a peer's last messages are queued before its departure.
             let event = select_biased! {
                 _ = (&mut self.dropped).fuse() => Event::TransportDropped,
                 packet = self.packets.next() => Event::Packet(packet),
                 change = self.socket.next().fuse() => Event::Peer(change),
-                () = probe => Event::Probe,
             };
             let delivered = match event {
                 Event::Packet(Some((peer, packet))) => self.on_packet(to_peer(peer), packet),
                 Event::Peer(Some((peer, state))) => self.on_peer_state(to_peer(peer), state),
-                Event::Probe => {
-                    probe = Delay::new(PROBE_INTERVAL).fuse();
-                    self.links
-                        .unconfirmed()
-                        .into_iter()
-                        .for_each(|peer| self.control(peer, PING_TAG, PROBE_PING));
-                    true
-                }
                 Event::Packet(None) | Event::Peer(None) | Event::TransportDropped => false,
             };
             if !delivered {
@@ -296,39 +221,22 @@ impl Driver {
         self.inbox.unbounded_send(item).is_ok()
     }
 
-    /// Sends a ping or a pong. It fails only once matchbox's loop has ended, and then the
-    /// socket's end reaches the driver anyway.
-    fn control(&self, peer: PeerId, tag: u8, value: u32) {
-        let message = encode_control(tag, value).to_vec().into();
-        let _ = self.outgoing.unbounded_send((to_matchbox(peer), message));
-    }
-
     fn on_peer_state(&mut self, peer: PeerId, state: PeerState) -> bool {
         match state {
-            // Matchbox can send to it now: ping at once rather than at the next probe.
-            PeerState::Connected => {
-                if self.link(peer) {
-                    self.control(peer, PING_TAG, PROBE_PING);
-                }
-                true
-            }
+            PeerState::Connected => self.join(peer),
             PeerState::Disconnected => {
                 self.departed.insert(peer);
-                match self.links.remove(peer) {
-                    Some(true) => self.queue(Inbound::Left(peer)),
-                    Some(false) | None => true,
-                }
+                !self.links.remove(peer) || self.queue(Inbound::Left(peer))
             }
         }
     }
 
-    /// Makes sure `peer` has a link unless it has left; false for a departed peer.
-    fn link(&mut self, peer: PeerId) -> bool {
-        if self.departed.contains(&peer) {
-            return false;
+    /// Adds `peer` unless it is already there or has left.
+    fn join(&mut self, peer: PeerId) -> bool {
+        if self.departed.contains(&peer) || !self.links.insert(peer) {
+            return true;
         }
-        self.links.insert(peer);
-        true
+        self.queue(Inbound::Joined(peer))
     }
 
     fn on_packet(&mut self, peer: PeerId, packet: Packet) -> bool {
@@ -336,28 +244,27 @@ impl Driver {
             self.links.credit(peer, bytes);
             return true;
         }
-        // A data channel may deliver a message before matchbox reports the peer connected.
-        if !self.link(peer) {
-            return true;
-        }
         match parse_echo(&packet) {
-            Some(Echo::Ping(value)) => self.control(peer, PONG_TAG, value),
-            Some(Echo::Pong(value)) => {
-                if let Some(held) = self.links.pong(peer, value) {
-                    tracing::debug!(%peer, held = held.len(), "link confirmed");
-                    let mut items = std::iter::once(Inbound::Joined(peer)).chain(held);
-                    return items.all(|item| self.queue(item));
-                }
+            // Answered at once; it fails only once matchbox's loop has ended.
+            Some(Echo::Ping(value)) => {
+                let pong = encode_control(PONG_TAG, value).to_vec().into();
+                let _ = self.outgoing.unbounded_send((to_matchbox(peer), pong));
+                return true;
             }
-            None => return self.on_data(peer, packet),
+            Some(Echo::Pong(value)) => {
+                self.links.pong(peer, value);
+                return true;
+            }
+            None => {}
         }
-        true
-    }
-
-    fn on_data(&mut self, peer: PeerId, packet: Packet) -> bool {
-        match self.links.arrived(peer, packet) {
-            Arrival::Queue(item) => self.queue(item),
-            Arrival::Held | Arrival::Drop => true,
+        // A data channel may deliver a message before matchbox reports the peer connected.
+        if !self.join(peer) {
+            return false;
+        }
+        match self.links.arrived(peer, packet.len()) {
+            Arrival::Queue => self.queue(Inbound::Data(peer, packet)),
+            Arrival::Breach(error) => self.queue(Inbound::Breach(peer, error)),
+            Arrival::Drop => true,
         }
     }
 }

@@ -5,9 +5,8 @@
 //!
 //! Frames travel as 16 KiB chunks (`chunk`). Matchbox queues without bound and has no
 //! backpressure, so the transport adds a credit window per peer (`flow`): `send` waits while
-//! a window's worth is unacknowledged, and `recv` acknowledges what it takes. A link's window
-//! opens once the peer has answered a ping (`driver`), and `flush` waits for the pong to a
-//! ping of its own.
+//! a window's worth is unacknowledged, and `recv` acknowledges what it takes. `flush` waits for
+//! the pong to a ping, which the peer's background task (`driver`) answers.
 
 mod driver;
 mod spawn;
@@ -278,9 +277,7 @@ impl Transport for WebRtcTransport {
     }
 
     async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
-        let Some((ping, acknowledged)) = self.links.begin_flush(to)? else {
-            return Ok(());
-        };
+        let (ping, acknowledged) = self.links.begin_flush(to)?;
         let message = encode_control(PING_TAG, ping).to_vec().into();
         self.outgoing
             .unbounded_send((to_matchbox(to), message))
