@@ -1,26 +1,22 @@
 //! The coordinator and donor roles over the in-process transport, on the real GPU with real
 //! models: split generations give the single device's greedy ids, also when a donor is lost
-//! midway, when several requests share the chain, and a wrong donor is refused or flagged.
+//! or joins midway, when several requests share the chain, and a wrong donor is refused or
+//! flagged; donors answer heartbeats while they compute.
 
 mod roles_support;
 mod support;
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use roles_support::run::*;
 use roles_support::*;
-use webshard::gpu::Gpu;
-use webshard::sample::SamplerConfig;
 use webshard::shard::frame::{
     Assign, ErrorCode, Forward, Reply, StageInput, StageOutput, StageRuntime,
 };
-use webshard::shard::roles::coordinator::RunReport;
 use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
-use webshard::shard::roles::{
-    Coordinator, CoordinatorConfig, DonorExit, FleetOutput, GenerationRequest, TokenUpdate,
-    VerifyConfig,
-};
+use webshard::shard::roles::{Coordinator, DonorExit, TokenUpdate, VerifyConfig};
 use webshard::shard::transport::send_message;
 use webshard::shard::{
     decode_frame, ByteVocab, Encoding, InProcessConfig, InProcessNetwork, InProcessTransport,
@@ -34,77 +30,6 @@ const PROMPTS: [&str; 5] = [
     "List three colors:",
     "The quick brown fox",
 ];
-const DEADLINE: Duration = Duration::from_secs(600);
-
-fn config(file: &str, donors: usize) -> CoordinatorConfig {
-    let mut config = CoordinatorConfig::new(&model_url(file), TOKEN, donors);
-    config.runtime.max_context = 256;
-    config.heartbeat_timeout = Duration::from_secs(60);
-    config.join_timeout = Duration::from_secs(120);
-    config.load_timeout = Duration::from_secs(300);
-    config.step_timeout = Duration::from_secs(120);
-    config
-}
-
-fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerationRequest {
-    GenerationRequest {
-        prompt_ids: prompt_ids.to_vec(),
-        max_tokens,
-        sampler: SamplerConfig::greedy(),
-        stop: Vec::new(),
-    }
-}
-
-struct Run {
-    outputs: Vec<FleetOutput>,
-    report: RunReport,
-    refused_hellos: u32,
-}
-
-/// Connects a coordinator on `transport`, generates, dismisses the donors.
-fn coordinate(
-    transport: InProcessTransport,
-    config: CoordinatorConfig,
-    requests: Vec<GenerationRequest>,
-    mut on_token: impl FnMut(&TokenUpdate<'_>) + Send + 'static,
-) -> Run {
-    with_deadline(DEADLINE, move || {
-        pollster::block_on(async move {
-            let mut coordinator = Coordinator::connect(transport, config)
-                .await
-                .expect("connect");
-            let outputs = coordinator
-                .generate(&requests, &mut |update| on_token(&update))
-                .await
-                .expect("generate");
-            let report = coordinator.report().clone();
-            let refused_hellos = coordinator.refused_hellos;
-            coordinator.shutdown("done").await;
-            Run {
-                outputs,
-                report,
-                refused_hellos,
-            }
-        })
-    })
-}
-
-fn fleet(
-    gpu: &Arc<Gpu>,
-    donors: usize,
-) -> (InProcessNetwork, InProcessTransport, Vec<DonorHandle>) {
-    let network = InProcessNetwork::new(InProcessConfig::default());
-    let coordinator = network.join();
-    let handles = (0..donors)
-        .map(|_| spawn_donor(&network, gpu, TOKEN, |t| t))
-        .collect();
-    (network, coordinator, handles)
-}
-
-fn print_report(label: &str, report: &RunReport) {
-    println!("{label}: {}", serde_json::to_string(report).unwrap());
-}
-
 #[test]
 fn two_and_three_donors_give_the_single_device_ids() {
     let file = support::SMOLLM2.1;
@@ -247,7 +172,7 @@ fn a_pause_between_generations_loses_no_donor() {
     let (_network, transport, _handles) = fleet(&gpu, 2);
     let mut config = config(file, 2);
     config.heartbeat_interval = Duration::from_millis(200);
-    // Longer than any step takes here (a busy stage answers no heartbeat), shorter than the pause.
+    // Shorter than the pause between the two generations.
     config.heartbeat_timeout = Duration::from_secs(6);
     let (first, second, report) = with_deadline(DEADLINE, move || {
         pollster::block_on(async move {
@@ -273,6 +198,120 @@ fn a_pause_between_generations_loses_no_donor() {
     assert_eq!(second[0].ids, want);
     assert_eq!(report.recoveries, 0);
     assert_eq!(report.plan.len(), 2);
+}
+
+/// A donor joining mid-generation is admitted, the chain drains, and the coordinator
+/// re-plans over three donors and replays: the ids are still the single device's.
+#[test]
+fn a_donor_joining_mid_generation_is_planned_in_and_changes_no_token() {
+    let file = support::SMOLLM2.1;
+    let (prompt, want) = single_device_ids(file, &PROMPTS[..1], 16)[0].clone();
+    let gpu = gpu();
+    let (network, transport, handles) = fleet(&gpu, 2);
+    let coordinator = transport.local_id();
+    let joiner = Arc::new(Mutex::new(None));
+    let on_token = {
+        let (joiner, gpu) = (Arc::clone(&joiner), Arc::clone(&gpu));
+        move |update: &TokenUpdate<'_>| {
+            if update.index == 3 {
+                *joiner.lock().unwrap() = Some(join_donor(&network, &gpu, coordinator));
+            }
+        }
+    };
+    let run = coordinate(
+        transport,
+        config(file, 2),
+        vec![greedy(&prompt, 16)],
+        on_token,
+    );
+    print_report("a donor joins after 4 tokens", &run.report);
+    assert_eq!(run.outputs[0].ids, want);
+    assert_eq!((run.report.joins, run.report.recoveries), (1, 0));
+    assert_eq!(run.report.join_ms.len(), 1);
+    let joiner = joiner.lock().unwrap().take().expect("a donor joined");
+    let planned: Vec<&str> = run.report.plan.iter().map(|s| s.donor.as_str()).collect();
+    assert_eq!(planned.len(), 3, "{planned:?}");
+    for donor in handles.iter().chain([&joiner]) {
+        assert!(
+            planned.contains(&donor.id.to_string().as_str()),
+            "{planned:?}"
+        );
+        assert_eq!(
+            donor.exit(Duration::from_secs(30)),
+            Ok(DonorExit::Dismissed("done".into()))
+        );
+    }
+    // The stages of the last plan computed the steps after the join.
+    assert!(run.report.hops.iter().all(|hop| hop.steps >= 12));
+}
+
+/// A donor that falls silent (a suspended tab) is planned out by heartbeats; once it answers
+/// again it is planned back in, and the ids are still the single device's.
+#[test]
+fn a_silent_donor_that_answers_again_is_planned_back_in() {
+    let file = support::SMOLLM2.1;
+    let (prompt, want) = single_device_ids(file, &PROMPTS[..1], 16)[0].clone();
+    let gpu = gpu();
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let transport = network.join();
+    let paused = Arc::new(AtomicBool::new(false));
+    let switch = Arc::clone(&paused);
+    let sleeper = spawn_donor(&network, &gpu, TOKEN, move |inner| Pausable {
+        inner,
+        paused: switch,
+    });
+    let _others: Vec<DonorHandle> = (0..2)
+        .map(|_| spawn_donor(&network, &gpu, TOKEN, |t| t))
+        .collect();
+    let mut config = config(file, 3);
+    config.heartbeat_interval = Duration::from_millis(200);
+    config.heartbeat_timeout = Duration::from_secs(4);
+    // Token 3 comes only after the recovery: the paused stage held the chain up.
+    let on_token = move |update: &TokenUpdate<'_>| match update.index {
+        2 => paused.store(true, Ordering::SeqCst),
+        3 => paused.store(false, Ordering::SeqCst),
+        _ => {}
+    };
+    let run = coordinate(transport, config, vec![greedy(&prompt, 16)], on_token);
+    print_report("a silent donor answers again", &run.report);
+    assert_eq!(run.outputs[0].ids, want);
+    assert_eq!((run.report.recoveries, run.report.joins), (1, 1));
+    assert_eq!(run.report.plan.len(), 3);
+    assert!(run
+        .report
+        .plan
+        .iter()
+        .any(|stage| stage.donor == sleeper.id.to_string()));
+}
+
+/// A step longer than the heartbeat timeout (a cold first step, a long prompt on a CPU
+/// adapter) loses no donor: donors answer heartbeats while they compute.
+#[test]
+fn heartbeats_are_answered_while_a_step_computes() {
+    let file = support::SMOLLM2.1;
+    let prompt = PROMPTS.join(" ").repeat(10);
+    let gpu = gpu();
+    let (_network, transport, _handles) = fleet(&gpu, 2);
+    let mut config = config(file, 2);
+    config.runtime.max_context = 512;
+    config.heartbeat_interval = Duration::from_millis(50);
+    config.heartbeat_timeout = Duration::from_millis(1000);
+    let prompt_ids = single_device_ids(file, &[prompt.as_str()], 1)[0].0.clone();
+    assert!(prompt_ids.len() > 256, "{} prompt tokens", prompt_ids.len());
+    let run = coordinate(transport, config, vec![greedy(&prompt_ids, 4)], |_| {});
+    print_report("steps longer than the heartbeat timeout", &run.report);
+    let slowest = run
+        .report
+        .hops
+        .iter()
+        .map(|hop| hop.compute_ms_max)
+        .fold(0.0, f64::max);
+    assert!(
+        slowest > 1000.0,
+        "no step outlasted the timeout: {slowest} ms"
+    );
+    assert_eq!(run.report.recoveries, 0);
+    assert_eq!(run.outputs[0].ids.len(), 4);
 }
 
 #[test]

@@ -68,11 +68,11 @@ pub struct CoordinateArgs {
     /// STUN/TURN server URL for peers beyond the LAN (repeatable; none: host addresses only).
     #[arg(long)]
     pub ice: Vec<String>,
-    /// Seconds a stage's donor may stay silent before it is taken as lost and planned out.
-    /// A donor cannot answer while it computes a step, and a first step that compiles its
-    /// shaders on a slow GPU can take many seconds. (A donor whose process ends is noticed
-    /// at once, through the signaling server.)
-    #[arg(long, default_value_t = 30.0)]
+    /// Seconds a stage's donor may stay silent before it is taken as lost and planned out
+    /// (donors answer heartbeats while they compute, too). A donor that answers again is
+    /// planned back in; one whose process ends is noticed at once, through the signaling
+    /// server.
+    #[arg(long, default_value_t = 10.0)]
     pub heartbeat_timeout: f64,
 }
 
@@ -235,11 +235,12 @@ pub async fn run_coordinator<T: Transport>(
         }
         let tokens: usize = outputs.iter().map(|o| o.ids.len()).sum();
         eprintln!(
-            "{} tokens, {:.2} tok/s decode, {} stage(s), {} recover(ies), {} flag(s)",
+            "{} tokens, {:.2} tok/s decode, {} stage(s), {} recover(ies), {} join(s), {} flag(s)",
             tokens,
             report.decode_tokens_per_s,
             report.plan.len(),
             report.recoveries,
+            report.joins,
             report.flags.len()
         );
     }
@@ -270,7 +271,5 @@ pub async fn run_donor<T: Transport>(transport: T, args: &DonorArgs) -> anyhow::
         DonorExit::CoordinatorLeft => eprintln!("the coordinator left"),
         DonorExit::Closed => eprintln!("connection closed"),
     }
-    // Give the last frames time to leave before the process ends.
-    tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())
 }

@@ -3,7 +3,8 @@
 //! single-device `runner generate --temp 0 --json`.
 //!
 //! Identity (2 and 3 donors, SmolLM2 and Qwen2.5, several prompts at once), donors killed
-//! mid-generation, a donor with the wrong token, and a faulty donor under `--verify`.
+//! mid-generation, a donor joining mid-generation, a donor with the wrong token, and a faulty
+//! donor under `--verify`.
 //!
 //! Every child is killed when its guard drops (also when a test panics), and every wait has
 //! a limit. The tests take turns (`serial`): on a 2-core machine with a CPU GPU, fleets
@@ -140,9 +141,13 @@ fn killing_a_donor_process_mid_generation_keeps_the_ids() {
         let ids: Vec<String> = fleet.iter_mut().map(Donor::peer_id).collect();
         let mut coordinator = server.coordinate(SMOLLM2, donors, &[PROMPT], N, &[]);
         let progress = format!("token 0 {} ", k - 1);
-        coordinator.wait_line(&format!("{k} tokens"), RUN_LIMIT, |l| {
-            l.starts_with(&progress)
-        });
+        let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
+        coordinator.wait_line_with(
+            &format!("{k} tokens"),
+            RUN_LIMIT,
+            |l| l.starts_with(&progress),
+            &procs,
+        );
         // The stages, in chain order, from what each donor says it serves.
         let mut serving: Vec<(u32, usize)> = fleet
             .iter()
@@ -174,6 +179,57 @@ fn killing_a_donor_process_mid_generation_keeps_the_ids() {
             !plan.contains(&ids[index]),
             "[{label}] the killed donor is planned out"
         );
+    }
+}
+
+/// A third donor process started mid-generation is planned in: the coordinator drains the
+/// chain, re-plans from 2 stages to 3, replays, and the ids are still single-device's.
+///
+/// Each donor offers 300 MiB, so 2 donors can hold the model but only as 18 + 12 layers (the
+/// second stage also reads the output head); a third makes every stage shorter, unless its
+/// probe, taken while the others compute, comes out more than about 2.5 times slower.
+#[test]
+fn a_donor_process_joining_mid_generation_is_planned_in() {
+    let _turn = serial();
+    let expected = reference(SMOLLM2, PROMPT, N);
+    let server = Server::start();
+    let started = Instant::now();
+    let cap = ["--gpu-mem-mib", "300"];
+    let mut fleet: Vec<Donor> = (0..2)
+        .map(|i| server.donor(&format!("donor {i}"), &cap))
+        .collect();
+    let mut coordinator = server.coordinate(SMOLLM2, 2, &[PROMPT], N, &[]);
+    let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
+    coordinator.wait_line_with(
+        "2 tokens",
+        RUN_LIMIT,
+        |l| l.starts_with("token 0 1 "),
+        &procs,
+    );
+    let mut joiner = server.donor("donor 2 (joins)", &cap);
+    let joiner_id = joiner.peer_id();
+    let joined_at = Instant::now();
+    fleet.push(joiner);
+    let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
+    let json = coordinator.json_with(RUN_LIMIT, &procs);
+    summary("2 donors, a third joins", &json, started.elapsed());
+    eprintln!(
+        "[join] coordinator finished {:.1} s after the third donor joined the room; join_ms {}",
+        joined_at.elapsed().as_secs_f64(),
+        json["join_ms"]
+    );
+    assert_eq!(ids_of(&json["ids"]), expected, "{json}");
+    assert_eq!(json["joins"], 1, "{json}");
+    assert_eq!(json["recoveries"], 0, "{json}");
+    assert_eq!(stages(&json), 3, "{}", json["plan"]);
+    assert!(
+        json["plan"].to_string().contains(&joiner_id),
+        "the new donor holds a stage: {}",
+        json["plan"]
+    );
+    for donor in &mut fleet {
+        let status = donor.0.wait_exit(SHORT);
+        assert!(status.success(), "{}:\n{}", donor.0.name, donor.0.stderr());
     }
 }
 

@@ -235,6 +235,28 @@ async fn a_dropped_peer_is_reported_left_and_its_blocked_senders_fail() {
     assert_eq!(next_frame(b).await, (a.local_id(), b"still here".to_vec()));
 }
 
+/// `flush` returns once the peer's transport has every frame sent before it, so the sender
+/// may leave at once: the peer, reading only afterwards, still gets them all before `PeerLeft`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flushed_frames_survive_the_sender_leaving_at_once() {
+    let signal = start_server(None).await;
+    let mut peers = mesh(&signal, "flush", 2).await;
+    let a = peers.remove(0);
+    let b = peers.remove(0);
+    let (a_id, b_id) = (a.local_id(), b.local_id());
+    let sizes = [900_000, 1, 70_000];
+    send_all(&a, b_id, 0x5A, &sizes).await;
+    within("flush", a.flush(b_id)).await.unwrap();
+    drop(a);
+    for (i, &len) in sizes.iter().enumerate() {
+        let (from, frame) = next_frame(&b).await;
+        assert_eq!(from, a_id);
+        assert!(frame == payload(len, 0x5A ^ i as u8), "frame {i}");
+    }
+    assert_eq!(next_event(&b).await, TransportEvent::PeerLeft(a_id));
+    assert_eq!(b.flush(a_id).await, Err(TransportError::UnknownPeer(a_id)));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_messages_are_reported_as_bad_chunks_and_the_stream_goes_on() {
     let signal = start_server(None).await;

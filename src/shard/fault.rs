@@ -67,6 +67,9 @@ impl<T: Transport + Send + Sync> Transport for Perturbing<T> {
             None => self.inner.send(to, frame).await,
         }
     }
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        self.inner.flush(to).await
+    }
     async fn recv(&self) -> Result<TransportEvent, TransportError> {
         self.inner.recv().await
     }

@@ -1,5 +1,6 @@
 //! Flow control for transports without backpressure of their own (matchbox's data channels
-//! queue without bound): a credit window per direction of each peer pair.
+//! queue without bound): a credit window per direction of each peer pair, and the ping that
+//! tells a sender what the peer's transport has received.
 //!
 //! A sender may have at most `WINDOW_BYTES` of wire messages to a peer not yet acknowledged.
 //! The receiver acknowledges bytes once its application has taken them (`recv`), in credit
@@ -7,9 +8,15 @@
 //! senders after one window. The window is a protocol constant, not negotiated: the receiver
 //! also enforces it, and a peer that sends beyond it is in breach.
 //!
-//! Credit message, 8 bytes: `tag (0xC2) | flags (0) | reserved: u16 (0) | bytes: u32 LE`.
-//! Every other message is a data message (a chunk, `0xC1`, or garbage) and counts against
-//! the window by its length.
+//! Control messages, 8 bytes: `tag | flags (0) | reserved: u16 (0) | value: u32 LE`.
+//! - credit (`0xC2`): the value is bytes acknowledged;
+//! - ping (`0xC3`): the receiving transport answers with a pong of the same value as soon as
+//!   the ping arrives, whatever its application does; the channel is ordered, so the pong
+//!   says every message sent before the ping has arrived;
+//! - pong (`0xC4`).
+//!
+//! Every other message, a malformed control message included, is a data message (a chunk,
+//! `0xC1`, or garbage) and counts against the window by its length.
 
 use super::chunk::{ChunkError, MAX_CHUNK_BYTES};
 
@@ -21,16 +28,48 @@ pub const WINDOW_BYTES: u32 = 1 << 20;
 pub const CREDIT_THRESHOLD: u32 = 64 << 10;
 /// First byte of a credit message.
 pub const CREDIT_TAG: u8 = 0xC2;
+/// First byte of a ping.
+pub const PING_TAG: u8 = 0xC3;
+/// First byte of a pong.
+pub const PONG_TAG: u8 = 0xC4;
+/// Length of every control message.
 pub const CREDIT_LEN: usize = 8;
 
 const _: () = assert!(CREDIT_THRESHOLD as usize + MAX_CHUNK_BYTES < WINDOW_BYTES as usize);
 
 /// A credit acknowledging `bytes` consumed bytes.
 pub fn encode_credit(bytes: u32) -> [u8; CREDIT_LEN] {
+    encode_control(CREDIT_TAG, bytes)
+}
+
+/// A ping or a pong (`PING_TAG`, `PONG_TAG`) carrying `value`.
+pub fn encode_control(tag: u8, value: u32) -> [u8; CREDIT_LEN] {
     let mut message = [0; CREDIT_LEN];
-    message[0] = CREDIT_TAG;
-    message[4..].copy_from_slice(&bytes.to_le_bytes());
+    message[0] = tag;
+    message[4..].copy_from_slice(&value.to_le_bytes());
     message
+}
+
+/// A ping or a pong, as the transport's background task sees them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Echo {
+    Ping(u32),
+    Pong(u32),
+}
+
+/// `Some` for a well-formed ping or pong; anything else (malformed ones included) is a data
+/// message or a credit.
+pub fn parse_echo(message: &[u8]) -> Option<Echo> {
+    let control: &[u8; CREDIT_LEN] = message.try_into().ok()?;
+    if control[1..4] != [0, 0, 0] {
+        return None;
+    }
+    let value = u32::from_le_bytes([control[4], control[5], control[6], control[7]]);
+    match control[0] {
+        PING_TAG => Some(Echo::Ping(value)),
+        PONG_TAG => Some(Echo::Pong(value)),
+        _ => None,
+    }
 }
 
 /// `None` for a data message; for a credit message its byte count, or why it is malformed.
@@ -128,6 +167,26 @@ mod tests {
                 bytes: WINDOW_BYTES + 1
             }))
         );
+    }
+
+    #[test]
+    fn pings_and_pongs_round_trip_and_malformed_ones_are_data() {
+        assert_eq!(
+            parse_echo(&encode_control(PING_TAG, 7)),
+            Some(Echo::Ping(7))
+        );
+        assert_eq!(
+            parse_echo(&encode_control(PONG_TAG, u32::MAX)),
+            Some(Echo::Pong(u32::MAX))
+        );
+        assert_eq!(parse_echo(&encode_credit(7)), None);
+        assert_eq!(parse_echo(&[PING_TAG, 0, 0, 0]), None);
+        let mut flagged = encode_control(PING_TAG, 1);
+        flagged[1] = 1;
+        assert_eq!(parse_echo(&flagged), None);
+        let mut long = encode_control(PONG_TAG, 1).to_vec();
+        long.push(0);
+        assert_eq!(parse_echo(&long), None);
     }
 
     #[test]

@@ -96,6 +96,12 @@ pub trait Transport {
     /// receiver a partial frame, which counts against its reassembly limits.
     async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError>;
 
+    /// Returns once every frame whose `send` to `to` returned before this call has reached
+    /// `to`'s transport (not necessarily its application). Dropping a transport discards
+    /// what its connections still queue, so a peer about to go flushes first. Fails with
+    /// `PeerGone` if `to` leaves first.
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError>;
+
     /// The next event; `Closed` once nothing more can arrive.
     async fn recv(&self) -> Result<TransportEvent, TransportError>;
 }
@@ -356,6 +362,11 @@ impl Transport for InProcessTransport {
         }
         self.counters.frames_sent.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// A sent chunk is in the peer's inbox already, which outlives the sender.
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        self.inbox_of(to).map(drop)
     }
 
     async fn recv(&self) -> Result<TransportEvent, TransportError> {

@@ -251,6 +251,10 @@ impl<T: Transport> Transport for Watched<T> {
         Ok(())
     }
 
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        self.inner.flush(to).await
+    }
+
     async fn recv(&self) -> Result<TransportEvent, TransportError> {
         let event = self.inner.recv().await?;
         let watched = self.watch.borrow_mut().incoming(&self.fleet_token, &event);

@@ -2,6 +2,8 @@
 //! the in-process transport between them, and transports that misbehave on purpose.
 #![allow(dead_code)]
 
+pub mod run;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -12,6 +14,7 @@ use futures::channel::oneshot;
 use webshard::engine::GenerateOptions;
 use webshard::gpu::{Gpu, GpuOptions};
 use webshard::sample::SamplerConfig;
+use webshard::shard::roles::timer::sleep;
 use webshard::shard::roles::{Donor, DonorConfig, DonorExit, DonorStatus};
 use webshard::shard::transport::TransportStats;
 use webshard::shard::{
@@ -169,12 +172,102 @@ impl<T: Transport + Send + Sync> Transport for Freezable<T> {
         }
         self.inner.send(to, frame).await
     }
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.inner.flush(to).await
+    }
     async fn recv(&self) -> Result<TransportEvent, TransportError> {
         loop {
             let event = self.inner.recv().await?;
             if !self.frozen.load(Ordering::SeqCst) {
                 return Ok(event);
             }
+        }
+    }
+}
+
+/// A peer whose process is suspended while `paused` is set (a throttled background tab): it
+/// neither takes what arrives nor sends, and what arrives waits for it.
+pub struct Pausable<T> {
+    pub inner: T,
+    pub paused: Arc<AtomicBool>,
+}
+
+impl<T> Pausable<T> {
+    async fn wait_while_paused(&self) {
+        while self.paused.load(Ordering::SeqCst) {
+            sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport + Send + Sync> Transport for Pausable<T> {
+    fn local_id(&self) -> PeerId {
+        self.inner.local_id()
+    }
+    fn peers(&self) -> Vec<PeerId> {
+        self.inner.peers()
+    }
+    fn stats(&self) -> TransportStats {
+        self.inner.stats()
+    }
+    async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {
+        self.wait_while_paused().await;
+        self.inner.send(to, frame).await
+    }
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        self.inner.flush(to).await
+    }
+    async fn recv(&self) -> Result<TransportEvent, TransportError> {
+        self.wait_while_paused().await;
+        self.inner.recv().await
+    }
+}
+
+/// A peer that reports each peer it has sent a frame to; an in-process frame is in the
+/// receiver's inbox once `send` returns.
+pub struct SendNotice<T> {
+    pub inner: T,
+    pub sent: mpsc::Sender<PeerId>,
+}
+
+#[async_trait::async_trait]
+impl<T: Transport + Send + Sync> Transport for SendNotice<T> {
+    fn local_id(&self) -> PeerId {
+        self.inner.local_id()
+    }
+    fn peers(&self) -> Vec<PeerId> {
+        self.inner.peers()
+    }
+    fn stats(&self) -> TransportStats {
+        self.inner.stats()
+    }
+    async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {
+        self.inner.send(to, frame).await?;
+        let _ = self.sent.send(to);
+        Ok(())
+    }
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        self.inner.flush(to).await
+    }
+    async fn recv(&self) -> Result<TransportEvent, TransportError> {
+        self.inner.recv().await
+    }
+}
+
+/// Starts a donor and returns once it has greeted `coordinator` (its Hello is queued there).
+pub fn join_donor(network: &InProcessNetwork, gpu: &Arc<Gpu>, coordinator: PeerId) -> DonorHandle {
+    let (sent, greeted) = mpsc::channel();
+    let handle = spawn_donor(network, gpu, TOKEN, move |inner| SendNotice { inner, sent });
+    loop {
+        let to = greeted
+            .recv_timeout(Duration::from_secs(120))
+            .expect("the new donor greets the coordinator");
+        if to == coordinator {
+            return handle;
         }
     }
 }

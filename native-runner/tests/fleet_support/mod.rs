@@ -64,6 +64,12 @@ pub fn runner() -> PathBuf {
         .expect("tests start with `serial()`")
 }
 
+/// The children's `RUST_LOG`: `WEBSHARD_FLEET_LOG` when set (say
+/// `warn,webshard::shard::webrtc=debug`, which shows each link as it is confirmed), else `warn`.
+fn child_log() -> String {
+    std::env::var("WEBSHARD_FLEET_LOG").unwrap_or_else(|_| "warn".into())
+}
+
 /// A child process, killed when dropped. Its stdout is collected whole, its stderr by line.
 pub struct Proc {
     pub name: String,
@@ -78,7 +84,7 @@ impl Proc {
     pub fn spawn(name: &str, args: &[&str]) -> Proc {
         let mut child = Command::new(runner())
             .args(args)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", child_log())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -160,6 +166,21 @@ impl Proc {
         limit: Duration,
         pred: impl Fn(&str) -> bool,
     ) -> String {
+        self.wait_line_with(what, limit, pred, &[])
+    }
+
+    /// `wait_line`, showing the stderr of `others` too when it fails.
+    pub fn wait_line_with(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        pred: impl Fn(&str) -> bool,
+        others: &[&Proc],
+    ) -> String {
+        let others = || {
+            let others: Vec<String> = others.iter().map(|p| p.stderr()).collect();
+            others.join("\n")
+        };
         let deadline = Instant::now() + limit;
         loop {
             if let Some(line) = self.find_line(&pred) {
@@ -172,16 +193,18 @@ impl Proc {
                     return line;
                 }
                 panic!(
-                    "{} exited ({status}) before {what}:\n{}",
+                    "{} exited ({status}) before {what}:\n{}\n{}",
                     self.name,
-                    self.stderr()
+                    self.stderr(),
+                    others()
                 );
             }
             if Instant::now() > deadline {
                 panic!(
-                    "{}: no {what} within {limit:?}:\n{}",
+                    "{}: no {what} within {limit:?}:\n{}\n{}",
                     self.name,
-                    self.stderr()
+                    self.stderr(),
+                    others()
                 );
             }
             thread::sleep(Duration::from_millis(20));

@@ -1,7 +1,7 @@
 //! The coordinator role: holds the tokenizer, chat template and sampler; admits donors with
 //! the fleet token, plans the layers over them, assigns stages, then drives generation
-//! (`session.rs`), re-planning when a donor is lost (`recovery.rs`) and spot-checking stages
-//! against a local reference when asked (`verify.rs`).
+//! (`session.rs`), re-planning when a donor joins or is lost (`recovery.rs`) and
+//! spot-checking stages against a local reference when asked (`verify.rs`).
 
 use std::collections::HashMap;
 
@@ -27,8 +27,8 @@ use crate::model::ModelConfig;
 use crate::sample::SamplerConfig;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
-/// How long `shutdown` keeps the transport open after its last frames.
-const SHUTDOWN_LINGER: Duration = Duration::from_millis(500);
+/// Longest `shutdown` waits for its last frames to reach the donors.
+const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 
 pub struct CoordinatorConfig {
     /// Where donors fetch the model from (a URL they can reach, or a path for local donors).
@@ -105,6 +105,8 @@ pub struct HopReport {
     pub steps: u64,
     /// Mean time in the stage's forward per step.
     pub compute_ms_mean: f64,
+    /// Longest step in the stage's forward.
+    pub compute_ms_max: f64,
     /// Payload bytes this stage sent on (activations, or the reply for the last stage).
     pub bytes_out: u64,
 }
@@ -129,7 +131,12 @@ pub struct RunReport {
     /// Most requests in the chain at once (micro-batching).
     pub max_in_flight: usize,
     pub recoveries: u32,
+    /// Each recovery's re-plan, reload and replay start.
     pub recovery_ms: Vec<f64>,
+    /// Re-plans that gave a donor that joined mid-run a stage.
+    pub joins: u32,
+    /// Each of those re-plans, from the chain drained to the replay started.
+    pub join_ms: Vec<f64>,
     pub verified_steps: u64,
     /// Largest relative error seen per stage on verified steps.
     pub verify_max_error: Vec<f32>,
@@ -156,8 +163,12 @@ pub struct Coordinator<T: Transport> {
     pub(super) vocab_blob: Vec<u8>,
     /// Donors admitted, with what they said in Hello.
     pub(super) donors: HashMap<PeerId, DonorInfo>,
-    /// Admitted donors outside the plan, joined at the next re-plan.
+    /// Admitted donors outside the plan, joined at the next re-plan: at once while stages
+    /// load, at the next point where no step is in the chain while generating.
     pub(super) standby: Vec<DonorCapacity>,
+    /// Donors planned out because they fell silent, while still connected: they are still
+    /// sent heartbeats, and their next frame admits them again.
+    pub(super) absent: HashMap<PeerId, DonorInfo>,
     pub(super) plan: Plan,
     pub(super) epoch: u32,
     pub(super) validator: FrameValidator,
@@ -208,6 +219,7 @@ impl<T: Transport> Coordinator<T> {
             vocab_blob,
             donors: HashMap::new(),
             standby: Vec::new(),
+            absent: HashMap::new(),
             plan: Plan {
                 stages: Vec::new(),
                 donors: Vec::new(),
@@ -245,12 +257,24 @@ impl<T: Transport> Coordinator<T> {
         let leave = Message::Leave(Leave {
             reason: reason.to_string(),
         });
-        for peer in self.donors.keys() {
+        let peers: Vec<PeerId> = self
+            .donors
+            .keys()
+            .chain(self.absent.keys())
+            .copied()
+            .collect();
+        for peer in &peers {
             let _ = send_message(&self.transport, *peer, &leave).await;
         }
-        // Dropping the transport closes its connections and discards what they still queue
-        // (the last Token, the Leave): give those frames time to leave first.
-        super::timer::sleep(SHUTDOWN_LINGER).await;
+        // Dropping the transport discards what its connections still queue (the last Token,
+        // the Leave): wait until every donor's transport has them.
+        let flushes = peers.iter().map(|peer| self.transport.flush(*peer));
+        if with_timeout(SHUTDOWN_FLUSH, futures::future::join_all(flushes))
+            .await
+            .is_err()
+        {
+            tracing::warn!("some donors did not confirm the last frames before shutdown");
+        }
     }
 
     /// Admits donors (in the order their Hello arrives) until there are enough.
@@ -297,15 +321,21 @@ impl<T: Transport> Coordinator<T> {
             let _ = send_message(&self.transport, from, &refusal).await;
             return;
         }
-        if self.donors.contains_key(&from) {
+        if self.donors.contains_key(&from) || self.absent.contains_key(&from) {
             return;
         }
+        self.admit(from, hello.donor);
+    }
+
+    /// Puts a donor on standby for the next re-plan.
+    pub(super) fn admit(&mut self, id: PeerId, donor: DonorInfo) {
+        tracing::info!(%id, "donor admitted");
         self.standby.push(DonorCapacity {
-            id: from,
-            usable_bytes: hello.donor.usable_gpu_bytes,
-            ms_per_layer: hello.donor.ms_per_layer,
+            id,
+            usable_bytes: donor.usable_gpu_bytes,
+            ms_per_layer: donor.ms_per_layer,
         });
-        self.donors.insert(from, hello.donor);
+        self.donors.insert(id, donor);
     }
 
     pub(super) fn shape(&self) -> ModelShape {
@@ -315,9 +345,20 @@ impl<T: Transport> Coordinator<T> {
         }
     }
 
-    /// Adds a step's trace (one entry per stage, in chain order) to the per-stage figures.
+    /// Adds a step's trace (one entry per stage, in chain order) to the per-stage figures of
+    /// the plan now (a re-plan starts them over).
     pub(super) fn record_hops(&mut self, trace: &[HopTrace]) {
-        if self.report.hops.len() != self.plan.stages.len() {
+        let current = self.report.hops.len() == self.plan.stages.len()
+            && self
+                .report
+                .hops
+                .iter()
+                .zip(&self.plan.stages)
+                .all(|(hop, stage)| {
+                    hop.layers == [stage.layers.start, stage.layers.end]
+                        && hop.donor == stage.donor.to_string()
+                });
+        if !current {
             self.report.hops = self
                 .plan
                 .stages
@@ -331,10 +372,11 @@ impl<T: Transport> Coordinator<T> {
                 .collect();
         }
         for (hop, step) in self.report.hops.iter_mut().zip(trace) {
-            let total =
-                hop.compute_ms_mean * hop.steps as f64 + f64::from(step.compute_us) / 1000.0;
+            let compute_ms = f64::from(step.compute_us) / 1000.0;
+            let total = hop.compute_ms_mean * hop.steps as f64 + compute_ms;
             hop.steps += 1;
             hop.compute_ms_mean = total / hop.steps as f64;
+            hop.compute_ms_max = hop.compute_ms_max.max(compute_ms);
             hop.bytes_out += u64::from(step.payload_bytes);
         }
     }

@@ -1,33 +1,34 @@
 //! The donor role: joins a fleet, loads the layers it is assigned over ranged reads, and
-//! serves `Forward` steps, passing activations down the chain.
+//! serves `Forward` steps (`step.rs`), passing activations down the chain.
 //!
 //! Every frame from a peer is untrusted: it goes through `FrameValidator`, and a refused
 //! frame is answered with `Error(BadFrame)` and otherwise dropped. The coordinator is the
 //! peer whose `Assign` this donor accepted first; only it may re-assign, dismiss or feed
 //! `Token`s and heartbeats, and only the assigned upstream peer may send `Forward`s.
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
 
-use super::super::activations::{Activations, Encoding};
 use super::super::frame::{
-    Assign, DonorInfo, ErrorCode, ErrorReport, Forward, FrameError, Hello, HopTrace, Message,
-    Ready, StageInput as WireInput, StageOutput, StageResult, TokenEvent,
+    Assign, DonorInfo, ErrorCode, ErrorReport, Hello, Message, Ready, TokenEvent,
 };
 use super::super::transport::{send_message, PeerId, Transport, TransportError, TransportEvent};
 use super::super::validate::{FrameLimits, FrameValidator, InputKind, ModelShape};
 use super::super::vocab::ByteVocab;
-use super::host::{StageHost, StepOutput};
+use super::host::StageHost;
+use super::offload::StepRunner;
 use super::timer::with_timeout;
 use super::{probe, RoleError};
 use crate::gpu::Gpu;
 
 /// Longest message this role puts in an `Error` (the validator's text limit is larger).
 const MAX_ERROR_TEXT: usize = 1024;
+/// Longest a leaving donor waits for its last frames to reach the coordinator.
+const EXIT_FLUSH: Duration = Duration::from_secs(5);
 /// How often an unassigned donor repeats its Hello to every peer.
 const REGREET: Duration = Duration::from_secs(2);
 
@@ -86,18 +87,25 @@ pub enum DonorExit {
 type StatusCallback = Box<dyn FnMut(&DonorStatus)>;
 
 pub struct Donor<T: Transport> {
-    transport: T,
+    pub(super) transport: T,
     config: DonorConfig,
-    validator: FrameValidator,
-    host: Option<StageHost>,
+    pub(super) validator: FrameValidator,
+    /// The loaded stage; `None` before the first Assign and while a step has it.
+    pub(super) host: Option<StageHost>,
     vocab: Option<ByteVocab>,
-    coordinator: Option<PeerId>,
+    pub(super) coordinator: Option<PeerId>,
     /// Peers greeted already: a peer present at start is also announced by `PeerJoined`.
     greeted: HashSet<PeerId>,
     /// The request whose text is shown, and its tokens so far.
     shown: Option<(u64, Vec<u32>)>,
-    status: DonorStatus,
+    pub(super) status: DonorStatus,
     on_status: Option<StatusCallback>,
+    pub(super) steps: StepRunner,
+    /// Events that arrived while a step computed, handled after it in arrival order.
+    pub(super) deferred: VecDeque<TransportEvent>,
+    pub(super) deferred_bytes: usize,
+    /// The transport said `Closed` while a step computed.
+    pub(super) closed: bool,
 }
 
 impl<T: Transport> Donor<T> {
@@ -118,6 +126,10 @@ impl<T: Transport> Donor<T> {
             shown: None,
             status,
             on_status: None,
+            steps: StepRunner::default(),
+            deferred: VecDeque::new(),
+            deferred_bytes: 0,
+            closed: false,
         }
     }
 
@@ -140,6 +152,10 @@ impl<T: Transport> Donor<T> {
         let exit = self.serve().await;
         self.status.phase = DonorPhase::Left;
         self.publish();
+        // Dropping the transport discards what it still queues (an answer, an error report).
+        if let Some(coordinator) = self.coordinator {
+            let _ = with_timeout(EXIT_FLUSH, self.transport.flush(coordinator)).await;
+        }
         exit
     }
 
@@ -174,10 +190,14 @@ impl<T: Transport> Donor<T> {
         }
     }
 
-    /// The next transport event. Until a coordinator has assigned a stage, the Hello is sent
-    /// again to every peer each `REGREET`: a frame sent while a new WebRTC link is still
-    /// opening can be lost, and a coordinator ignores a Hello from a donor it knows.
+    /// The next event: first those kept while a step computed. Until a coordinator has
+    /// assigned a stage, the Hello is sent again to every peer each `REGREET`: a frame sent as
+    /// a new WebRTC link opens can be lost (`docs/protocol.md`, Joining), and a coordinator
+    /// ignores a Hello from a donor it knows.
     async fn next_event(&mut self) -> Result<TransportEvent, TransportError> {
+        if let Some(event) = self.next_deferred() {
+            return Ok(event);
+        }
         loop {
             if self.coordinator.is_some() {
                 return self.transport.recv().await;
@@ -283,14 +303,21 @@ impl<T: Transport> Donor<T> {
         match loaded {
             Ok(host) => self.serve_stage(from, host, &assign, load_ms).await,
             Err(error) => {
-                self.validator = FrameValidator::new(self.config.limits);
-                self.status.phase = DonorPhase::Joining;
-                self.status.last_error = Some(error.to_string());
-                self.publish();
+                self.drop_stage(&error.to_string());
                 let report = error_report(ErrorCode::LoadFailed, None, &error.to_string());
                 self.send_or_log(from, &report).await;
             }
         }
+    }
+
+    /// Forgets the stage (it failed to load, or a step took it down): the donor waits for
+    /// its coordinator to assign it again.
+    pub(super) fn drop_stage(&mut self, reason: &str) {
+        self.host = None;
+        self.validator = FrameValidator::new(self.config.limits);
+        self.status.phase = DonorPhase::Joining;
+        self.status.last_error = Some(reason.to_string());
+        self.publish();
     }
 
     async fn serve_stage(&mut self, from: PeerId, host: StageHost, assign: &Assign, load_ms: u32) {
@@ -324,110 +351,6 @@ impl<T: Transport> Donor<T> {
         self.send_or_log(from, &ready).await;
     }
 
-    async fn on_forward(&mut self, from: PeerId, forward: Forward) {
-        // The validator refuses a Forward before any stage is assigned.
-        let Some(host) = self.host.as_mut() else {
-            return;
-        };
-        if from != host.assign.upstream {
-            let reason = format!(
-                "Forward from {from}, but this stage's upstream is {}",
-                host.assign.upstream
-            );
-            self.refuse(from, Some(forward.request_id), &reason).await;
-            return;
-        }
-        let coordinator = host.assign.downstream_coordinator(self.coordinator);
-        match host.select_slot(forward.request_id, forward.start_pos) {
-            Ok(Some(evicted)) => self.validator.forget_request(evicted),
-            Ok(None) => {}
-            Err(message) => {
-                let report = error_report(ErrorCode::Compute, Some(forward.request_id), &message);
-                self.send_or_log(coordinator, &report).await;
-                return;
-            }
-        }
-        let started = web_time::Instant::now();
-        let output = host.run(&forward).await;
-        let compute_us = started.elapsed().as_micros().min(u32::MAX as u128) as u32;
-        self.status.steps += 1;
-        self.status.last_step_ms = compute_us as f32 / 1000.0;
-        match output {
-            Ok(output) => {
-                self.send_output(&forward, output, compute_us, coordinator)
-                    .await
-            }
-            Err(error) => {
-                let report = error_report(
-                    ErrorCode::Compute,
-                    Some(forward.request_id),
-                    &error.to_string(),
-                );
-                self.send_or_log(coordinator, &report).await;
-            }
-        }
-        self.publish();
-    }
-
-    /// Passes the step on: activations to the next stage (and to the coordinator when
-    /// tapped), or the last stage's reply to the coordinator.
-    async fn send_output(
-        &mut self,
-        forward: &Forward,
-        output: StepOutput,
-        compute_us: u32,
-        coordinator: PeerId,
-    ) {
-        let Some(host) = self.host.as_ref() else {
-            return;
-        };
-        let assign = host.assign.clone();
-        let output = match to_wire(output, &assign) {
-            Ok(output) => output,
-            Err(message) => {
-                let report = error_report(ErrorCode::Compute, Some(forward.request_id), &message);
-                self.send_or_log(coordinator, &report).await;
-                return;
-            }
-        };
-        let mut trace = forward.trace.clone();
-        trace.push(HopTrace {
-            compute_us,
-            payload_bytes: payload_bytes(&output),
-        });
-        let result = |output: StageOutput, trace: Vec<HopTrace>| {
-            Message::Result(StageResult {
-                epoch: forward.epoch,
-                request_id: forward.request_id,
-                seq: forward.seq,
-                stage_id: forward.stage_id,
-                start_pos: forward.start_pos,
-                n_tokens: forward.n_tokens,
-                output,
-                trace,
-            })
-        };
-        match output {
-            StageOutput::Hidden(hidden) if !assign.head => {
-                if forward.tap {
-                    let tapped = result(StageOutput::Hidden(hidden.clone()), trace.clone());
-                    self.send_or_log(coordinator, &tapped).await;
-                }
-                let next = Message::Forward(Forward {
-                    stage_id: forward.stage_id + 1,
-                    input: WireInput::Hidden(hidden),
-                    trace,
-                    ..forward.clone()
-                });
-                self.send_or_log(assign.downstream, &next).await;
-            }
-            output => {
-                self.send_or_log(assign.downstream, &result(output, trace))
-                    .await
-            }
-        }
-    }
-
     fn show_token(&mut self, token: TokenEvent) {
         let Some(vocab) = self.vocab.as_ref() else {
             return;
@@ -452,7 +375,7 @@ impl<T: Transport> Donor<T> {
         self.publish();
     }
 
-    async fn refuse(&mut self, to: PeerId, request_id: Option<u64>, reason: &str) {
+    pub(super) async fn refuse(&mut self, to: PeerId, request_id: Option<u64>, reason: &str) {
         self.note_refused(reason);
         let report = error_report(ErrorCode::BadFrame, request_id, reason);
         self.send_or_log(to, &report).await;
@@ -465,13 +388,13 @@ impl<T: Transport> Donor<T> {
     }
 
     /// A peer that went away is the coordinator's to handle (it re-plans); the donor goes on.
-    async fn send_or_log(&mut self, to: PeerId, message: &Message) {
+    pub(super) async fn send_or_log(&mut self, to: PeerId, message: &Message) {
         if let Err(error) = send_message(&self.transport, to, message).await {
             tracing::warn!(%to, %error, kind = ?message.kind(), "send failed");
         }
     }
 
-    fn publish(&mut self) {
+    pub(super) fn publish(&mut self) {
         let stats = self.transport.stats();
         self.status.bytes_in = stats.bytes_received;
         self.status.bytes_out = stats.bytes_sent;
@@ -479,52 +402,6 @@ impl<T: Transport> Donor<T> {
             callback(&self.status);
         }
     }
-}
-
-impl Assign {
-    /// Where results and errors about a step go: the coordinator (the last stage's
-    /// downstream is the coordinator too).
-    fn downstream_coordinator(&self, coordinator: Option<PeerId>) -> PeerId {
-        coordinator.unwrap_or(self.downstream)
-    }
-}
-
-fn to_wire(output: StepOutput, assign: &Assign) -> Result<StageOutput, String> {
-    Ok(match output {
-        StepOutput::Hidden(values) => StageOutput::Hidden(encode_hidden(&values, assign)?),
-        StepOutput::Sampled(id) => StageOutput::Sampled(id),
-        StepOutput::TopK { ids, logits } => {
-            if logits.iter().any(|v| !v.is_finite()) {
-                return Err("the stage produced non-finite logits".into());
-            }
-            StageOutput::TopK { ids, logits }
-        }
-    })
-}
-
-/// Encodes in the epoch's encoding, falling back to f32 when a value overflows f16.
-fn encode_hidden(values: &[f32], assign: &Assign) -> Result<Activations, String> {
-    if let Some(index) = values.iter().position(|v| !v.is_finite()) {
-        return Err(format!(
-            "the stage produced a non-finite activation at {index}"
-        ));
-    }
-    match Activations::encode(values, assign.d_model, assign.runtime.hidden) {
-        Err(FrameError::F16Overflow { .. }) => {
-            Activations::encode(values, assign.d_model, Encoding::F32)
-        }
-        other => other,
-    }
-    .map_err(|error| error.to_string())
-}
-
-fn payload_bytes(output: &StageOutput) -> u32 {
-    let bytes = match output {
-        StageOutput::Hidden(hidden) => hidden.data.len(),
-        StageOutput::TopK { ids, .. } => ids.len() * 8,
-        StageOutput::Sampled(_) => 4,
-    };
-    bytes.min(u32::MAX as usize) as u32
 }
 
 pub(super) fn error_report(code: ErrorCode, request_id: Option<u64>, message: &str) -> Message {

@@ -9,9 +9,11 @@
 pub mod coordinator;
 pub mod donor;
 mod host;
+mod offload;
 pub mod probe;
 mod recovery;
 mod session;
+mod step;
 pub mod timer;
 pub mod verify;
 

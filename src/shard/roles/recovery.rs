@@ -1,19 +1,26 @@
 //! Epochs: assigning a plan and waiting until every stage is loaded, and re-planning when a
-//! donor is lost (it left, stopped answering heartbeats, or failed to load).
+//! donor is lost (it left, stopped answering heartbeats, or failed to load) or joins.
 //!
-//! Every re-plan starts a new epoch and every stage is assigned again, even one whose layers
-//! did not change: it keeps its weights but forgets all keys and values, and the coordinator
-//! replays each request in flight from position 0 with exactly the spans it fed before (the
-//! same prefill chunks, then one decode token at a time). Replaying the same spans runs the
-//! same kernels on the same inputs, so the next token is the one an uninterrupted run would
-//! have produced (bit for bit with f32 activations; f16 rounds at the new stage boundaries).
+//! Every re-plan that changes the stages starts a new epoch and every stage is assigned
+//! again, even one whose layers did not change: it keeps its weights but forgets all keys and
+//! values, and the coordinator replays each request in flight from position 0 with exactly
+//! the spans it fed before (the same prefill chunks, then one decode token at a time).
+//! Replaying the same spans runs the same kernels on the same inputs, so the next token is the
+//! one an uninterrupted run would have produced (bit for bit with f32 activations; f16 rounds
+//! at the new stage boundaries).
+//!
+//! A loss re-plans at once: steps in the chain are lost anyway. A join waits until no step is
+//! in the chain (new steps are held back meanwhile), so nothing computed is thrown away.
 
 use std::collections::HashSet;
+
+use web_time::Instant;
 
 use super::super::frame::{Assign, ErrorCode, Message};
 use super::super::plan::{replan, FleetChange, Plan};
 use super::super::transport::{send_message, PeerId, Transport, TransportEvent};
 use super::coordinator::Coordinator;
+use super::session::Session;
 use super::timer::with_timeout;
 use super::RoleError;
 
@@ -42,27 +49,68 @@ impl<T: Transport> Coordinator<T> {
             }
             plan = self.plan_without(&lost)?;
         }
-        let now = web_time::Instant::now();
-        self.last_seen = self.plan.stages.iter().map(|s| (s.donor, now)).collect();
         self.report.plan = self.plan_entries();
         if let Some(verifier) = self.verifier.as_mut() {
             verifier
                 .prepare(&self.config.model_url, &self.plan, &self.config.runtime)
                 .await?;
         }
+        // Silence is counted from here: nobody was sent heartbeats while the stages loaded.
+        let now = Instant::now();
+        self.last_seen = self.plan.stages.iter().map(|s| (s.donor, now)).collect();
+        Ok(())
+    }
+
+    /// Plans the standby donors in once no step is in the chain: a new epoch and a replay of
+    /// every request if the stages change, otherwise the requests simply go on.
+    pub(super) async fn admit_joiners(
+        &mut self,
+        session: &mut Session<'_>,
+    ) -> Result<(), RoleError> {
+        let started = Instant::now();
+        let plan = self.join_standby(self.plan.clone())?;
+        if plan.stages == self.plan.stages {
+            self.plan = plan;
+            return self.resume(session).await;
+        }
+        tracing::info!(stages = plan.stages.len(), "donor joined; re-planning");
+        self.establish(plan).await?;
+        session.rewind();
+        self.resume(session).await?;
+        self.report.joins += 1;
+        self.report
+            .join_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
+        Ok(())
+    }
+
+    /// Sends the next span of every request that has none in the chain.
+    pub(super) async fn resume(&mut self, session: &mut Session<'_>) -> Result<(), RoleError> {
+        for position in 0..session.active.len() {
+            if !session.in_chain(position) {
+                self.send_next(session, position).await?;
+            }
+        }
         Ok(())
     }
 
     /// The plan after `lost` leave; admitted standby donors join first so they can take over.
     pub(super) fn plan_without(&mut self, lost: &[PeerId]) -> Result<Plan, RoleError> {
-        let mut plan = self.plan.clone();
-        for donor in std::mem::take(&mut self.standby) {
-            plan = replan(&self.sizes, &plan, FleetChange::Join(donor))?;
-        }
+        let mut plan = self.join_standby(self.plan.clone())?;
         for id in lost {
             self.donors.remove(id);
             if plan.donors.iter().any(|d| d.id == *id) {
                 plan = replan(&self.sizes, &plan, FleetChange::Leave(*id))?;
+            }
+        }
+        Ok(plan)
+    }
+
+    /// `plan` with the standby donors joined, at the end of the order.
+    fn join_standby(&mut self, mut plan: Plan) -> Result<Plan, RoleError> {
+        for donor in std::mem::take(&mut self.standby) {
+            if plan.donors.iter().all(|d| d.id != donor.id) {
+                plan = replan(&self.sizes, &plan, FleetChange::Join(donor))?;
             }
         }
         Ok(plan)
@@ -150,7 +198,7 @@ impl<T: Transport> Coordinator<T> {
             }
             TransportEvent::Frame { from, frame } => {
                 if let Some(seen) = self.last_seen.get_mut(&from) {
-                    *seen = web_time::Instant::now();
+                    *seen = Instant::now();
                 }
                 self.on_frame(from, &frame).await
             }
@@ -158,11 +206,14 @@ impl<T: Transport> Coordinator<T> {
     }
 
     fn on_peer_left(&mut self, peer: PeerId) -> Incoming {
+        self.absent.remove(&peer);
         if self.is_stage_donor(peer) {
             return Incoming::Lost(peer);
         }
         self.donors.remove(&peer);
         self.standby.retain(|d| d.id != peer);
+        // A donor without a stage stays in the plan's order; a departed one must not.
+        self.plan.donors.retain(|d| d.id != peer);
         Incoming::Nothing
     }
 
@@ -179,6 +230,10 @@ impl<T: Transport> Coordinator<T> {
                 return Incoming::Nothing;
             }
         };
+        // A donor planned out for silence is back: it joins again at the next re-plan.
+        if let Some(donor) = self.absent.remove(&from) {
+            self.admit(from, donor);
+        }
         let stage_donor = self.is_stage_donor(from);
         match message {
             Message::Hello(hello) => {

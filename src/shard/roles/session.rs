@@ -74,6 +74,15 @@ impl<'r> Session<'r> {
         }
     }
 
+    /// Whether the request at `position` has a span in the chain.
+    pub(super) fn in_chain(&self, position: usize) -> bool {
+        self.active[position].sent_at.is_some()
+    }
+
+    fn drained(&self) -> bool {
+        (0..self.active.len()).all(|position| !self.in_chain(position))
+    }
+
     /// Sends every active request back to its first span (after a re-plan).
     pub(super) fn rewind(&mut self) {
         self.checks.clear();
@@ -103,6 +112,9 @@ impl<T: Transport> Coordinator<T> {
         self.last_seen.values_mut().for_each(|seen| *seen = started);
         let mut next_tick = Instant::now() + self.config.heartbeat_interval;
         loop {
+            if !self.standby.is_empty() && session.drained() {
+                self.admit_joiners(&mut session).await?;
+            }
             self.start_queued(&mut session).await?;
             if session.active.is_empty() && session.queued.is_empty() {
                 break;
@@ -204,12 +216,16 @@ impl<T: Transport> Coordinator<T> {
         Ok(())
     }
 
-    /// Sends the request's next span into stage 0.
+    /// Sends the request's next span into stage 0, unless a donor waits to join: the chain
+    /// then drains first (`admit_joiners` resumes the request).
     pub(super) async fn send_next(
         &mut self,
         session: &mut Session<'_>,
         position: usize,
     ) -> Result<(), RoleError> {
+        if !self.standby.is_empty() {
+            return Ok(());
+        }
         let active = &mut session.active[position];
         let span_index = active.next_span;
         let span = active.spans[span_index].clone();
@@ -440,7 +456,8 @@ impl<T: Transport> Coordinator<T> {
         }
     }
 
-    /// Sends heartbeats; returns stage donors silent for longer than the timeout.
+    /// Sends heartbeats; returns stage donors silent for longer than the timeout, which are
+    /// kept as absent: their next frame admits them again.
     async fn heartbeat(&mut self, session: &Session<'_>) -> Result<Vec<PeerId>, RoleError> {
         let timeout = self.config.heartbeat_timeout;
         let now = Instant::now();
@@ -450,11 +467,17 @@ impl<T: Transport> Coordinator<T> {
             .filter(|(_, seen)| now.duration_since(**seen) > timeout)
             .map(|(peer, _)| *peer)
             .collect();
+        for peer in &lost {
+            if let Some(donor) = self.donors.get(peer) {
+                self.absent.insert(*peer, donor.clone());
+            }
+        }
         let beat = Message::Heartbeat(Heartbeat {
             nonce: self.epoch as u64,
             sent_ms: unix_ms(),
         });
-        let donors: Vec<PeerId> = self.plan.stages.iter().map(|s| s.donor).collect();
+        let stages = self.plan.stages.iter().map(|s| s.donor);
+        let donors: Vec<PeerId> = stages.chain(self.absent.keys().copied()).collect();
         for donor in donors {
             let _ = send_message(&self.transport, donor, &beat).await;
         }

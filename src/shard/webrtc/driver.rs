@@ -1,21 +1,25 @@
 //! The background half of a `WebRtcTransport`: it reads everything matchbox delivers, applies
-//! credits to the send windows at once (a peer that only sends must still see them), and
-//! queues peer changes and data messages, in arrival order, for `recv`.
+//! credits to the send windows at once (a peer that only sends must still see them), answers
+//! pings and completes flushes on pongs (whatever the application is doing), and queues peer
+//! changes and data messages, in arrival order, for `recv`.
 //!
 //! The queue is unbounded as a channel but bounded in bytes: each peer may have at most one
 //! flow-control window of data unacknowledged, and `recv` acknowledges only what it takes.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
+use futures::channel::oneshot;
 use futures::{select_biased, FutureExt, StreamExt};
 use matchbox_socket::{Packet, PeerState, WebRtcSocket};
 use tokio::sync::Semaphore;
 
 use crate::shard::chunk::ChunkError;
-use crate::shard::flow::{parse_credit, ReceiveWindow, WINDOW_BYTES};
-use crate::shard::transport::PeerId;
+use crate::shard::flow::{
+    encode_control, parse_credit, parse_echo, Echo, ReceiveWindow, PONG_TAG, WINDOW_BYTES,
+};
+use crate::shard::transport::{PeerId, TransportError};
 
 /// What the driver hands to `recv`, in one queue so that a peer's departure comes after the
 /// messages it sent before leaving.
@@ -33,6 +37,9 @@ struct Link {
     send_window: Arc<Semaphore>,
     receive_window: ReceiveWindow,
     breached: bool,
+    /// Flushes waiting for their pong, oldest first.
+    flushes: VecDeque<(u32, oneshot::Sender<()>)>,
+    last_ping: u32,
 }
 
 /// What happened to a data message from a peer.
@@ -71,6 +78,38 @@ impl Links {
             .and_then(|link| link.receive_window.consumed(len))
     }
 
+    /// Registers a flush to `peer`: the ping to send, and what its pong completes.
+    pub(super) fn begin_flush(
+        &self,
+        peer: PeerId,
+    ) -> Result<(u32, oneshot::Receiver<()>), TransportError> {
+        let mut links = self.lock();
+        let link = links
+            .get_mut(&peer)
+            .ok_or(TransportError::UnknownPeer(peer))?;
+        link.last_ping = link.last_ping.wrapping_add(1);
+        let (done, acknowledged) = oneshot::channel();
+        link.flushes.push_back((link.last_ping, done));
+        Ok((link.last_ping, acknowledged))
+    }
+
+    /// The peer answered a ping: the flushes up to it are done. Pongs come back in ping
+    /// order; one for no pending flush is ignored.
+    fn pong(&self, peer: PeerId, value: u32) {
+        let mut links = self.lock();
+        let Some(link) = links.get_mut(&peer) else {
+            return;
+        };
+        if link.flushes.iter().any(|(ping, _)| *ping == value) {
+            while let Some((ping, done)) = link.flushes.pop_front() {
+                let _ = done.send(());
+                if ping == value {
+                    break;
+                }
+            }
+        }
+    }
+
     /// Adds a peer; false if it was already there.
     fn insert(&self, peer: PeerId) -> bool {
         let mut links = self.lock();
@@ -81,12 +120,14 @@ impl Links {
             send_window: Arc::new(Semaphore::new(WINDOW_BYTES as usize)),
             receive_window: ReceiveWindow::default(),
             breached: false,
+            flushes: VecDeque::new(),
+            last_ping: 0,
         };
         links.insert(peer, link);
         true
     }
 
-    /// Removes a peer and fails the sends waiting on its window; false if it was not there.
+    /// Removes a peer and fails the sends and flushes waiting on it; false if it was not there.
     fn remove(&self, peer: PeerId) -> bool {
         let Some(link) = self.lock().remove(&peer) else {
             return false;
@@ -134,32 +175,39 @@ impl Links {
 enum Event {
     Packet(Option<(matchbox_socket::PeerId, Packet)>),
     Peer(Option<(matchbox_socket::PeerId, PeerState)>),
+    TransportDropped,
 }
 
 pub(super) struct Driver {
     pub(super) socket: WebRtcSocket,
     pub(super) packets: UnboundedReceiver<(matchbox_socket::PeerId, Packet)>,
+    /// For pongs; the transport holds the other sender.
+    pub(super) outgoing: UnboundedSender<(matchbox_socket::PeerId, Packet)>,
     pub(super) links: Arc<Links>,
     pub(super) inbox: UnboundedSender<Inbound>,
+    /// Completes when the transport is dropped: the driver's own `outgoing` would otherwise
+    /// keep matchbox's message loop, and every connection, alive.
+    pub(super) dropped: oneshot::Receiver<()>,
     /// Peers that left: matchbox ids are never reused, and a late message from one of them
     /// must not make it join again. Grows by 16 bytes per departure.
     pub(super) departed: HashSet<PeerId>,
 }
 
 impl Driver {
-    /// Runs until matchbox's message loop ends (the transport was dropped, or signaling was
-    /// lost with no peer left) or nobody reads the queue any more.
+    /// Runs until the transport is dropped, matchbox's message loop ends (signaling was lost
+    /// with no peer left) or nobody reads the queue any more.
     pub(super) async fn run(mut self) {
         loop {
             // Messages first: a peer's last messages are queued before its departure.
             let event = select_biased! {
+                _ = (&mut self.dropped).fuse() => Event::TransportDropped,
                 packet = self.packets.next() => Event::Packet(packet),
                 change = self.socket.next().fuse() => Event::Peer(change),
             };
             let delivered = match event {
                 Event::Packet(Some((peer, packet))) => self.on_packet(to_peer(peer), packet),
                 Event::Peer(Some((peer, state))) => self.on_peer_state(to_peer(peer), state),
-                Event::Packet(None) | Event::Peer(None) => false,
+                Event::Packet(None) | Event::Peer(None) | Event::TransportDropped => false,
             };
             if !delivered {
                 break;
@@ -195,6 +243,19 @@ impl Driver {
         if let Some(Ok(bytes)) = parse_credit(&packet) {
             self.links.credit(peer, bytes);
             return true;
+        }
+        match parse_echo(&packet) {
+            // Answered at once; it fails only once matchbox's loop has ended.
+            Some(Echo::Ping(value)) => {
+                let pong = encode_control(PONG_TAG, value).to_vec().into();
+                let _ = self.outgoing.unbounded_send((to_matchbox(peer), pong));
+                return true;
+            }
+            Some(Echo::Pong(value)) => {
+                self.links.pong(peer, value);
+                return true;
+            }
+            None => {}
         }
         // A data channel may deliver a message before matchbox reports the peer connected.
         if !self.join(peer) {

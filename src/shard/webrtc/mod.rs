@@ -5,7 +5,8 @@
 //!
 //! Frames travel as 16 KiB chunks (`chunk`). Matchbox queues without bound and has no
 //! backpressure, so the transport adds a credit window per peer (`flow`): `send` waits while
-//! a window's worth is unacknowledged, and `recv` acknowledges what it takes.
+//! a window's worth is unacknowledged, and `recv` acknowledges what it takes. `flush` waits for
+//! the pong to a ping, which the peer's background task (`driver`) answers.
 
 mod driver;
 mod spawn;
@@ -26,7 +27,7 @@ use tokio::sync::Semaphore;
 use self::driver::{to_matchbox, to_peer, Driver, Inbound, Links};
 use super::chunk::{slice_frame, ChunkError, ReassemblyLimits};
 use super::fleet::{fleet_room, room_url, signal_base};
-use super::flow::{encode_credit, parse_credit};
+use super::flow::{encode_control, encode_credit, parse_credit, PING_TAG};
 use super::transport::{
     Counters, PeerFrames, PeerId, Transport, TransportError, TransportEvent, TransportStats,
 };
@@ -70,8 +71,8 @@ struct RecvState {
     frames: PeerFrames,
 }
 
-/// One peer of a WebRTC full mesh. Dropping it is leaving: its connections close and the
-/// others get `PeerLeft`.
+/// One peer of a WebRTC full mesh. Dropping it is leaving: its connections close, what they
+/// still queue is lost (`flush` first), and the others get `PeerLeft`.
 pub struct WebRtcTransport {
     id: PeerId,
     outgoing: UnboundedSender<(matchbox_socket::PeerId, Packet)>,
@@ -79,6 +80,8 @@ pub struct WebRtcTransport {
     counters: Counters,
     next_frame_id: AtomicU32,
     inbox: AsyncMutex<RecvState>,
+    /// Dropped with the transport, which ends the driver.
+    _alive: oneshot::Sender<()>,
 }
 
 impl WebRtcTransport {
@@ -155,11 +158,14 @@ impl WebRtcTransport {
         let (outgoing, packets) = channel.split();
         let (inbox_sender, inbox) = mpsc::unbounded();
         let links = Arc::new(Links::default());
+        let (alive, dropped) = oneshot::channel();
         let driver = Driver {
             socket,
             packets,
+            outgoing: outgoing.clone(),
             links: Arc::clone(&links),
             inbox: inbox_sender,
+            dropped,
             departed: HashSet::new(),
         };
         spawn::spawn(driver.run())?;
@@ -173,6 +179,7 @@ impl WebRtcTransport {
                 inbox,
                 frames: PeerFrames::new(config.reassembly),
             }),
+            _alive: alive,
         })
     }
 
@@ -267,6 +274,16 @@ impl Transport for WebRtcTransport {
         }
         Counters::add(&self.counters.frames_sent, 1);
         Ok(())
+    }
+
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        let (ping, acknowledged) = self.links.begin_flush(to)?;
+        let message = encode_control(PING_TAG, ping).to_vec().into();
+        self.outgoing
+            .unbounded_send((to_matchbox(to), message))
+            .map_err(|_| TransportError::Closed)?;
+        // The pong's sender is dropped when the peer leaves.
+        acknowledged.await.map_err(|_| TransportError::PeerGone(to))
     }
 
     async fn recv(&self) -> Result<TransportEvent, TransportError> {

@@ -1,0 +1,86 @@
+//! Running a coordinator over an in-process fleet: the configuration the role tests share,
+//! a run from connect to shutdown, and its report.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use webshard::gpu::Gpu;
+use webshard::sample::SamplerConfig;
+use webshard::shard::roles::coordinator::RunReport;
+use webshard::shard::roles::{
+    Coordinator, CoordinatorConfig, FleetOutput, GenerationRequest, TokenUpdate,
+};
+use webshard::shard::{InProcessConfig, InProcessNetwork, InProcessTransport};
+
+use super::{model_url, spawn_donor, with_deadline, DonorHandle, TOKEN};
+
+pub const DEADLINE: Duration = Duration::from_secs(600);
+
+pub fn config(file: &str, donors: usize) -> CoordinatorConfig {
+    let mut config = CoordinatorConfig::new(&model_url(file), TOKEN, donors);
+    config.runtime.max_context = 256;
+    config.heartbeat_timeout = Duration::from_secs(60);
+    config.join_timeout = Duration::from_secs(120);
+    config.load_timeout = Duration::from_secs(300);
+    config.step_timeout = Duration::from_secs(120);
+    config
+}
+
+pub fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerationRequest {
+    GenerationRequest {
+        prompt_ids: prompt_ids.to_vec(),
+        max_tokens,
+        sampler: SamplerConfig::greedy(),
+        stop: Vec::new(),
+    }
+}
+
+pub struct Run {
+    pub outputs: Vec<FleetOutput>,
+    pub report: RunReport,
+    pub refused_hellos: u32,
+}
+
+/// Connects a coordinator on `transport`, generates, dismisses the donors.
+pub fn coordinate(
+    transport: InProcessTransport,
+    config: CoordinatorConfig,
+    requests: Vec<GenerationRequest>,
+    mut on_token: impl FnMut(&TokenUpdate<'_>) + Send + 'static,
+) -> Run {
+    with_deadline(DEADLINE, move || {
+        pollster::block_on(async move {
+            let mut coordinator = Coordinator::connect(transport, config)
+                .await
+                .expect("connect");
+            let outputs = coordinator
+                .generate(&requests, &mut |update| on_token(&update))
+                .await
+                .expect("generate");
+            let report = coordinator.report().clone();
+            let refused_hellos = coordinator.refused_hellos;
+            coordinator.shutdown("done").await;
+            Run {
+                outputs,
+                report,
+                refused_hellos,
+            }
+        })
+    })
+}
+
+pub fn fleet(
+    gpu: &Arc<Gpu>,
+    donors: usize,
+) -> (InProcessNetwork, InProcessTransport, Vec<DonorHandle>) {
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let coordinator = network.join();
+    let handles = (0..donors)
+        .map(|_| spawn_donor(&network, gpu, TOKEN, |t| t))
+        .collect();
+    (network, coordinator, handles)
+}
+
+pub fn print_report(label: &str, report: &RunReport) {
+    println!("{label}: {}", serde_json::to_string(report).unwrap());
+}
