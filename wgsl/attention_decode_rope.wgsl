@@ -66,20 +66,17 @@ fn normed(base: u32, d: u32, scale: f32, is_q: bool) -> f32 {
     return qkv[base + d];
 }
 
-// The two dims lane `pair` handles: a rotated pair by layout, or two dims past rope_dims.
-fn pair_slots(pair: u32, pairs: u32) -> vec2<u32> {
-    if (pair < pairs) {
-        return pair_dims(pair, pairs, params.neox != 0u);
-    }
-    let d = params.rope_dims + 2u * (pair - pairs);
-    return vec2<u32>(d, d + 1u);
+// Dims `dims` of the head row at `base`, normalised.
+fn normed_pair(base: u32, dims: vec2<u32>, scale: f32, is_q: bool) -> vec2<f32> {
+    return vec2<f32>(normed(base, dims.x, scale, is_q), normed(base, dims.y, scale, is_q));
 }
 
-// Dims `dims` of the head row at `base`, normalised, then turned by (cos, sin) `turn`.
-fn rotated_pair(base: u32, dims: vec2<u32>, scale: f32, is_q: bool, turn: vec2<f32>) -> vec2<f32> {
-    let x0 = normed(base, dims.x, scale, is_q);
-    let x1 = normed(base, dims.y, scale, is_q);
-    return vec2<f32>(x0 * turn.x - x1 * turn.y, x0 * turn.y + x1 * turn.x);
+// Dims past rope_dims keep their values exactly.
+fn turned_if(x: vec2<f32>, turn: vec2<f32>, rotate: bool) -> vec2<f32> {
+    if (rotate) {
+        return turned(x, turn);
+    }
+    return x;
 }
 
 @compute @workgroup_size(WG)
@@ -103,17 +100,17 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     // Lane p turns pair p of q and of k by the same angle.
     let pairs = params.rope_dims / 2u;
     for (var pair = lane; pair < HD / 2u; pair = pair + WG) {
-        let dims = pair_slots(pair, pairs);
+        let dims = pair_slots(pair, params.rope_dims, params.neox != 0u);
+        let rotate = pair < pairs;
         var turn = vec2<f32>(1.0, 0.0);
-        if (pair < pairs) {
-            let angle = reduce_angle(pair_theta(pos, pair, params.theta_scale, params.freq_scale));
-            turn = vec2<f32>(cos(angle), sin(angle));
+        if (rotate) {
+            turn = pair_turn(pos, pair, params.theta_scale, params.freq_scale);
         }
-        let q = rotated_pair(q_base, dims, q_scale, true, turn);
+        let q = turned_if(normed_pair(q_base, dims, q_scale, true), turn, rotate);
         rotated_q[dims.x] = q.x;
         rotated_q[dims.y] = q.y;
         if (fresh) {
-            let k = rotated_pair(k_base, dims, k_scale, false, turn);
+            let k = turned_if(normed_pair(k_base, dims, k_scale, false), turn, rotate);
             rotated_k[dims.x] = k.x;
             rotated_k[dims.y] = k.y;
         }

@@ -40,17 +40,11 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let pair = index % pairs;
     let token_head = index / pairs;
     let token = token_head / params.heads;
-    let theta = pair_theta(params.start_pos + token, pair, params.theta_scale, params.freq_scale);
-    let angle = reduce_angle(theta);
-    let c = cos(angle);
-    let s = sin(angle);
+    let turn = pair_turn(params.start_pos + token, pair, params.theta_scale, params.freq_scale);
     let dims = token_head * params.head_dim + pair_dims(pair, pairs, params.neox != 0u);
-    let first = dims.x;
-    let second = dims.y;
-    let x0 = x[first];
-    let x1 = x[second];
-    x[first] = x0 * c - x1 * s;
-    x[second] = x0 * s + x1 * c;
+    let values = turned(vec2<f32>(x[dims.x], x[dims.y]), turn);
+    x[dims.x] = values.x;
+    x[dims.y] = values.y;
 }
 
 // rope_store: a decode step's whole q/k/v epilogue in one dispatch. Workgroup (row, token)
@@ -131,32 +125,20 @@ fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation
     let scale = row_scale(is_q, base, lane);
     let pairs = params.rope_dims / 2u;
     let pos = params.start_pos + token;
-    var results: array<f32, 2>;
     for (var pair = lane; pair < hd / 2u; pair = pair + WG) {
-        var dims = vec2<u32>(params.rope_dims + 2u * (pair - min(pair, pairs)), 0u);
-        dims.y = dims.x + 1u;
-        var rotate = pair < pairs;
-        if (rotate) {
-            dims = pair_dims(pair, pairs, params.neox != 0u);
-        }
+        let dims = pair_slots(pair, params.rope_dims, params.neox != 0u);
         let x0 = select(k_value(base, dims.x, scale), q_value(base, dims.x, scale), is_q);
         let x1 = select(k_value(base, dims.y, scale), q_value(base, dims.y, scale), is_q);
-        results[0] = x0;
-        results[1] = x1;
-        if (rotate) {
-            let theta = pair_theta(pos, pair, params.theta_scale, params.freq_scale);
-            let angle = reduce_angle(theta);
-            let c = cos(angle);
-            let s = sin(angle);
-            results[0] = x0 * c - x1 * s;
-            results[1] = x0 * s + x1 * c;
+        var results = vec2<f32>(x0, x1);
+        if (pair < pairs) {
+            results = turned(results, pair_turn(pos, pair, params.theta_scale, params.freq_scale));
         }
         if (is_q) {
-            x[params.q_offset + base + dims.x] = results[0];
-            x[params.q_offset + base + dims.y] = results[1];
+            x[params.q_offset + base + dims.x] = results.x;
+            x[params.q_offset + base + dims.y] = results.y;
         } else {
-            k_cache[params.cache_offset + base + dims.x] = results[0];
-            k_cache[params.cache_offset + base + dims.y] = results[1];
+            k_cache[params.cache_offset + base + dims.x] = results.x;
+            k_cache[params.cache_offset + base + dims.y] = results.y;
         }
     }
 }

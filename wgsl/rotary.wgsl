@@ -31,3 +31,25 @@ fn pair_dims(pair: u32, pairs: u32, neox: bool) -> vec2<u32> {
     }
     return vec2<u32>(2u * pair, 2u * pair + 1u);
 }
+
+// The two dims the lane for `pair` handles: a rotated pair by layout while pair < rope_dims / 2,
+// else two neighbouring dims past rope_dims, which keep their values.
+fn pair_slots(pair: u32, rope_dims: u32, neox: bool) -> vec2<u32> {
+    let pairs = rope_dims / 2u;
+    if (pair < pairs) {
+        return pair_dims(pair, pairs, neox);
+    }
+    let d = rope_dims + 2u * (pair - pairs);
+    return vec2<u32>(d, d + 1u);
+}
+
+// (cos, sin) of `pair`'s angle at position `pos`.
+fn pair_turn(pos: u32, pair: u32, theta_scale: f32, freq_scale: f32) -> vec2<f32> {
+    let angle = reduce_angle(pair_theta(pos, pair, theta_scale, freq_scale));
+    return vec2<f32>(cos(angle), sin(angle));
+}
+
+// (x0, x1) turned by (cos, sin), in ggml's order of operations.
+fn turned(x: vec2<f32>, turn: vec2<f32>) -> vec2<f32> {
+    return vec2<f32>(x.x * turn.x - x.y * turn.y, x.x * turn.y + x.y * turn.x);
+}
