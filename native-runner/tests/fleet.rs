@@ -185,6 +185,10 @@ fn killing_a_donor_process_mid_generation_keeps_the_ids() {
 /// A third donor process started mid-generation is planned in: the coordinator drains the
 /// chain, re-plans from 2 stages to 3, replays, and the ids are still single-device's.
 ///
+/// A serving donor is frozen (SIGSTOP) from the second token until the coordinator has
+/// admitted the joiner, so the join lands mid-generation however slow the machine is; the
+/// heartbeat timeout is raised so that the freeze does not count as a loss.
+///
 /// Each donor offers 300 MiB, so 2 donors can hold the model but only as 18 + 12 layers (the
 /// second stage also reads the output head); a third makes every stage shorter, unless its
 /// probe, taken while the others compute, comes out more than about 2.5 times slower.
@@ -198,7 +202,8 @@ fn a_donor_process_joining_mid_generation_is_planned_in() {
     let mut fleet: Vec<Donor> = (0..2)
         .map(|i| server.donor(&format!("donor {i}"), &cap))
         .collect();
-    let mut coordinator = server.coordinate(SMOLLM2, 2, &[PROMPT], N, &[]);
+    let timeout = ["--heartbeat-timeout", "600"];
+    let mut coordinator = server.coordinate(SMOLLM2, 2, &[PROMPT], N, &timeout);
     let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
     coordinator.wait_line_with(
         "2 tokens",
@@ -206,9 +211,23 @@ fn a_donor_process_joining_mid_generation_is_planned_in() {
         |l| l.starts_with("token 0 1 "),
         &procs,
     );
+    fleet[1].0.pause();
     let mut joiner = server.donor("donor 2 (joins)", &cap);
     let joiner_id = joiner.peer_id();
     let joined_at = Instant::now();
+    let admitted = coordinator.wait_line_with(
+        "the joiner admitted",
+        RUN_LIMIT,
+        |l| l.contains("donor admitted") && l.contains(&joiner_id),
+        &[&joiner.0],
+    );
+    fleet[1].0.resume();
+    assert!(
+        coordinator
+            .find_line(|l| l.starts_with(&format!("token 0 {} ", N - 1)))
+            .is_none(),
+        "the join came before the last token: {admitted}"
+    );
     fleet.push(joiner);
     let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
     let json = coordinator.json_with(RUN_LIMIT, &procs);

@@ -70,6 +70,12 @@ fn child_log() -> String {
     std::env::var("WEBSHARD_FLEET_LOG").unwrap_or_else(|_| "warn".into())
 }
 
+/// The coordinator's `RUST_LOG`: the children's, plus its role's info lines (a donor
+/// admitted, a re-plan), which tests wait for.
+fn coordinator_log() -> String {
+    format!("{},webshard::shard::roles=info", child_log())
+}
+
 /// A child process, killed when dropped. Its stdout is collected whole, its stderr by line.
 pub struct Proc {
     pub name: String,
@@ -82,9 +88,14 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(name: &str, args: &[&str]) -> Proc {
+        Proc::spawn_logging(name, args, &child_log())
+    }
+
+    /// `spawn` with `RUST_LOG` set to `log`.
+    pub fn spawn_logging(name: &str, args: &[&str], log: &str) -> Proc {
         let mut child = Command::new(runner())
             .args(args)
-            .env("RUST_LOG", child_log())
+            .env("RUST_LOG", log)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -240,6 +251,23 @@ impl Proc {
     }
 
     /// SIGKILL: the process gets no chance to say goodbye.
+    /// Freezes the process (SIGSTOP) until `resume`: it neither computes nor answers.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, signal: &str) {
+        let status = Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .unwrap_or_else(|e| panic!("kill {signal} {}: {e}", self.name));
+        assert!(status.success(), "kill {signal} {}: {status}", self.name);
+    }
+
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
@@ -393,7 +421,7 @@ impl Server {
             args.extend(["-p", prompt]);
         }
         args.extend_from_slice(extra);
-        Proc::spawn("runner coordinate", &args)
+        Proc::spawn_logging("runner coordinate", &args, &coordinator_log())
     }
 }
 
