@@ -8,7 +8,7 @@ use half::{bf16, f16};
 use webshard::gpu::{self, testing, Gpu, GpuOptions, Recorder, Variant, WeightTensor};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
-    dequant_row_reference, embed, matmul, matmul_reference, QuantMatrix, QuantType,
+    dequant_row_reference, embed, matmul, matmul_reference, MatmulTile, QuantMatrix, QuantType,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -461,6 +461,98 @@ fn split_tensors_give_identical_results() {
             testing::assert_close(&got, &embed_reference(&case, &ids, 0.5), 1e-6, &what);
         }
     }
+}
+
+/// Every prefill tile the kernel is built with, and some it may be asked for, on every device
+/// and variant: 4 to 8 lanes along rows, 4 to 16 along tokens, activations staged 32 to 128
+/// columns at a time, with columns and tokens that leave every tile partly filled.
+/// `MatmulTile::GPU` (16 × 16 lanes) needs more workgroup memory than lavapipe and llvmpipe
+/// have (43 of 32 KiB); only its constants differ from the tiles that run here.
+#[test]
+fn every_matmul_tile_matches_the_reference() {
+    let seed = testing::fresh_seed();
+    let tiles = [
+        MatmulTile::CPU,
+        MatmulTile::GPU_32K,
+        MatmulTile::SMALL,
+        MatmulTile::new([16, 64, 64]),
+        MatmulTile::new([16, 32, 128]),
+    ];
+    let backends = pollster::block_on(testing::devices_under_test()).expect("devices under test");
+    let mut ran = [0; 5];
+    for device in backends {
+        for (tile_index, tile) in tiles.into_iter().enumerate() {
+            let options = GpuOptions {
+                backend: gpu::BackendChoice::parse(&device.caps.backend).unwrap_or_default(),
+                matmul_tile: Some([tile.rows, tile.tokens, tile.staged_cols]),
+                ..Default::default()
+            };
+            let gpu = pollster::block_on(Gpu::new(&options)).expect("gpu");
+            // A tile the device cannot hold falls back (checked below); it is run elsewhere.
+            if tile.workgroup_bytes() > gpu.caps.max_workgroup_storage {
+                assert_ne!(MatmulTile::for_device(&gpu.caps), tile);
+                continue;
+            }
+            assert_eq!(
+                MatmulTile::for_device(&gpu.caps),
+                tile,
+                "{}",
+                gpu.caps.adapter
+            );
+            ran[tile_index] += 1;
+            for (quant, cols) in [(QuantType::Q4_1, 800), (QuantType::Q6_K, 768)] {
+                let rows = 131;
+                let bytes = random_weights(quant, rows, cols, seed);
+                let case = Case {
+                    quant,
+                    bytes: &bytes,
+                    rows,
+                    cols,
+                };
+                for variant in gpu.caps.all_variants() {
+                    for tokens in [2, 70] {
+                        let x = testing::random_f32(tokens * cols, seed ^ tokens as u64);
+                        let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
+                        let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
+                        let what = format!(
+                            "{tile:?} {quant:?} {} {variant} tokens={tokens} seed={seed}",
+                            gpu.caps.adapter
+                        );
+                        testing::assert_close(&got, &want, tolerance(quant), &what);
+                    }
+                }
+            }
+        }
+    }
+    assert!(
+        ran.iter().all(|&n| n > 0),
+        "devices that ran each tile: {ran:?}"
+    );
+}
+
+/// A device with only WebGPU's minimum workgroup memory gets the small tile, and a tile the
+/// device cannot hold is not used.
+#[test]
+fn matmul_tiles_fit_the_workgroup_memory() {
+    let gpu = pollster::block_on(Gpu::new(&GpuOptions::default())).expect("gpu");
+    let mut caps = gpu.caps.clone();
+    caps.max_workgroup_storage = 16 << 10;
+    assert_eq!(MatmulTile::for_device(&caps), MatmulTile::SMALL);
+    assert!(MatmulTile::SMALL.workgroup_bytes() <= 16 << 10);
+    caps.max_workgroup_storage = 1 << 20;
+    caps.cpu_work_split = false;
+    caps.matmul_tile = Some([64, 64, 128]);
+    assert_eq!(
+        MatmulTile::for_device(&caps),
+        MatmulTile::new([64, 64, 128])
+    );
+    caps.max_workgroup_storage = MatmulTile::GPU.workgroup_bytes();
+    assert_eq!(MatmulTile::for_device(&caps), MatmulTile::GPU);
+    caps.max_workgroup_storage = 32 << 10;
+    assert_eq!(MatmulTile::for_device(&caps), MatmulTile::GPU_32K);
+    assert!(MatmulTile::new([64, 128, 32]).check().is_err());
+    assert!(MatmulTile::new([16, 18, 32]).check().is_err());
+    assert!(MatmulTile::new([16, 16, 48]).check().is_err());
 }
 
 fn model_path(file: &str) -> std::path::PathBuf {

@@ -7,6 +7,10 @@
 #                    followed by random bytes up to its real size, every byte below 0x40 so
 #                    every f16/bf16/f32 field stays finite (same work per token as the real file)
 #   bench [ARGS]     runner bench on every verified model, JSON into $OUT/bench-*.json
+#   tiles TILE... [-- ARGS]
+#                    runner bench --matmul-tile TILE (ROWS,TOKENS,STAGED_COLS) for each tile on
+#                    every model: a line per run, every JSON
+#                    into $OUT/tiles.jsonl (default ARGS: -p 512 -n 16 -r 3)
 #   score MODEL IDS  teacher-forced top-5 (fidelity spot check), JSON into $OUT
 #   fidelity         the fidelity test (llama.cpp goldens, teacher-forced and greedy) on the
 #                    assembled real models, output into $OUT/fidelity.txt
@@ -77,6 +81,25 @@ PY
       .device/bin/runner bench -m "$model" --quiet --json "$@" | tee "$OUT/bench-$name.json"
     done
     ;;
+  tiles)
+    shift
+    vulkan_env
+    tiles=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do tiles+=("$1"); shift; done
+    [ "${1:-}" = "--" ] && shift
+    [ $# -gt 0 ] || set -- -p 512 -n 16 -r 3
+    for tile in "${tiles[@]}"; do
+      for model in "$models"/*.gguf; do
+        .device/bin/runner bench -m "$model" --quiet --json --matmul-tile "$tile" "$@" \
+          | python3 -c 'import json, sys
+run = json.loads(sys.stdin.read())
+run["matmul_tile"], run["model_file"] = sys.argv[1], sys.argv[2]
+open(sys.argv[3], "a").write(json.dumps(run) + "\n")
+print(sys.argv[1], sys.argv[2][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["tok_s"], t["sd"]) for t in run["tests"]))' \
+          "$tile" "$(basename "$model")" "$OUT/tiles.jsonl"
+      done
+    done
+    ;;
   fidelity)
     vulkan_env
     WEBSHARD_MODELS="$models" WEBSHARD_GOLDENS=.device/fidelity/goldens \
@@ -87,5 +110,5 @@ PY
     vulkan_env
     .device/bin/runner score -m "$models/$2" --ids "$3" --top 5 --json --quiet > "$OUT/score-$2.json"
     ;;
-  *) echo "usage: run.sh setup|append|verify|bench|score"; exit 2 ;;
+  *) echo "usage: run.sh setup|stash|assemble|synth|bench|tiles|fidelity|score"; exit 2 ;;
 esac

@@ -8,6 +8,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use webshard::engine::{Engine, EngineOptions};
 use webshard::gguf::open_source;
 use webshard::gpu::{BackendChoice, Gpu, GpuOptions};
+use webshard::ops::quant::MatmulTile;
 use webshard::sample::SamplerConfig;
 
 use crate::memory;
@@ -36,6 +37,10 @@ pub struct ModelArgs {
     /// (for measuring splits; powers of two, LANES_PER_ROW <= LANES <= 256).
     #[arg(long, value_parser = parse_matvec_split, hide = true)]
     pub matvec_split: Option<[u32; 3]>,
+    /// Prefill tile `ROWS,TOKENS,STAGED_COLS` instead of the built-in one (for measuring
+    /// tiles; a tile the device cannot hold falls back).
+    #[arg(long, value_parser = parse_matmul_tile, hide = true)]
+    pub matmul_tile: Option<[u32; 3]>,
     /// No progress bar while loading.
     #[arg(long)]
     pub quiet: bool,
@@ -97,6 +102,7 @@ impl ModelArgs {
             max_binding_override: self.max_binding,
             gpu_work_split: false,
             matvec_split: self.matvec_split,
+            matmul_tile: self.matmul_tile,
         })
     }
 
@@ -173,4 +179,22 @@ fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
         ));
     }
     Ok([lanes, per_row, rows])
+}
+
+/// `ROWS,TOKENS,STAGED_COLS`, a tile the kernel can run.
+fn parse_matmul_tile(text: &str) -> Result<[u32; 3], String> {
+    let numbers: Vec<u32> = text
+        .split(',')
+        .map(|part| part.trim().parse::<u32>())
+        .collect::<Result<_, _>>()
+        .map_err(|err| format!("`{text}`: {err}"))?;
+    let Ok(numbers) = <[u32; 3]>::try_from(numbers) else {
+        return Err(format!(
+            "`{text}`: want three numbers ROWS,TOKENS,STAGED_COLS"
+        ));
+    };
+    MatmulTile::new(numbers)
+        .check()
+        .map_err(|why| format!("`{text}`: {why}"))?;
+    Ok(numbers)
 }

@@ -79,6 +79,9 @@ pub struct GpuOptions {
     /// Matvec work split (lanes per workgroup, lanes per row, rows per lane) instead of the
     /// built-in one: for measuring splits on a device (`runner bench --matvec-split`).
     pub matvec_split: Option<[u32; 3]>,
+    /// Prefill tile `[rows, tokens, staged_cols]` instead of the built-in one, for measuring
+    /// tiles (`runner bench --matmul-tile`).
+    pub matmul_tile: Option<[u32; 3]>,
 }
 
 /// The shader capabilities a kernel variant is compiled for.
@@ -126,6 +129,8 @@ pub struct Caps {
     pub wgsl_subgroups_directive: bool,
     /// `GpuOptions::matvec_split`.
     pub matvec_split: Option<[u32; 3]>,
+    /// `GpuOptions::matmul_tile`.
+    pub matmul_tile: Option<[u32; 3]>,
 }
 
 impl Caps {
@@ -246,6 +251,7 @@ impl Gpu {
             max_storage_bindings: granted.max_storage_buffers_per_shader_stage,
             wgsl_subgroups_directive: info.backend == wgpu::Backend::BrowserWebGpu,
             matvec_split: options.matvec_split,
+            matmul_tile: options.matmul_tile,
         };
         tracing::info!(
             adapter = %caps.adapter, backend = %caps.backend, f16 = caps.f16,

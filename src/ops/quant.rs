@@ -4,10 +4,13 @@
 //! per-type block decoding of `wgsl/dequant.wgsl`.
 
 mod dequant;
+mod matmul;
 mod matvec;
 pub mod testing;
 
 pub use dequant::{dequant_row_reference, matmul_reference};
+use matmul::matmul_tiled;
+pub use matmul::MatmulTile;
 pub use matvec::{matvec, matvec_reference, shares_part, Epilogue, Fusion, ReferenceEpilogue};
 
 use crate::gpu::{Kernel, Lib, Recorder, WeightTensor};
@@ -290,13 +293,6 @@ const EMBED: Kernel = Kernel {
     libs: &[Lib::Dequant],
 };
 
-/// Prefill tiles: rows, tokens, each thread's rows and tokens within it, and threads.
-const MATMUL_TILE_CPU: [(&str, u32); 5] =
-    [("TR", 32), ("TT", 32), ("RPT", 4), ("TPT", 4), ("WG", 64)];
-/// GPUs need far more threads in flight: 4× the lanes, each with a quarter of the outputs
-/// (measured on the H200: 3.4× the prefill rate of the CPU tile, the best of seven shapes).
-const MATMUL_TILE_GPU: [(&str, u32); 5] =
-    [("TR", 16), ("TT", 64), ("RPT", 1), ("TPT", 4), ("WG", 256)];
 const EMBED_WG: u32 = 64;
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
@@ -333,44 +329,6 @@ fn product_params(w: &QuantMatrix, part: &ViewPart, groups_x: u32, tokens: u32) 
         out_stride: w.rows,
         buffer_row: part.buffer_row,
         pad: [0; 3],
-    }
-}
-
-fn matmul_tiled(
-    rec: &mut Recorder,
-    w: &QuantMatrix,
-    x: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    tokens: u32,
-) {
-    let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
-    let table = match rec.gpu().caps.cpu_work_split {
-        true => MATMUL_TILE_CPU,
-        false => MATMUL_TILE_GPU,
-    };
-    let tile = |name: &str| table.iter().find(|c| c.0 == name).map_or(1, |c| c.1);
-    let mut consts: Vec<(&'static str, u32)> = table.to_vec();
-    consts.extend(w.quant_consts());
-    let pipeline = rec.pipeline(&MATMUL, &consts);
-    let token_groups = tokens.div_ceil(tile("TT"));
-    assert!(
-        token_groups <= max_per_dim,
-        "{tokens} tokens exceed one prefill dispatch"
-    );
-    for part in w.parts() {
-        let [groups_x, groups_y] = fold_groups(part.rows.div_ceil(tile("TR")), max_per_dim);
-        let params = product_params(w, &part, groups_x, tokens);
-        rec.dispatch(
-            &pipeline,
-            &params,
-            &[
-                part.buffer.as_entire_binding(),
-                x.as_entire_binding(),
-                out.as_entire_binding(),
-                part.buffer.as_entire_binding(),
-            ],
-            [groups_x, groups_y, token_groups],
-        );
     }
 }
 

@@ -1,0 +1,125 @@
+//! The tiled matrix-matrix product (prefill), `wgsl/matmul.wgsl`, and the tile it runs with.
+
+use super::{fold_groups, product_params, QuantMatrix, MATMUL};
+use crate::gpu::{Caps, Recorder};
+
+/// A prefill tile: `rows` × `tokens` outputs per workgroup, 4 × 4 per lane (so `rows` × `tokens`
+/// / 16 lanes); activations are staged `staged_cols` columns at a time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MatmulTile {
+    pub rows: u32,
+    pub tokens: u32,
+    pub staged_cols: u32,
+}
+
+/// Columns of weights dequantized per step (`BK` in the kernel).
+const STEP_COLS: u32 = 128;
+
+impl MatmulTile {
+    /// CPU adapters: few fat lanes.
+    pub const CPU: MatmulTile = MatmulTile::new([32, 32, 32]);
+    /// GPUs: the best of seven tiles on the H200 (docs/perf.md), 43 KiB of workgroup memory.
+    pub const GPU: MatmulTile = MatmulTile::new([64, 64, 32]);
+    /// GPUs with 32 KiB of workgroup memory (lavapipe, most browsers): the next best.
+    pub const GPU_32K: MatmulTile = MatmulTile::new([32, 64, 32]);
+    /// Fits WebGPU's minimum 16 KiB of workgroup memory, for devices with no more.
+    pub const SMALL: MatmulTile = MatmulTile::new([16, 16, 32]);
+
+    /// From `[rows, tokens, staged_cols]`.
+    pub const fn new(numbers: [u32; 3]) -> MatmulTile {
+        let [rows, tokens, staged_cols] = numbers;
+        MatmulTile {
+            rows,
+            tokens,
+            staged_cols,
+        }
+    }
+
+    pub fn lanes(&self) -> u32 {
+        (self.rows / 4) * (self.tokens / 4)
+    }
+
+    /// Why the kernel cannot run this tile, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.rows == 0 || self.tokens == 0 || self.rows % 4 != 0 || self.tokens % 4 != 0 {
+            return Err("rows and tokens must be non-zero multiples of 4".into());
+        }
+        if self.lanes() > 256 {
+            return Err(format!(
+                "{} lanes (rows × tokens / 16); at most 256",
+                self.lanes()
+            ));
+        }
+        if ![32, 64, 128].contains(&self.staged_cols) {
+            return Err("staged columns must be 32, 64 or 128".into());
+        }
+        Ok(())
+    }
+
+    /// Workgroup memory the kernel declares: both tiles, rows padded by a vec4.
+    pub fn workgroup_bytes(&self) -> u32 {
+        let vec4s = self.rows * (STEP_COLS / 4 + 1) + self.tokens * (self.staged_cols / 4 + 1);
+        vec4s * 16
+    }
+
+    /// The tile for `caps`: the configured one, else the work split's largest that fits, else
+    /// `SMALL`.
+    pub fn for_device(caps: &Caps) -> MatmulTile {
+        let split: &[MatmulTile] = match caps.cpu_work_split {
+            true => &[MatmulTile::CPU],
+            false => &[MatmulTile::GPU, MatmulTile::GPU_32K],
+        };
+        let configured = caps.matmul_tile.map(MatmulTile::new);
+        configured
+            .iter()
+            .chain(split)
+            .copied()
+            .find(|tile| {
+                tile.check().is_ok() && tile.workgroup_bytes() <= caps.max_workgroup_storage
+            })
+            .unwrap_or(MatmulTile::SMALL)
+    }
+
+    fn consts(&self) -> [(&'static str, u32); 4] {
+        [
+            ("TR", self.rows),
+            ("TT", self.tokens),
+            ("WG", self.lanes()),
+            ("XK", self.staged_cols),
+        ]
+    }
+}
+
+pub(super) fn matmul_tiled(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+) {
+    let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
+    let tile = MatmulTile::for_device(&rec.gpu().caps);
+    let mut consts = tile.consts().to_vec();
+    consts.extend(w.quant_consts());
+    let pipeline = rec.pipeline(&MATMUL, &consts);
+    let token_groups = tokens.div_ceil(tile.tokens);
+    assert!(
+        token_groups <= max_per_dim,
+        "{tokens} tokens exceed one prefill dispatch"
+    );
+    for part in w.parts() {
+        let [groups_x, groups_y] = fold_groups(part.rows.div_ceil(tile.rows), max_per_dim);
+        let params = product_params(w, &part, groups_x, tokens);
+        rec.dispatch(
+            &pipeline,
+            &params,
+            &[
+                part.buffer.as_entire_binding(),
+                x.as_entire_binding(),
+                out.as_entire_binding(),
+                part.buffer.as_entire_binding(),
+            ],
+            [groups_x, groups_y, token_groups],
+        );
+    }
+}
