@@ -50,6 +50,9 @@ const DECODE_WG: u32 = 64;
 /// Splits wanted for parallelism: enough workgroups for large GPUs at long contexts; each
 /// split costs a partial result and the query load on CPU adapters.
 const PARALLEL_SPLITS: u32 = 32;
+/// Prefill workgroups wanted on GPUs: several per SM of a large GPU (the H200 has 132). Without
+/// splits a 512-token prompt gives SmolLM2 72 workgroups and Gemma 3 only 32.
+const PREFILL_GPU_WORKGROUPS: u32 = 1024;
 /// llvmpipe (lavapipe, GL) ends every loop of an invocation after 65535 back-edges in total,
 /// silently, so the keys one invocation walks are bounded: a decode tile costs under ~900
 /// back-edges, and prefill keys are budgeted from the prefill kernel's loop shape.
@@ -361,7 +364,11 @@ fn prefill_splits(gpu: &Gpu, p: &AttentionParams, start_pos: u32, tokens: u32, t
     let per_tile = tile * p.head_dim / 4 / PREFILL_WG + p.head_dim / 16 + 1;
     let tiles_per_split = (PREFILL_LOOP_BUDGET / (per_key * tile + per_tile)).max(1);
     let needed = tiles.div_ceil(tiles_per_split);
-    let parallel = PARALLEL_SPLITS.div_ceil(workgroups).min(tiles);
+    let wanted = match gpu.caps.cpu_work_split {
+        true => PARALLEL_SPLITS,
+        false => PREFILL_GPU_WORKGROUPS,
+    };
+    let parallel = wanted.div_ceil(workgroups).min(tiles);
     choose_splits(gpu, p, tokens, needed, parallel)
 }
 
