@@ -245,6 +245,38 @@ fn a_donor_joining_mid_generation_is_planned_in_and_changes_no_token() {
     assert!(run.report.hops.iter().all(|hop| hop.steps >= 12));
 }
 
+/// A coordinator that admits nobody for `rejoin_after` joins the room again and admits every
+/// donor anew (they greet again): with 2 of 3 donors present it rejoins, the third arrives,
+/// and the run gives the single device's ids.
+#[test]
+fn a_coordinator_waiting_for_donors_rejoins_and_admits_them_again() {
+    let file = support::SMOLLM2.1;
+    let (prompt, want) = single_device_ids(file, &PROMPTS[1..2], 8)[0].clone();
+    let gpu = gpu();
+    let (network, transport, handles) = fleet(&gpu, 2);
+    let mut config = config(file, 3);
+    // Donors greet again every 2 s; a rejoin must leave them time to.
+    config.rejoin_after = Duration::from_secs(3);
+    let late = std::thread::spawn({
+        let gpu = Arc::clone(&gpu);
+        move || {
+            std::thread::sleep(Duration::from_secs(5));
+            spawn_donor(&network, &gpu, TOKEN, |t| t)
+        }
+    });
+    let run = coordinate(transport, config, vec![greedy(&prompt, 8)], |_| {});
+    print_report("a coordinator rejoins while gathering", &run.report);
+    assert_eq!(run.outputs[0].ids, want);
+    assert!(run.report.rejoins >= 1, "{:?}", run.report.rejoins);
+    let late = late.join().expect("the late donor");
+    for donor in handles.iter().chain([&late]) {
+        assert_eq!(
+            donor.exit(Duration::from_secs(30)),
+            Ok(DonorExit::Dismissed("done".into()))
+        );
+    }
+}
+
 /// A donor that falls silent (a suspended tab) is planned out by heartbeats; once it answers
 /// again it is planned back in, and the ids are still the single device's.
 #[test]

@@ -235,6 +235,38 @@ async fn a_dropped_peer_is_reported_left_and_its_blocked_senders_fail() {
     assert_eq!(next_frame(b).await, (a.local_id(), b"still here".to_vec()));
 }
 
+/// A peer that rejoins comes back under a new id over new links: the others see the old id
+/// leave and the new one join, and frames cross both ways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejoining_peer_gets_a_new_id_and_new_links() {
+    let signal = start_server(None).await;
+    let mut peers = mesh(&signal, "rejoin", 2).await;
+    let b = peers.pop().unwrap();
+    let mut a = peers.pop().unwrap();
+    let old_id = a.local_id();
+    within("rejoin", a.rejoin()).await.expect("rejoin");
+    let new_id = a.local_id();
+    assert_ne!(new_id, old_id);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        seen.push(next_event(&b).await);
+    }
+    assert!(seen.contains(&TransportEvent::PeerLeft(old_id)), "{seen:?}");
+    assert!(
+        seen.contains(&TransportEvent::PeerJoined(new_id)),
+        "{seen:?}"
+    );
+    assert_eq!(
+        next_event(&a).await,
+        TransportEvent::PeerJoined(b.local_id())
+    );
+    assert_eq!(b.peers(), vec![new_id]);
+    a.send(b.local_id(), b"back").await.unwrap();
+    assert_eq!(next_frame(&b).await, (new_id, b"back".to_vec()));
+    b.send(new_id, b"welcome").await.unwrap();
+    assert_eq!(next_frame(&a).await, (b.local_id(), b"welcome".to_vec()));
+}
+
 /// `flush` returns once the peer's transport has every frame sent before it, so the sender
 /// may leave at once: the peer, reading only afterwards, still gets them all before `PeerLeft`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

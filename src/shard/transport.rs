@@ -84,7 +84,7 @@ pub struct TransportStats {
 /// cannot queue unbounded activations behind a slow one.
 #[cfg_attr(target_arch = "wasm32", async_trait::async_trait(?Send))]
 #[cfg_attr(not(target_arch = "wasm32"), async_trait::async_trait)]
-pub trait Transport {
+pub trait Transport: MaybeSend {
     fn local_id(&self) -> PeerId;
 
     /// Peers connected now.
@@ -104,7 +104,26 @@ pub trait Transport {
 
     /// The next event; `Closed` once nothing more can arrive.
     async fn recv(&self) -> Result<TransportEvent, TransportError>;
+
+    /// Leaves and joins again, under a new id, so that every link is made anew: for a peer
+    /// that waits on links that may never open (a WebRTC handshake can fail without a word,
+    /// about once in a hundred on a loaded loopback). The others see it leave and a new peer
+    /// join. Transports whose links cannot fail keep them.
+    async fn rejoin(&mut self) -> Result<(), TransportError> {
+        Ok(())
+    }
 }
+
+/// `Send` natively, where roles move transports across threads (and `rejoin`'s future holds
+/// `&mut self`); nothing in browsers, whose transports live on one thread.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSend: Send {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Send> MaybeSend for T {}
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSend {}
+#[cfg(target_arch = "wasm32")]
+impl<T> MaybeSend for T {}
 
 /// Encodes and sends a message.
 pub async fn send_message(

@@ -43,6 +43,10 @@ pub struct CoordinatorConfig {
     /// A donor silent for this long (no frame at all) is taken as lost.
     pub heartbeat_timeout: Duration,
     pub join_timeout: Duration,
+    /// While gathering donors, after this long without admitting one the coordinator joins the
+    /// room again (`Transport::rejoin`): a link whose handshake failed is never retried
+    /// otherwise, and its donor would never be heard.
+    pub rejoin_after: Duration,
     /// Longest a stage may take to load before the plan is given up.
     pub load_timeout: Duration,
     /// Longest one step may stay unanswered while every donor still answers heartbeats.
@@ -68,6 +72,7 @@ impl CoordinatorConfig {
             heartbeat_interval: Duration::from_secs(1),
             heartbeat_timeout: Duration::from_secs(10),
             join_timeout: Duration::from_secs(300),
+            rejoin_after: Duration::from_secs(10),
             load_timeout: Duration::from_secs(600),
             step_timeout: Duration::from_secs(300),
             limits: FrameLimits::default(),
@@ -137,6 +142,8 @@ pub struct RunReport {
     pub joins: u32,
     /// Each of those re-plans, from the chain drained to the replay started.
     pub join_ms: Vec<f64>,
+    /// Times the coordinator joined the room again while gathering donors (`rejoin_after`).
+    pub rejoins: u32,
     pub verified_steps: u64,
     /// Largest relative error seen per stage on verified steps.
     pub verify_max_error: Vec<f32>,
@@ -277,19 +284,25 @@ impl<T: Transport> Coordinator<T> {
         }
     }
 
-    /// Admits donors (in the order their Hello arrives) until there are enough.
+    /// Admits donors (in the order their Hello arrives) until there are enough, joining the
+    /// room again whenever `rejoin_after` passes without an admission.
     async fn gather_donors(&mut self) -> Result<(), RoleError> {
         let wanted = self.config.donors.max(1);
         let limit = self.config.join_timeout;
         with_timeout(limit, async {
+            let mut progress = (0, Instant::now());
             while self.standby.len() < wanted {
-                match self.transport.recv().await? {
-                    TransportEvent::Frame { from, frame } => self.on_join_frame(from, &frame).await,
-                    TransportEvent::PeerLeft(peer) => {
-                        self.donors.remove(&peer);
-                        self.standby.retain(|d| d.id != peer);
+                if self.standby.len() > progress.0 {
+                    progress = (self.standby.len(), Instant::now());
+                }
+                let wait = (progress.1 + self.config.rejoin_after)
+                    .saturating_duration_since(Instant::now());
+                match with_timeout(wait, self.transport.recv()).await {
+                    Ok(event) => self.on_gathering_event(event?).await,
+                    Err(_) => {
+                        self.rejoin(wanted).await?;
+                        progress = (0, Instant::now());
                     }
-                    TransportEvent::PeerJoined(_) | TransportEvent::BadChunk { .. } => {}
                 }
             }
             Ok::<(), RoleError>(())
@@ -299,6 +312,32 @@ impl<T: Transport> Coordinator<T> {
             what: format!("{wanted} donors (have {})", self.standby.len()),
             seconds: limit.as_secs_f64(),
         })?
+    }
+
+    async fn on_gathering_event(&mut self, event: TransportEvent) {
+        match event {
+            TransportEvent::Frame { from, frame } => self.on_join_frame(from, &frame).await,
+            TransportEvent::PeerLeft(peer) => {
+                self.donors.remove(&peer);
+                self.standby.retain(|d| d.id != peer);
+            }
+            TransportEvent::PeerJoined(_) | TransportEvent::BadChunk { .. } => {}
+        }
+    }
+
+    /// Joins the room again; the donors greet the new peer, and each is admitted anew.
+    async fn rejoin(&mut self, wanted: usize) -> Result<(), RoleError> {
+        tracing::warn!(
+            have = self.standby.len(),
+            wanted,
+            "no donor admitted for {:?}: joining the room again so that every link is made anew",
+            self.config.rejoin_after
+        );
+        self.transport.rejoin().await?;
+        self.report.rejoins += 1;
+        self.donors.clear();
+        self.standby.clear();
+        Ok(())
     }
 
     async fn on_join_frame(&mut self, from: PeerId, frame: &[u8]) {

@@ -11,6 +11,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::Duration;
 
+use web_time::Instant;
+
 use serde::Serialize;
 
 use super::super::frame::{
@@ -96,6 +98,8 @@ pub struct Donor<T: Transport> {
     pub(super) coordinator: Option<PeerId>,
     /// Peers greeted already: a peer present at start is also announced by `PeerJoined`.
     greeted: HashSet<PeerId>,
+    /// When the unassigned donor greets every peer again, however busy the room is.
+    next_regreet: Instant,
     /// The request whose text is shown, and its tokens so far.
     shown: Option<(u64, Vec<u32>)>,
     pub(super) status: DonorStatus,
@@ -123,6 +127,7 @@ impl<T: Transport> Donor<T> {
             vocab: None,
             coordinator: None,
             greeted: HashSet::new(),
+            next_regreet: Instant::now() + REGREET,
             shown: None,
             status,
             on_status: None,
@@ -202,9 +207,11 @@ impl<T: Transport> Donor<T> {
             if self.coordinator.is_some() {
                 return self.transport.recv().await;
             }
-            if let Ok(event) = with_timeout(REGREET, self.transport.recv()).await {
+            let wait = self.next_regreet.saturating_duration_since(Instant::now());
+            if let Ok(event) = with_timeout(wait, self.transport.recv()).await {
                 return event;
             }
+            self.next_regreet = Instant::now() + REGREET;
             self.greeted.clear();
             for peer in self.transport.peers() {
                 self.hello(peer).await;

@@ -80,6 +80,8 @@ pub struct WebRtcTransport {
     counters: Counters,
     next_frame_id: AtomicU32,
     inbox: AsyncMutex<RecvState>,
+    /// Where and how it joined, to join again (`rejoin`).
+    joined: (String, String, WebRtcConfig),
     /// Dropped with the transport, which ends the driver.
     _alive: oneshot::Sender<()>,
 }
@@ -179,6 +181,7 @@ impl WebRtcTransport {
                 inbox,
                 frames: PeerFrames::new(config.reassembly),
             }),
+            joined: (signal_url.to_string(), room.to_string(), config),
             _alive: alive,
         })
     }
@@ -294,6 +297,15 @@ impl Transport for WebRtcTransport {
                 return Ok(event);
             }
         }
+    }
+
+    /// Joins the room again as a new peer, then leaves under the old id; the byte counts go on.
+    async fn rejoin(&mut self) -> Result<(), TransportError> {
+        let (signal_url, room, config) = self.joined.clone();
+        let mut fresh = WebRtcTransport::connect_with(&signal_url, &room, config).await?;
+        fresh.counters = std::mem::take(&mut self.counters);
+        *self = fresh;
+        Ok(())
     }
 }
 
