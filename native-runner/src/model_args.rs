@@ -156,19 +156,20 @@ impl ModelArgs {
     }
 }
 
-/// `LANES,LANES_PER_ROW,ROWS_PER_LANE`, each a power of two, lanes per row at most the lanes,
-/// at most 256 lanes and 8 rows per lane.
-fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
+/// Three comma-separated numbers, named by `names` in the error.
+fn parse_three(text: &str, names: &str) -> Result<[u32; 3], String> {
     let numbers: Vec<u32> = text
         .split(',')
         .map(|part| part.trim().parse::<u32>())
         .collect::<Result<_, _>>()
         .map_err(|err| format!("`{text}`: {err}"))?;
-    let [lanes, per_row, rows] = numbers[..] else {
-        return Err(format!(
-            "`{text}`: want three numbers LANES,LANES_PER_ROW,ROWS_PER_LANE"
-        ));
-    };
+    <[u32; 3]>::try_from(numbers).map_err(|_| format!("`{text}`: want three numbers {names}"))
+}
+
+/// `LANES,LANES_PER_ROW,ROWS_PER_LANE`, each a power of two, lanes per row at most the lanes,
+/// at most 256 lanes and 8 rows per lane.
+fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
+    let [lanes, per_row, rows] = parse_three(text, "LANES,LANES_PER_ROW,ROWS_PER_LANE")?;
     let valid = [lanes, per_row, rows].iter().all(|n| n.is_power_of_two())
         && per_row <= lanes
         && lanes <= 256
@@ -183,16 +184,7 @@ fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
 
 /// `ROWS,TOKENS,STAGED_COLS`, a tile the kernel can run.
 fn parse_matmul_tile(text: &str) -> Result<[u32; 3], String> {
-    let numbers: Vec<u32> = text
-        .split(',')
-        .map(|part| part.trim().parse::<u32>())
-        .collect::<Result<_, _>>()
-        .map_err(|err| format!("`{text}`: {err}"))?;
-    let Ok(numbers) = <[u32; 3]>::try_from(numbers) else {
-        return Err(format!(
-            "`{text}`: want three numbers ROWS,TOKENS,STAGED_COLS"
-        ));
-    };
+    let numbers = parse_three(text, "ROWS,TOKENS,STAGED_COLS")?;
     MatmulTile::new(numbers)
         .check()
         .map_err(|why| format!("`{text}`: {why}"))?;
