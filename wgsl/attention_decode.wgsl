@@ -36,23 +36,10 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> partial_stats: array<vec2<f32>>;
 
 const HD4: u32 = HD / 4u;
-// Stands for "no key yet": finite, so exp(NEG - NEG) is 1 rather than NaN.
-const NEG: f32 = -1.0e30;
 
 var<workgroup> q_tile: array<vec4<f32>, GQ * HD4>;
 var<workgroup> scores: array<f32, 2u * GQ * WG>;
 var<workgroup> tile_max: array<f32, GQ>;
-
-fn first_visible(pos: u32) -> u32 {
-    return select(0u, pos + 1u - params.window, pos + 1u > params.window);
-}
-
-fn capped(score: f32) -> f32 {
-    if (params.softcap > 0.0) {
-        return params.softcap * tanh(score / params.softcap);
-    }
-    return score;
-}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -60,7 +47,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let kv_group = group.y;
     let token = group.z;
     let pos = params.start_pos + token;
-    let lo = first_visible(pos);
+    let lo = first_visible(pos, params.window);
     let tiles = (pos - lo) / WG + 1u;
     let first_tile = split * tiles / params.splits;
     let end_tile = (split + 1u) * tiles / params.splits;
@@ -98,7 +85,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
             }
         }
         for (var h = 0u; h < GQ; h = h + 1u) {
-            scores[buffer + h * WG + lane] = select(NEG, capped(dots[h]), valid);
+            scores[buffer + h * WG + lane] = select(NEG, capped(dots[h], params.softcap), valid);
         }
         workgroupBarrier();
 

@@ -39,8 +39,6 @@
 
 const HD4: u32 = HD / 4u;
 const GROUPS: u32 = WG / HD4;
-// Stands for "no key": finite, so exp(NEG - NEG) is 1 rather than NaN.
-const NEG: f32 = -1.0e30;
 
 // The query row, already multiplied by the attention scale.
 var<workgroup> q_row: array<vec4<f32>, HD4>;
@@ -48,17 +46,6 @@ var<workgroup> probs: array<f32, KPS>;
 var<workgroup> group_acc: array<vec4<f32>, WG>;
 var<workgroup> fresh_k: array<vec4<f32>, HD4>;
 var<workgroup> fresh_v: array<vec4<f32>, HD4>;
-
-fn first_visible(pos: u32) -> u32 {
-    return select(0u, pos + 1u - params.window, pos + 1u > params.window);
-}
-
-fn capped(score: f32) -> f32 {
-    if (params.softcap > 0.0) {
-        return params.softcap * tanh(score / params.softcap);
-    }
-    return score;
-}
 
 // q·k for the cached key whose vec4s begin at `base`.
 fn cached_score(base: u32) -> f32 {
@@ -69,7 +56,7 @@ fn cached_score(base: u32) -> f32 {
         d = d + q_row[c + 2u] * k_cache[base + c + 2u];
         d = d + q_row[c + 3u] * k_cache[base + c + 3u];
     }
-    return capped(d.x + d.y + d.z + d.w);
+    return capped(d.x + d.y + d.z + d.w, params.softcap);
 }
 
 fn fresh_score() -> f32 {
@@ -77,7 +64,7 @@ fn fresh_score() -> f32 {
     for (var c = 0u; c < HD4; c = c + 1u) {
         d = d + q_row[c] * fresh_k[c];
     }
-    return capped(d.x + d.y + d.z + d.w);
+    return capped(d.x + d.y + d.z + d.w, params.softcap);
 }
 
 // Lane (g, d4)'s share of the probability-weighted values of the first `cached` keys.
@@ -104,7 +91,7 @@ fn weighted_values(first: u32, row_stride: u32, cached: u32, g: u32, d4: u32) ->
 fn attend(split: u32, head: u32, token: u32, lane: u32, fresh: bool) {
     let kv_group = head / (params.heads / params.kv_heads);
     let pos = params.start_pos + token;
-    let lo = first_visible(pos);
+    let lo = first_visible(pos, params.window);
     let visible = pos + 1u - lo;
     let begin = lo + split * visible / params.splits;
     let count = lo + (split + 1u) * visible / params.splits - begin;

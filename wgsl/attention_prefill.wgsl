@@ -37,22 +37,9 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> partial_stats: array<vec2<f32>>;
 
 const HD4: u32 = HD / 4u;
-// Stands for "no key yet": finite, so exp(NEG - NEG) is 1 rather than NaN.
-const NEG: f32 = -1.0e30;
 
 var<workgroup> k_tile: array<half4_t, BK * HD4>;
 var<workgroup> v_tile: array<half4_t, BK * HD4>;
-
-fn first_visible(pos: u32) -> u32 {
-    return select(0u, pos + 1u - params.window, pos + 1u > params.window);
-}
-
-fn capped(score: f32) -> f32 {
-    if (params.softcap > 0.0) {
-        return params.softcap * tanh(score / params.softcap);
-    }
-    return score;
-}
 
 // Loads keys tile_start..tile_start + BK (those <= last_key) of `kv_group` into the tiles.
 fn load_tile(tile_start: u32, last_key: u32, kv_group: u32, lane: u32) {
@@ -77,7 +64,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let in_range = row < params.tokens * group_size;
     let last_token = min(params.tokens - 1u, (first_row + WG - 1u) / group_size);
     // Keys any row of this workgroup can see.
-    let lo = first_visible(params.start_pos + first_row / group_size);
+    let lo = first_visible(params.start_pos + first_row / group_size, params.window);
     let hi = params.start_pos + last_token;
     let tiles = (hi - lo) / BK + 1u;
     let split_start = lo + split * tiles / params.splits * BK;
@@ -86,7 +73,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let token = min(row / group_size, params.tokens - 1u);
     let head = kv_group * group_size + row % group_size;
     let pos = params.start_pos + token;
-    let row_lo = first_visible(pos);
+    let row_lo = first_visible(pos, params.window);
     let q_base = (token * params.heads + head) * HD4;
     var query: array<vec4<f32>, HD4>;
     if (in_range) {
@@ -115,7 +102,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
                         + dot(query[d4 + 2u], vec4<f32>(k_tile[t + d4 + 2u]))
                         + dot(query[d4 + 3u], vec4<f32>(k_tile[t + d4 + 3u]));
                 }
-                score = capped(score);
+                score = capped(score, params.softcap);
                 tile_scores[key - tile_start] = score;
                 tile_max = max(tile_max, score);
             }

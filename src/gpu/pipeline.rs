@@ -22,6 +22,9 @@ pub enum Lib {
     Activation,
     /// Rotary angles and pair layouts (`wgsl/rotary.wgsl`).
     Rotary,
+    /// The sliding window, soft-capping and no-key score of attention
+    /// (`wgsl/attention_mask.wgsl`).
+    AttentionMask,
 }
 
 impl Lib {
@@ -32,6 +35,7 @@ impl Lib {
             (Lib::Dequant, _) => include_str!("../../wgsl/dequant.wgsl"),
             (Lib::Activation, _) => include_str!("../../wgsl/activation.wgsl"),
             (Lib::Rotary, _) => include_str!("../../wgsl/rotary.wgsl"),
+            (Lib::AttentionMask, _) => include_str!("../../wgsl/attention_mask.wgsl"),
         }
     }
 }

@@ -22,13 +22,13 @@ pub use kv_cache::{kv_write, KvCache};
 pub use reference::attention_reference;
 pub use softmax::{softmax, softmax_reference};
 
-use crate::gpu::{Gpu, Kernel, Recorder, Variant};
+use crate::gpu::{Gpu, Kernel, Lib, Recorder, Variant};
 
 const DECODE: Kernel = Kernel {
     name: "attention_decode",
     source: include_str!("../../wgsl/attention_decode.wgsl"),
     entry: "main",
-    libs: &[],
+    libs: &[Lib::AttentionMask],
 };
 
 const COMBINE: Kernel = Kernel {
@@ -42,7 +42,7 @@ const PREFILL: Kernel = Kernel {
     name: "attention_prefill",
     source: include_str!("../../wgsl/attention_prefill.wgsl"),
     entry: "main",
-    libs: &[],
+    libs: &[Lib::AttentionMask],
 };
 
 /// Lanes of a decode workgroup, which is also its keys per tile.

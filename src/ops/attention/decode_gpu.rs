@@ -14,7 +14,7 @@ const DECODE_GPU: Kernel = Kernel {
         include_str!("../../../wgsl/attention_decode_core.wgsl")
     ),
     entry: "main",
-    libs: &[Lib::Reduce],
+    libs: &[Lib::Reduce, Lib::AttentionMask],
 };
 
 /// Lanes of a workgroup.

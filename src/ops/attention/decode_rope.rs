@@ -16,7 +16,7 @@ const DECODE_ROPE: Kernel = Kernel {
         include_str!("../../../wgsl/attention_decode_core.wgsl")
     ),
     entry: "main",
-    libs: &[Lib::Reduce, Lib::Rotary],
+    libs: &[Lib::Reduce, Lib::Rotary, Lib::AttentionMask],
 };
 
 /// Storage bindings of the fused kernel: q/k/v, two cache layers, out, two partials, two norms.
