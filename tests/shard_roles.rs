@@ -16,7 +16,9 @@ use webshard::shard::frame::{
     Assign, ErrorCode, Forward, Reply, StageInput, StageOutput, StageRuntime,
 };
 use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
-use webshard::shard::roles::{Coordinator, DonorExit, TokenUpdate, VerifyConfig};
+use webshard::shard::roles::{
+    Coordinator, CoordinatorConfig, DonorExit, TokenUpdate, VerifyConfig,
+};
 use webshard::shard::transport::send_message;
 use webshard::shard::{
     decode_frame, ByteVocab, Encoding, InProcessConfig, InProcessNetwork, InProcessTransport,
@@ -124,27 +126,44 @@ fn a_lost_donor_changes_no_token() {
     }
 }
 
+/// The network and its other two donors, kept alive for the run.
+type Fleet = (InProcessNetwork, Vec<DonorHandle>);
+
+/// A coordinator's transport and three donors, the first behind `wrap` (the fault under test),
+/// with a config whose heartbeats find a silent donor within 4 s.
+fn fleet_with_odd_donor<T, W>(
+    file: &str,
+    wrap: W,
+) -> (Fleet, InProcessTransport, DonorHandle, CoordinatorConfig)
+where
+    T: Transport + Send + 'static,
+    W: FnOnce(InProcessTransport) -> T,
+{
+    let gpu = gpu();
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let transport = network.join();
+    let odd = spawn_donor(&network, &gpu, TOKEN, wrap);
+    let others = (0..2)
+        .map(|_| spawn_donor(&network, &gpu, TOKEN, |t| t))
+        .collect();
+    let mut config = config(file, 3);
+    config.heartbeat_interval = Duration::from_millis(200);
+    config.heartbeat_timeout = Duration::from_secs(4);
+    ((network, others), transport, odd, config)
+}
+
 /// A donor that stays connected but stops answering is found by heartbeats.
 #[test]
 fn a_silent_donor_is_found_by_heartbeats() {
     let file = support::SMOLLM2.1;
     let reference = single_device_ids(file, &PROMPTS[1..2], 12);
     let (prompt, want) = reference[0].clone();
-    let gpu = gpu();
-    let network = InProcessNetwork::new(InProcessConfig::default());
-    let transport = network.join();
     let frozen = Arc::new(AtomicBool::new(false));
     let switch = Arc::clone(&frozen);
-    let silent = spawn_donor(&network, &gpu, TOKEN, move |inner| Freezable {
+    let (_fleet, transport, silent, config) = fleet_with_odd_donor(file, move |inner| Freezable {
         inner,
         frozen: switch,
     });
-    let _others: Vec<DonorHandle> = (0..2)
-        .map(|_| spawn_donor(&network, &gpu, TOKEN, |t| t))
-        .collect();
-    let mut config = config(file, 3);
-    config.heartbeat_interval = Duration::from_millis(200);
-    config.heartbeat_timeout = Duration::from_secs(4);
     let on_token = move |update: &TokenUpdate<'_>| {
         if update.index == 4 {
             frozen.store(true, Ordering::SeqCst);
@@ -283,21 +302,12 @@ fn a_coordinator_waiting_for_donors_rejoins_and_admits_them_again() {
 fn a_silent_donor_that_answers_again_is_planned_back_in() {
     let file = support::SMOLLM2.1;
     let (prompt, want) = single_device_ids(file, &PROMPTS[..1], 16)[0].clone();
-    let gpu = gpu();
-    let network = InProcessNetwork::new(InProcessConfig::default());
-    let transport = network.join();
     let paused = Arc::new(AtomicBool::new(false));
     let switch = Arc::clone(&paused);
-    let sleeper = spawn_donor(&network, &gpu, TOKEN, move |inner| Pausable {
+    let (_fleet, transport, sleeper, config) = fleet_with_odd_donor(file, move |inner| Pausable {
         inner,
         paused: switch,
     });
-    let _others: Vec<DonorHandle> = (0..2)
-        .map(|_| spawn_donor(&network, &gpu, TOKEN, |t| t))
-        .collect();
-    let mut config = config(file, 3);
-    config.heartbeat_interval = Duration::from_millis(200);
-    config.heartbeat_timeout = Duration::from_secs(4);
     // Token 3 comes only after the recovery: the paused stage held the chain up.
     let on_token = move |update: &TokenUpdate<'_>| match update.index {
         2 => paused.store(true, Ordering::SeqCst),
