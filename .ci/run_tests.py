@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Builds the workspace's test binaries once, runs each, and reports every test's time.
+
+`cargo test` alone cannot say how long each test took on stable Rust, and setting
+RUSTC_BOOTSTRAP for cargo would rebuild crates whose build scripts watch it (anyhow,
+proc-macro2, thiserror). So cargo only builds (`--no-run`), and the binaries run here with
+RUSTC_BOOTSTRAP set for their own process alone, which lets libtest's `--report-time` print
+each test's duration. Output per binary is libtest's own; at the end come the slowest tests
+and binaries and one `N passed, N failed` line.
+
+Usage: run_tests.py [--profile release] [--timings FILE] [-- CARGO_TEST_ARGS...]
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULT = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
+TIMED = re.compile(r"^test (\S+) \.\.\. (\w+) <([\d.]+)s>")
+
+
+def package_name(package_id, package_dir):
+    """`path+file:///dir#name@1.0` names the package; `path+file:///dir/name#1.0` leaves it
+    to the folder's name."""
+    fragment = package_id.rpartition("#")[2]
+    return fragment.partition("@")[0] if "@" in fragment else package_dir.name
+
+
+def build(cargo_args):
+    """Builds the test binaries; returns (name, executable, package dir) for each."""
+    command = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics", *cargo_args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    binaries = []
+    for line in process.stdout:
+        message = json.loads(line)
+        if message.get("reason") != "compiler-artifact" or not message.get("executable"):
+            continue
+        if not message["profile"]["test"]:
+            continue
+        target = message["target"]
+        package_dir = Path(message["manifest_path"]).parent
+        package = package_name(message["package_id"], package_dir)
+        label = f"{package}::{'lib' if target['kind'] == ['lib'] else target['name']}"
+        binaries.append((label, message["executable"], package_dir))
+    if process.wait() != 0:
+        sys.exit(f"run_tests: `{' '.join(command)}` failed")
+    return binaries
+
+
+def run(label, executable, package_dir, test_args):
+    """Runs one test binary as cargo would (from its package's directory); returns its record."""
+    env = dict(os.environ, RUSTC_BOOTSTRAP="1", CARGO_MANIFEST_DIR=str(package_dir))
+    command = [executable, "-Z", "unstable-options", "--report-time", *test_args]
+    print(f"     Running {label} ({executable})", flush=True)
+    started = time.monotonic()
+    process = subprocess.Popen(command, cwd=package_dir, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True)
+    passed = failed = 0
+    tests = []
+    for line in process.stdout:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+        if match := TIMED.match(line):
+            tests.append((float(match[3]), f"{label}::{match[1]}"))
+        if match := RESULT.match(line):
+            passed, failed = int(match[1]), int(match[2])
+    status = process.wait()
+    seconds = time.monotonic() - started
+    if status != 0 and failed == 0:
+        failed = 1  # a crash or abort before libtest's summary
+    return {"binary": label, "seconds": round(seconds, 1), "passed": passed, "failed": failed,
+            "status": status, "tests": [{"test": t, "seconds": s} for s, t in tests]}
+
+
+def report(records, timings_file):
+    print("\n== slowest test binaries")
+    for record in sorted(records, key=lambda r: -r["seconds"])[:15]:
+        print(f"  {record['seconds']:8.1f} s  {record['binary']} ({record['passed']} passed)")
+    print("== slowest tests")
+    tests = [t for record in records for t in record["tests"]]
+    for test in sorted(tests, key=lambda t: -t["seconds"])[:25]:
+        print(f"  {test['seconds']:8.1f} s  {test['test']}")
+    if timings_file:
+        Path(timings_file).write_text(json.dumps(records, indent=1) + "\n")
+    passed = sum(r["passed"] for r in records)
+    failed = sum(r["failed"] for r in records)
+    print(f"\nrun_tests: {passed} passed, {failed} failed")
+    return failed
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--timings", help="write per-binary and per-test seconds here (JSON)")
+    parser.add_argument("cargo_args", nargs="*", help="arguments for `cargo test` (after --)")
+    args = parser.parse_args()
+    cargo_args, test_args = args.cargo_args, []
+    if "--" in cargo_args:
+        split = cargo_args.index("--")
+        cargo_args, test_args = cargo_args[:split], cargo_args[split + 1:]
+    records = [run(*binary, test_args) for binary in build(cargo_args)]
+    failed_binaries = [r["binary"] for r in records if r["status"] != 0]
+    if report(records, args.timings) or failed_binaries:
+        sys.exit(f"run_tests: failed: {', '.join(failed_binaries)}")
+
+
+if __name__ == "__main__":
+    main()
