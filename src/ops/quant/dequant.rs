@@ -22,19 +22,7 @@ pub fn dequant_row_reference(quant: QuantType, row_bytes: &[u8], out: &mut [f32]
         out.len(),
         "{quant:?}: output length"
     );
-    let dequant_block: fn(&[u8], &mut [f32]) = match quant {
-        QuantType::F32 => dequant_f32,
-        QuantType::F16 => dequant_f16,
-        QuantType::BF16 => dequant_bf16,
-        QuantType::Q4_0 => dequant_q4_0,
-        QuantType::Q4_1 => dequant_q4_1,
-        QuantType::Q5_0 => dequant_q5_0,
-        QuantType::Q5_1 => dequant_q5_1,
-        QuantType::Q8_0 => dequant_q8_0,
-        QuantType::Q4_K => dequant_q4_k,
-        QuantType::Q5_K => dequant_q5_k,
-        QuantType::Q6_K => dequant_q6_k,
-    };
+    let dequant_block = quant.reference();
     for (bytes, values) in row_bytes
         .chunks_exact(block_bytes)
         .zip(out.chunks_exact_mut(block))
@@ -76,20 +64,20 @@ pub fn matmul_reference(
     out
 }
 
-fn dequant_f32(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_f32(bytes: &[u8], out: &mut [f32]) {
     out[0] = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
 }
 
-fn dequant_f16(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_f16(bytes: &[u8], out: &mut [f32]) {
     out[0] = f16_at(bytes, 0);
 }
 
-fn dequant_bf16(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_bf16(bytes: &[u8], out: &mut [f32]) {
     out[0] = half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f32();
 }
 
 /// block_q4_0: d (f16), qs[16]; element j is the low nibble of qs[j], element j + 16 the high.
-fn dequant_q4_0(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q4_0(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 0);
     for j in 0..16 {
         let q = bytes[2 + j];
@@ -99,7 +87,7 @@ fn dequant_q4_0(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// block_q4_1: d, m (f16), qs[16]; value = q * d + m.
-fn dequant_q4_1(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q4_1(bytes: &[u8], out: &mut [f32]) {
     let (d, m) = (f16_at(bytes, 0), f16_at(bytes, 2));
     for j in 0..16 {
         let q = bytes[4 + j];
@@ -117,7 +105,7 @@ fn q5_pair(qh: u32, qs: u8, j: usize) -> (u8, u8) {
 }
 
 /// block_q5_0: d (f16), qh[4], qs[16]; value = (q - 16) * d.
-fn dequant_q5_0(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q5_0(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 0);
     let qh = u32::from_le_bytes([bytes[2], bytes[3], bytes[4], bytes[5]]);
     for j in 0..16 {
@@ -128,7 +116,7 @@ fn dequant_q5_0(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// block_q5_1: d, m (f16), qh[4], qs[16]; value = q * d + m.
-fn dequant_q5_1(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q5_1(bytes: &[u8], out: &mut [f32]) {
     let (d, m) = (f16_at(bytes, 0), f16_at(bytes, 2));
     let qh = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
     for j in 0..16 {
@@ -139,7 +127,7 @@ fn dequant_q5_1(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// block_q8_0: d (f16), qs[32] signed bytes.
-fn dequant_q8_0(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q8_0(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 0);
     for j in 0..32 {
         out[j] = f32::from(bytes[2 + j] as i8) * d;
@@ -160,7 +148,7 @@ pub(crate) fn scale_min_k4(j: usize, scales: &[u8]) -> (u8, u8) {
 
 /// block_q4_K: d, dmin (f16), scales[12], qs[128]. Each 64 elements share 32 qs bytes: low
 /// nibbles are sub-block 2i, high nibbles sub-block 2i + 1; value = d * scale * q - dmin * min.
-fn dequant_q4_k(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q4_k(bytes: &[u8], out: &mut [f32]) {
     let (d, dmin) = (f16_at(bytes, 0), f16_at(bytes, 2));
     let scales = &bytes[4..16];
     let qs = &bytes[16..144];
@@ -179,7 +167,7 @@ fn dequant_q4_k(bytes: &[u8], out: &mut [f32]) {
 
 /// block_q5_K: d, dmin (f16), scales[12], qh[32], qs[128]. Like Q4_K, with the fifth bit of
 /// element l of pair i in bit 2i (low nibbles) or 2i + 1 (high nibbles) of qh[l].
-fn dequant_q5_k(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q5_k(bytes: &[u8], out: &mut [f32]) {
     let (d, dmin) = (f16_at(bytes, 0), f16_at(bytes, 2));
     let scales = &bytes[4..16];
     let qh = &bytes[16..48];
@@ -201,7 +189,7 @@ fn dequant_q5_k(bytes: &[u8], out: &mut [f32]) {
 
 /// block_q6_K: ql[128], qh[64], scales[16] (i8), d (f16). Each half of 128 elements uses 64
 /// ql bytes, 32 qh bytes and 8 scales; value = d * scale * (q - 32).
-fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 208);
     for half in 0..2 {
         let ql = &bytes[64 * half..64 * half + 64];
