@@ -1,17 +1,20 @@
-//! The single-device engine: tokenizer, chat template, one stage holding the whole model, and
-//! the generation loop. The runner, the browser page and the shard coordinator's local fallback
-//! all drive it.
+//! The single-device engine: the text front, one stage holding the whole model, and the
+//! generation loop. It is one `Generator` (the front door); the runner, the browser page and
+//! the shard tests drive it through that.
 
 use std::sync::Arc;
 
-use crate::gguf::{read_header, Header, RangeSource};
+use crate::front::{
+    check_ids, Decoding, GenerateRequest, Generated, Generator, OnEvent, RequestError, TextFront,
+    Timings,
+};
+use crate::gguf::RangeSource;
 use crate::gpu::Gpu;
 use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
-    self, LoadOptions, LoadProgress, ModelConfig, ModelError, Stage, StageInput, StageSpec,
+    LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
 };
-use crate::sample::{Sampler, SamplerConfig, StopChecker};
-use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
+use crate::tokenizer::TokenizerError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -21,10 +24,8 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error("token id {id} is outside the vocabulary of {vocab}")]
-    BadToken { id: u32, vocab: u32 },
+    #[error(transparent)]
+    Request(#[from] RequestError),
 }
 
 /// How to load a model.
@@ -43,33 +44,10 @@ impl Default for EngineOptions {
     }
 }
 
-/// What to generate and when to stop.
-#[derive(Debug, Clone, Default)]
-pub struct GenerateOptions {
-    pub max_tokens: u32,
-    pub sampler: SamplerConfig,
-    pub stop: Vec<String>,
-}
-
-/// The result of a generation, with its timings.
-#[derive(Debug, Clone, Default)]
-pub struct Generated {
-    pub prompt_ids: Vec<u32>,
-    pub ids: Vec<u32>,
-    pub text: String,
-    pub prefill_tokens: u32,
-    pub prefill_seconds: f64,
-    pub decode_seconds: f64,
-}
-
-/// Called with each piece of text as it becomes printable; return false to stop.
-pub type OnText<'a> = dyn FnMut(&str) -> bool + 'a;
-
 pub struct Engine {
-    pub header: Header,
-    pub cfg: ModelConfig,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
+    /// Header and configuration, read once.
+    pub model: OpenModel,
+    pub text: TextFront,
     pub stage: Stage,
     /// Tokens whose keys and values are in the cache, in order, for reuse across turns.
     cached: Vec<u32>,
@@ -82,31 +60,21 @@ impl Engine {
         options: &EngineOptions,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Engine, EngineError> {
-        let header = read_header(source).await?;
-        let cfg = model::config_for(&header)?;
-        let tokenizer = Tokenizer::from_metadata(&header.metadata)?;
-        let template = ChatTemplate::new(&tokenizer)?;
-        let spec = StageSpec::whole(&cfg, options.max_context, &gpu);
-        let stage = Stage::load(gpu, source, &header, spec, options.load, progress).await?;
+        let model = OpenModel::read(source).await?;
+        let text = TextFront::from_header(&model.header)?;
+        let spec = StageSpec::whole(&model.cfg, options.max_context, &gpu);
+        let stage = Stage::load(gpu, source, &model, spec, options.load, progress).await?;
         Ok(Engine {
-            header,
-            cfg,
-            tokenizer,
-            template,
+            model,
+            text,
             stage,
             cached: Vec::new(),
         })
     }
 
-    /// Tokenizes as the goldens' generate records are: BOS as the file says, special-token
-    /// text parsed into special tokens.
+    /// The text front's tokenization of a prompt (see `TextFront::tokenize_prompt`).
     pub fn tokenize_prompt(&self, text: &str) -> Vec<u32> {
-        self.tokenizer.encode(text, true, true)
-    }
-
-    /// The prompt text for a chat, rendered with the model's template.
-    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
-        Ok(self.template.render_prompt(messages, true)?)
+        self.text.tokenize_prompt(text)
     }
 
     /// Feeds `ids` after whatever the cache already holds in common with them, and returns
@@ -133,39 +101,25 @@ impl Engine {
         Ok(logits)
     }
 
-    /// Generates after `prompt_ids`, calling `on_text` with printable text as it comes.
-    pub async fn generate(
+    /// Generates one request after its (checked, non-empty) prompt, reusing the cached prefix.
+    async fn run(
         &mut self,
-        prompt_ids: &[u32],
-        options: &GenerateOptions,
-        on_text: &mut OnText<'_>,
+        mut decoding: Decoding,
+        on_event: &mut OnEvent<'_>,
     ) -> Result<Generated, EngineError> {
-        if prompt_ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        self.check_ids(prompt_ids)?;
-        let mut sampler = Sampler::new(options.sampler.clone());
-        let mut stops = StopChecker::new(options.stop.clone());
-        let mut out = Generated {
-            prompt_ids: prompt_ids.to_vec(),
-            ..Default::default()
-        };
         let started = now_seconds();
-        let reused = common_prefix(&self.cached, prompt_ids).min(prompt_ids.len() - 1);
-        let mut logits = Some(self.prefill(prompt_ids).await?);
-        out.prefill_tokens = (prompt_ids.len() - reused) as u32;
-        out.prefill_seconds = now_seconds() - started;
+        let prompt_len = decoding.tokens().len();
+        let reused = common_prefix(&self.cached, decoding.tokens()).min(prompt_len - 1);
+        let mut logits = Some(self.prefill(decoding.tokens()).await?);
         let decode_started = now_seconds();
-        let mut history = prompt_ids.to_vec();
-        let config = sampler.config();
         // Plain argmax runs on the GPU, fed back without a host round trip per token.
-        let on_gpu = config.is_greedy() && config.repeat_penalty == 1.0;
+        let on_gpu = decoding.sampler().argmax_suffices();
         let mut decoder = None;
-        while (out.ids.len() as u32) < options.max_tokens {
+        while decoding.finished().is_none() {
             let next = match logits.take() {
-                Some(l) => sampler.sample(&l, &history),
+                Some(l) => decoding.sample(&l),
                 None if on_gpu => {
-                    let last = *history.last().expect("history holds the prompt");
+                    let last = *decoding.tokens().last().expect("tokens hold the prompt");
                     if decoder.is_none() {
                         let position = self.cached.len() as u32;
                         decoder = Some(self.stage.greedy_decoder(last, position, DEFAULT_DEPTH)?);
@@ -178,35 +132,20 @@ impl Engine {
                     self.cached.push(last);
                     next
                 }
-                None => {
-                    decode_sampled(&self.stage, &mut self.cached, &mut sampler, &history).await?
-                }
+                None => decode_sampled(&self.stage, &mut self.cached, &mut decoding).await?,
             };
-            let step = stops.push_token(&self.tokenizer, next);
-            out.text.push_str(&step.text);
-            if step.stop.is_some() {
-                if !self.tokenizer.is_eog(next) {
-                    out.ids.push(next);
-                }
-                on_text(&step.text);
-                break;
-            }
-            out.ids.push(next);
-            history.push(next);
-            if !on_text(&step.text) {
-                break;
-            }
+            decoding.accept(&self.text, next, on_event);
         }
-        let tail = stops.flush();
-        out.text.push_str(&tail);
-        on_text(&tail);
-        out.decode_seconds = now_seconds() - decode_started;
-        Ok(out)
+        let timings = Timings {
+            prefill_seconds: decode_started - started,
+            decode_seconds: now_seconds() - decode_started,
+        };
+        Ok(decoding.into_generated(reused as u32, timings))
     }
 
     /// Teacher-forced logits after every prefix `ids[..=i]`, starting from an empty cache.
     pub async fn score(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.check_ids(ids)?;
+        check_ids(ids, self.model.cfg.vocab)?;
         self.cached.clear();
         let mut all = Vec::with_capacity(ids.len());
         let max_batch = self.stage.spec.max_batch as usize;
@@ -227,9 +166,9 @@ impl Engine {
     /// prompt-processing path on its own).
     pub async fn evaluate(&mut self, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
         if ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
+            return Err(RequestError::EmptyPrompt.into());
         }
-        self.check_ids(ids)?;
+        check_ids(ids, self.model.cfg.vocab)?;
         self.cached.clear();
         self.prefill(ids).await
     }
@@ -238,30 +177,55 @@ impl Engine {
     pub fn reset(&mut self) {
         self.cached.clear();
     }
+}
 
-    fn check_ids(&self, ids: &[u32]) -> Result<(), EngineError> {
-        match ids.iter().find(|&&id| id >= self.cfg.vocab) {
-            Some(&id) => Err(EngineError::BadToken {
-                id,
-                vocab: self.cfg.vocab,
-            }),
-            None => Ok(()),
+#[async_trait::async_trait(?Send)]
+impl Generator for Engine {
+    type Error = EngineError;
+
+    fn text(&self) -> &TextFront {
+        &self.text
+    }
+
+    fn vocab(&self) -> u32 {
+        self.model.cfg.vocab
+    }
+
+    fn max_context(&self) -> u32 {
+        self.stage.spec.max_context
+    }
+
+    /// One request after another, each reusing what the cache holds of its prompt (the
+    /// conversation so far, for chat turns).
+    async fn generate(
+        &mut self,
+        requests: &[GenerateRequest],
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<Vec<Generated>, EngineError> {
+        let mut decodings = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            let prompt_ids = self.prompt_ids(&request.prompt)?;
+            decodings.push(Decoding::new(index, prompt_ids, &request.options));
         }
+        let mut results = Vec::with_capacity(requests.len());
+        for decoding in decodings {
+            results.push(self.run(decoding, on_event).await?);
+        }
+        Ok(results)
     }
 }
 
-/// One sampled decode step after `history`, whose last token is not in the cache yet.
+/// One sampled decode step after the decoding's tokens, whose last is not in the cache yet.
 async fn decode_sampled(
     stage: &Stage,
     cached: &mut Vec<u32>,
-    sampler: &mut Sampler,
-    history: &[u32],
+    decoding: &mut Decoding,
 ) -> Result<u32, EngineError> {
-    let last = *history.last().expect("history holds the prompt");
+    let last = *decoding.tokens().last().expect("tokens hold the prompt");
     let input = StageInput::Tokens(std::slice::from_ref(&last));
     let logits = stage.forward_logits(&input, cached.len() as u32, 1).await?;
     cached.push(last);
-    Ok(sampler.sample(&logits[0], history))
+    Ok(decoding.sample(&logits[0]))
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

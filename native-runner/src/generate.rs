@@ -1,10 +1,12 @@
 //! `runner generate` and `runner chat`.
 
 use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
 
 use anyhow::Context;
 use serde_json::json;
-use webshard::engine::{Engine, GenerateOptions, Generated};
+use webshard::engine::Engine;
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt, TokenEvent};
 use webshard::tokenizer::ChatMessage;
 
 use crate::model_args::{ModelArgs, SamplerArgs};
@@ -35,23 +37,22 @@ pub struct GenerateArgs {
 pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let (mut engine, load) = args.model.load().await?;
     let prompt = match args.chat {
-        true => engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?,
-        false => args.prompt.clone(),
+        true => Prompt::Chat(vec![ChatMessage::new("user", args.prompt.as_str())]),
+        false => Prompt::Text(args.prompt.clone()),
     };
-    let prompt_ids = engine.tokenize_prompt(&prompt);
     let options = GenerateOptions {
         max_tokens: args.n,
         sampler: args.sampler.config(),
         stop: args.stop.clone(),
     };
     let stream = !args.json;
+    let request = GenerateRequest::new(prompt, options);
     let out = engine
-        .generate(&prompt_ids, &options, &mut |text| {
+        .generate_one(&request, &mut |event| {
             if stream {
-                print!("{text}");
-                let _ = std::io::stdout().flush();
+                print_piece(event);
             }
-            true
+            ControlFlow::Continue(())
         })
         .await?;
     if args.json {
@@ -64,15 +65,22 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints a token's text as it comes.
+fn print_piece(event: TokenEvent<'_>) {
+    print!("{}", event.text);
+    let _ = std::io::stdout().flush();
+}
+
 /// One line of timings for stderr.
 fn timings(load_seconds: f64, out: &Generated) -> String {
     let rate = |tokens: f64, seconds: f64| if seconds > 0.0 { tokens / seconds } else { 0.0 };
+    let prefill_tokens = out.prefill_tokens();
     format!(
         "load {load_seconds:.2} s | prefill {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s",
-        out.prefill_tokens,
-        rate(f64::from(out.prefill_tokens), out.prefill_seconds),
+        prefill_tokens,
+        rate(f64::from(prefill_tokens), out.timings.prefill_seconds),
         out.ids.len(),
-        rate(out.ids.len() as f64, out.decode_seconds),
+        rate(out.ids.len() as f64, out.timings.decode_seconds),
     )
 }
 
@@ -122,17 +130,16 @@ async fn reply(
     messages: &[ChatMessage],
     args: &ChatArgs,
 ) -> anyhow::Result<String> {
-    let prompt_ids = engine.tokenize_prompt(&engine.chat_prompt(messages)?);
     let options = GenerateOptions {
         max_tokens: args.n,
         sampler: args.sampler.config(),
         stop: Vec::new(),
     };
+    let request = GenerateRequest::new(Prompt::Chat(messages.to_vec()), options);
     let out = engine
-        .generate(&prompt_ids, &options, &mut |text| {
-            print!("{text}");
-            let _ = std::io::stdout().flush();
-            true
+        .generate_one(&request, &mut |event| {
+            print_piece(event);
+            ControlFlow::Continue(())
         })
         .await?;
     println!();

@@ -9,6 +9,7 @@ pub mod decode;
 pub mod gemma3;
 pub mod llama;
 pub mod loader;
+pub mod open;
 pub mod qwen2;
 mod scratch;
 pub mod stage;
@@ -18,6 +19,7 @@ pub use arch::Architecture;
 pub use config::{ConfigError, ModelConfig};
 pub use decode::GreedyDecoder;
 pub use loader::{LoadOptions, LoadProgress};
+pub use open::{OpenModel, TensorPlan};
 pub use stage::{Stage, StageInput, StageSpec};
 
 use crate::gguf::{GgmlType, GgufError, Header, SourceError};
