@@ -122,6 +122,10 @@ pub const ENGINE_SUPPORTED: &[GgmlType] = &[
     GgmlType::Q4_K,
     GgmlType::Q5_K,
     GgmlType::Q6_K,
+    GgmlType::Q2_K,
+    GgmlType::Q3_K,
+    GgmlType::IQ4_NL,
+    GgmlType::IQ4_XS,
 ];
 
 #[cfg(test)]

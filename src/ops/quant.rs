@@ -8,7 +8,7 @@ mod matmul;
 mod matvec;
 pub mod testing;
 
-pub use dequant::{dequant_row_reference, matmul_reference};
+pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
 use matmul::matmul_tiled;
 pub use matmul::MatmulTile;
 pub use matvec::{matvec, matvec_reference, shares_part, Epilogue, Fusion, ReferenceEpilogue};
@@ -30,6 +30,10 @@ pub enum QuantType {
     Q4_K,
     Q5_K,
     Q6_K,
+    Q2_K,
+    Q3_K,
+    IQ4_NL,
+    IQ4_XS,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -54,7 +58,7 @@ pub enum QuantError {
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 11] = [
+    pub const ALL: [QuantType; 15] = [
         QuantType::F32,
         QuantType::F16,
         QuantType::BF16,
@@ -66,6 +70,10 @@ impl QuantType {
         QuantType::Q4_K,
         QuantType::Q5_K,
         QuantType::Q6_K,
+        QuantType::Q2_K,
+        QuantType::Q3_K,
+        QuantType::IQ4_NL,
+        QuantType::IQ4_XS,
     ];
 
     /// Elements per GGUF block.
@@ -73,6 +81,7 @@ impl QuantType {
         match self {
             QuantType::F32 | QuantType::F16 | QuantType::BF16 => 1,
             QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => 256,
+            QuantType::Q2_K | QuantType::Q3_K | QuantType::IQ4_XS => 256,
             _ => 32,
         }
     }
@@ -90,6 +99,10 @@ impl QuantType {
             QuantType::Q4_K => 144,
             QuantType::Q5_K => 176,
             QuantType::Q6_K => 210,
+            QuantType::Q2_K => 84,
+            QuantType::Q3_K => 110,
+            QuantType::IQ4_NL => 18,
+            QuantType::IQ4_XS => 136,
         }
     }
 
@@ -114,6 +127,10 @@ impl QuantType {
             QuantType::Q4_K => "Q4_K",
             QuantType::Q5_K => "Q5_K",
             QuantType::Q6_K => "Q6_K",
+            QuantType::Q2_K => "Q2_K",
+            QuantType::Q3_K => "Q3_K",
+            QuantType::IQ4_NL => "IQ4_NL",
+            QuantType::IQ4_XS => "IQ4_XS",
         }
     }
 
@@ -239,14 +256,16 @@ impl<'a> QuantMatrix<'a> {
     }
 
     /// The constants every kernel of this family is specialised with.
-    pub(super) fn quant_consts(&self) -> [(&'static str, u32); 4] {
+    pub(super) fn quant_consts(&self) -> Vec<(&'static str, u32)> {
         let (block, block_bytes) = self.quant.kernel_block();
-        [
+        let mut consts = vec![
             ("QUANT", self.quant.code()),
             ("BLOCK", block),
             ("BLOCK_BYTES", block_bytes),
             ("UNITS", block / 32),
-        ]
+        ];
+        consts.extend(dequant::codebook_consts());
+        consts
     }
 }
 
