@@ -4,7 +4,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use webshard::gguf::{read_header, FileSource, GgmlType, Header, RangeSource, ENGINE_SUPPORTED};
+use webshard::gguf::{read_header, FileSource, GgmlType, Header, RangeSource};
+use webshard::ops::quant::ENGINE_SUPPORTED;
 
 /// Facts copied from shared/models.toml (file sizes and the comment on each entry).
 struct Expected {

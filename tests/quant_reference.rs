@@ -221,7 +221,8 @@ fn scale_of(scales: &[u8], j: usize) -> f32 {
 
 #[test]
 fn type_table_matches_the_gguf_reader() {
-    use webshard::gguf::{GgmlType, ENGINE_SUPPORTED};
+    use webshard::gguf::GgmlType;
+    use webshard::ops::quant::ENGINE_SUPPORTED;
     assert_eq!(ENGINE_SUPPORTED.len(), QuantType::ALL.len());
     for ggml in ENGINE_SUPPORTED {
         let quant = QuantType::from_ggml_name(ggml.name()).unwrap_or_else(|| panic!("{ggml}"));

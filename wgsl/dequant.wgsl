@@ -3,9 +3,10 @@
 // The kernel declares `weights: array<u32>` and `weights4: array<vec4<u32>>`, both bound to the
 // bytes of one weight part (the second is read only by types whose rows are whole vec4s:
 // on CPU adapters each load instruction costs a per-lane loop, so wide loads pay), and the constants
-// QUANT (type code, see QuantType::code), BLOCK (elements per block; 32 for float types),
-// BLOCK_BYTES, UNITS (= BLOCK / 32) and IQ4_NL_CODEBOOK0..3 (the non-linear levels, see
-// dequant::codebook_consts). A block is cut into UNITS "units" of 32 values each:
+// QUANT (the type's code: one of the QUANT_<NAME> constants, ggml ids, that the header
+// declares from src/ops/quant/table.rs), BLOCK (elements per block; 32 for float types),
+// BLOCK_BYTES, UNITS (= BLOCK / 32) and IQ4_NL_CODEBOOK0..3 (the non-linear levels, from
+// dequant::IQ4_NL_CODEBOOK_CONSTS). A block is cut into UNITS "units" of 32 values each:
 // `dequant_unit(block_byte, unit)` returns them as 8 vec4s, and vec4 `i` holds the 4
 // consecutive elements starting at `block_element(unit, i)` of the block. The units of a block
 // are chosen so that each reads a contiguous slice of bytes and both nibbles of each byte it
@@ -358,30 +359,34 @@ fn unit_iq4_xs(block: u32, unit: u32) -> Unit {
 // The 32 values of unit `unit` of the block starting at byte `block` of `weights`.
 fn dequant_unit(block: u32, unit: u32) -> Unit {
     switch QUANT {
-        case 0u: { return unit_f32(block); }
-        case 1u: { return unit_f16(block); }
-        case 2u: { return unit_bf16(block); }
-        case 3u: { return unit_q4_0(block); }
-        case 4u: { return unit_q4_1(block); }
-        case 5u: { return unit_q5_0(block); }
-        case 6u: { return unit_q5_1(block); }
-        case 7u: { return unit_q8_0(block); }
-        case 8u: { return unit_q4_k(block, unit); }
-        case 9u: { return unit_q5_k(block, unit); }
-        case 10u: { return unit_q6_k(block, unit); }
-        case 11u: { return unit_q2_k(block, unit); }
-        case 12u: { return unit_q3_k(block, unit); }
-        case 13u: { return unit_iq4_nl(block); }
-        default: { return unit_iq4_xs(block, unit); }
+        case QUANT_F32: { return unit_f32(block); }
+        case QUANT_F16: { return unit_f16(block); }
+        case QUANT_BF16: { return unit_bf16(block); }
+        case QUANT_Q4_0: { return unit_q4_0(block); }
+        case QUANT_Q4_1: { return unit_q4_1(block); }
+        case QUANT_Q5_0: { return unit_q5_0(block); }
+        case QUANT_Q5_1: { return unit_q5_1(block); }
+        case QUANT_Q8_0: { return unit_q8_0(block); }
+        case QUANT_Q4_K: { return unit_q4_k(block, unit); }
+        case QUANT_Q5_K: { return unit_q5_k(block, unit); }
+        case QUANT_Q6_K: { return unit_q6_k(block, unit); }
+        case QUANT_Q2_K: { return unit_q2_k(block, unit); }
+        case QUANT_Q3_K: { return unit_q3_k(block, unit); }
+        case QUANT_IQ4_NL: { return unit_iq4_nl(block); }
+        case QUANT_IQ4_XS: { return unit_iq4_xs(block, unit); }
+        // Unreachable: QUANT is always a code of the table, and a table test checks that
+        // each has its case above.
+        default: { return Unit(); }
     }
 }
 
-// Element index, inside its block, of the first of the 4 values in vec4 `i` of unit `unit`.
+// Element index, inside its block, of the first of the 4 values in vec4 `i` of unit `unit`:
+// types whose units are not 32 consecutive elements have their case here.
 fn block_element(unit: u32, i: u32) -> u32 {
     switch QUANT {
-        case 8u, 9u: { return 64u * (unit / 2u) + 16u * (unit % 2u) + 32u * (i / 4u) + 4u * (i % 4u); }
-        case 10u, 11u, 12u: { return 128u * (unit / 4u) + 8u * (unit % 4u) + 32u * (i / 2u) + 4u * (i % 2u); }
-        case 14u: { return 32u * unit + 4u * i; }
+        case QUANT_Q4_K, QUANT_Q5_K: { return 64u * (unit / 2u) + 16u * (unit % 2u) + 32u * (i / 4u) + 4u * (i % 4u); }
+        case QUANT_Q6_K, QUANT_Q2_K, QUANT_Q3_K: { return 128u * (unit / 4u) + 8u * (unit % 4u) + 32u * (i / 2u) + 4u * (i % 2u); }
+        case QUANT_IQ4_XS: { return 32u * unit + 4u * i; }
         default: { return 4u * i; }
     }
 }

@@ -7,8 +7,8 @@ use std::fmt::Write as _;
 use serde::Serialize;
 use webshard::gguf::{
     open_source, read_header, GgufError, Header, Metadata, SourceStats, TensorInfo,
-    ENGINE_SUPPORTED,
 };
+use webshard::ops::quant::ENGINE_SUPPORTED;
 
 /// Everything `runner info` reports; `--json` prints it as is.
 #[derive(Debug, Serialize)]

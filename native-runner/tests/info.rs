@@ -148,7 +148,7 @@ fn check_tensors_match_reader(json: &Value, path: &Path) {
         assert_eq!(row["shape"], serde_json::json!(tensor.shape));
         assert_eq!(u64_of(row, "offset"), tensor.offset);
         assert_eq!(u64_of(row, "bytes"), tensor.bytes);
-        let supported = webshard::gguf::ENGINE_SUPPORTED.contains(&tensor.ggml_type);
+        let supported = webshard::ops::quant::ENGINE_SUPPORTED.contains(&tensor.ggml_type);
         assert_eq!(row["supported"], supported);
     }
     let weight_bytes: u64 = header.tensors.iter().map(|t| t.bytes).sum();

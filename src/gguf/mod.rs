@@ -16,7 +16,7 @@ pub use header::{read_header, Header, TensorInfo, INITIAL_READ_BYTES, MAX_HEADER
 pub use metadata::{Metadata, Value};
 pub use parse::{parse_file, parse_header, DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NESTING};
 pub use source::{open_source, MemorySource, RangeSource, SourceStats};
-pub use types::{GgmlType, ENGINE_SUPPORTED};
+pub use types::GgmlType;
 
 #[cfg(target_arch = "wasm32")]
 pub use source::FetchSource;

@@ -108,26 +108,6 @@ impl fmt::Display for GgmlType {
     }
 }
 
-/// Types the engine has kernels for. A placeholder owned by the kernel work: the GGUF reader
-/// accepts every type above and leaves the decision to the loader.
-pub const ENGINE_SUPPORTED: &[GgmlType] = &[
-    GgmlType::F32,
-    GgmlType::F16,
-    GgmlType::BF16,
-    GgmlType::Q4_0,
-    GgmlType::Q4_1,
-    GgmlType::Q5_0,
-    GgmlType::Q5_1,
-    GgmlType::Q8_0,
-    GgmlType::Q4_K,
-    GgmlType::Q5_K,
-    GgmlType::Q6_K,
-    GgmlType::Q2_K,
-    GgmlType::Q3_K,
-    GgmlType::IQ4_NL,
-    GgmlType::IQ4_XS,
-];
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -16,7 +16,11 @@ pub enum Lib {
     /// `reduce_sum`/`reduce_max` over a workgroup: subgroup operations where the variant has
     /// them, a shared-memory tree otherwise. Needs the kernel to define `const WG: u32`.
     Reduce,
-    /// Per-type GGUF block dequantization (`wgsl/dequant.wgsl`), selected by `const QUANT`.
+    /// Named constants a library reads, as `const NAME: u32 = V;` lines: the quant type codes
+    /// (`QUANT_Q4_K`) that `Dequant` switches on come from the ops' type table this way.
+    Constants(&'static [(&'static str, u32)]),
+    /// Per-type GGUF block dequantization (`wgsl/dequant.wgsl`), selected by `const QUANT`
+    /// against the `QUANT_<NAME>` codes of a `Constants` library.
     Dequant,
     /// `silu` and `gelu_tanh` (`wgsl/activation.wgsl`).
     Activation,
@@ -28,8 +32,16 @@ pub enum Lib {
 }
 
 impl Lib {
+    fn push_source(self, variant: Variant, text: &mut String) {
+        match self {
+            Lib::Constants(consts) => push_consts(text, consts),
+            _ => text.push_str(self.source(variant)),
+        }
+    }
+
     fn source(self, variant: Variant) -> &'static str {
         match (self, variant.subgroups) {
+            (Lib::Constants(_), _) => "",
             (Lib::Reduce, true) => include_str!("../../wgsl/reduce_subgroup.wgsl"),
             (Lib::Reduce, false) => include_str!("../../wgsl/reduce_workgroup.wgsl"),
             (Lib::Dequant, _) => include_str!("../../wgsl/dequant.wgsl"),
@@ -87,15 +99,19 @@ pub fn specialised_source(
     text.push_str(&format!(
         "alias half_t = {half};\nalias half4_t = vec4<{half}>;\n"
     ));
-    for (name, value) in consts {
-        text.push_str(&format!("const {name}: u32 = {value}u;\n"));
-    }
+    push_consts(&mut text, consts);
     for lib in kernel.libs {
-        text.push_str(lib.source(variant));
+        lib.push_source(variant, &mut text);
         text.push('\n');
     }
     text.push_str(kernel.source);
     text
+}
+
+fn push_consts(text: &mut String, consts: &[(&str, u32)]) {
+    for (name, value) in consts {
+        text.push_str(&format!("const {name}: u32 = {value}u;\n"));
+    }
 }
 
 impl Gpu {

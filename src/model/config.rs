@@ -3,38 +3,16 @@
 use crate::gguf::{GgufError, Header, Metadata};
 use crate::ops::rope::RopeParams;
 
-/// The architectures the engine computes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Arch {
-    Llama,
-    Qwen2,
-    Gemma3,
-}
-
-impl Arch {
-    pub fn parse(name: &str) -> Option<Arch> {
-        match name {
-            "llama" => Some(Arch::Llama),
-            "qwen2" => Some(Arch::Qwen2),
-            "gemma3" => Some(Arch::Gemma3),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Arch::Llama => "llama",
-            Arch::Qwen2 => "qwen2",
-            Arch::Gemma3 => "gemma3",
-        }
-    }
-}
+use super::arch::{Architecture, RopeLayout};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error(transparent)]
     Gguf(#[from] GgufError),
-    #[error("architecture `{0}` is not supported (supported: llama, qwen2, gemma3)")]
+    #[error(
+        "architecture `{0}` is not supported (supported: {supported})",
+        supported = super::supported_architectures()
+    )]
     UnsupportedArch(String),
     #[error("metadata key {key}: {message}")]
     Invalid { key: String, message: String },
@@ -43,7 +21,7 @@ pub enum ConfigError {
 /// Everything a forward pass needs to know about the network's shape.
 #[derive(Debug, Clone)]
 pub struct ModelConfig {
-    pub arch: Arch,
+    pub arch: &'static Architecture,
     pub n_layers: u32,
     pub d_model: u32,
     pub n_heads: u32,
@@ -71,7 +49,8 @@ pub struct SlidingWindow {
 impl ModelConfig {
     pub fn from_header(header: &Header) -> Result<ModelConfig, ConfigError> {
         let name = header.architecture()?;
-        let arch = Arch::parse(name).ok_or_else(|| ConfigError::UnsupportedArch(name.into()))?;
+        let arch =
+            super::architecture(name).ok_or_else(|| ConfigError::UnsupportedArch(name.into()))?;
         let meta = &header.metadata;
         let key = |suffix: &str| format!("{name}.{suffix}");
         let n_heads = positive(meta, &key("attention.head_count"))?;
@@ -88,7 +67,7 @@ impl ModelConfig {
                 .unwrap_or(head_dim),
             freq_base: meta.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
             freq_scale: rope_freq_scale(meta, name)?,
-            neox: arch != Arch::Llama,
+            neox: arch.rope_layout == RopeLayout::Neox,
         };
         let config = ModelConfig {
             arch,
@@ -108,12 +87,12 @@ impl ModelConfig {
             sliding_window: None,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
         };
-        config.validate()
+        (arch.configure)(meta, config)?.validate()
     }
 
     fn validate(self) -> Result<ModelConfig, ConfigError> {
         let invalid = |key: &str, message: String| ConfigError::Invalid {
-            key: format!("{}.{key}", self.arch.name()),
+            key: format!("{}.{key}", self.arch.name),
             message,
         };
         if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {

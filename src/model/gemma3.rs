@@ -11,6 +11,7 @@ use crate::ops::elementwise::{self, Activation};
 use crate::ops::rope::RopeParams;
 use crate::ops::{norm, quant};
 
+use super::arch::{Architecture, BlockTensors, RopeLayout};
 use super::block::{feed_forward, qkv_projections, rotate_and_attend, FeedForwardOut, QkNorms};
 use super::config::{ConfigError, ModelConfig, SlidingWindow};
 use super::loader::Vector;
@@ -21,8 +22,26 @@ const GLOBAL_LAYER_PERIOD: u32 = 6;
 /// RoPE base of the sliding-window layers, fixed by the architecture rather than the file.
 const LOCAL_ROPE_BASE: f32 = 10_000.0;
 
+pub const GEMMA3: Architecture = Architecture {
+    name: "gemma3",
+    rope_layout: RopeLayout::Neox,
+    configure,
+    embed_scale,
+    block_tensors: BlockTensors {
+        qkv_bias: false,
+        qk_norm: true,
+        post_norms: true,
+    },
+    forward_layer,
+};
+
+/// The embedding is scaled by sqrt(d_model).
+fn embed_scale(cfg: &ModelConfig) -> f32 {
+    (cfg.d_model as f32).sqrt()
+}
+
 /// Adds what only Gemma 3's metadata says: the sliding window and the local layers' RoPE.
-pub fn configure(meta: &Metadata, mut cfg: ModelConfig) -> Result<ModelConfig, ConfigError> {
+fn configure(meta: &Metadata, mut cfg: ModelConfig) -> Result<ModelConfig, ConfigError> {
     let window = meta.get_u32("gemma3.attention.sliding_window")?;
     cfg.sliding_window = Some(SlidingWindow {
         window,
@@ -36,7 +55,7 @@ pub fn configure(meta: &Metadata, mut cfg: ModelConfig) -> Result<ModelConfig, C
     Ok(cfg)
 }
 
-pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
+fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
     let LayerStep {
         cfg,
         weights: w,

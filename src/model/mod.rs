@@ -1,6 +1,8 @@
-//! Model architectures: one file per architecture, each a forward over one block; `Stage` runs
-//! a range of blocks on one device, with the embedding and head where it holds them.
+//! Model architectures: one file per architecture, each declaring its `Architecture` (how its
+//! metadata and tensors are read, and the forward of one block) and listed in `ARCHITECTURES`;
+//! `Stage` runs a range of blocks on one device, with the embedding and head where it holds them.
 
+pub mod arch;
 mod block;
 pub mod config;
 pub mod decode;
@@ -12,7 +14,8 @@ mod scratch;
 pub mod stage;
 pub mod weights;
 
-pub use config::{Arch, ConfigError, ModelConfig};
+pub use arch::Architecture;
+pub use config::{ConfigError, ModelConfig};
 pub use decode::GreedyDecoder;
 pub use loader::{LoadOptions, LoadProgress};
 pub use stage::{Stage, StageInput, StageSpec};
@@ -20,6 +23,21 @@ pub use stage::{Stage, StageInput, StageSpec};
 use crate::gguf::{GgmlType, GgufError, Header, SourceError};
 use crate::gpu::GpuError;
 use crate::ops::attention::KvCache;
+
+/// Every architecture the engine computes. Adding one is its file, its `mod` line above and
+/// its entry here (docs/ARCHITECTURE.md, "Adding an architecture").
+pub const ARCHITECTURES: &[&Architecture] = &[&llama::LLAMA, &qwen2::QWEN2, &gemma3::GEMMA3];
+
+/// The architecture `general.architecture` names, if the engine computes it.
+pub fn architecture(name: &str) -> Option<&'static Architecture> {
+    ARCHITECTURES.iter().copied().find(|arch| arch.name == name)
+}
+
+/// The names of `ARCHITECTURES`, for messages: "llama, qwen2, gemma3".
+pub fn supported_architectures() -> String {
+    let names: Vec<&str> = ARCHITECTURES.iter().map(|arch| arch.name).collect();
+    names.join(", ")
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
@@ -53,11 +71,7 @@ impl ModelError {
 
 /// The configuration of the model in `header`, with its architecture's own additions.
 pub fn config_for(header: &Header) -> Result<ModelConfig, ModelError> {
-    let cfg = ModelConfig::from_header(header)?;
-    Ok(match cfg.arch {
-        Arch::Gemma3 => gemma3::configure(&header.metadata, cfg)?,
-        Arch::Llama | Arch::Qwen2 => cfg,
-    })
+    Ok(ModelConfig::from_header(header)?)
 }
 
 /// Everything one block's forward needs.

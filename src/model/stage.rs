@@ -10,11 +10,11 @@ use crate::gpu::{DispatchGraph, Gpu, Recorder};
 use crate::ops::attention::KvCache;
 use crate::ops::{norm, quant, select};
 
-use super::config::{Arch, ModelConfig};
+use super::config::ModelConfig;
 use super::loader::{LoadOptions, LoadProgress, Loader};
 use super::scratch::Scratch;
 use super::weights::{stage_tensor_names, EdgeWeights, LayerWeights};
-use super::{gemma3, llama, qwen2, ModelError};
+use super::ModelError;
 
 /// What a stage is asked to hold.
 #[derive(Debug, Clone)]
@@ -196,7 +196,7 @@ impl Stage {
             &s.ids,
             &s.hidden,
             tokens,
-            self.embed_scale(),
+            (self.cfg.arch.embed_scale)(&self.cfg),
         );
         Ok(())
     }
@@ -216,11 +216,7 @@ impl Stage {
                 start_pos,
                 tokens,
             };
-            match self.cfg.arch {
-                Arch::Llama => llama::forward_layer(rec, &step),
-                Arch::Qwen2 => qwen2::forward_layer(rec, &step),
-                Arch::Gemma3 => gemma3::forward_layer(rec, &step),
-            }
+            (self.cfg.arch.forward_layer)(rec, &step);
         }
     }
 
@@ -365,13 +361,6 @@ impl Stage {
     /// Work already submitted keeps the buffers it was recorded with.
     pub fn swap_kv_cache(&mut self, cache: KvCache) -> KvCache {
         std::mem::replace(&mut self.cache, cache)
-    }
-
-    fn embed_scale(&self) -> f32 {
-        match self.cfg.arch {
-            Arch::Gemma3 => (self.cfg.d_model as f32).sqrt(),
-            Arch::Llama | Arch::Qwen2 => 1.0,
-        }
     }
 
     pub(super) fn check_batch(&self, tokens: u32, start_pos: u32) -> Result<(), ModelError> {

@@ -4,7 +4,8 @@ use super::config::ModelConfig;
 use super::loader::{Loader, Matrix, Vector};
 use super::ModelError;
 
-/// One transformer block. Optional parts are present only in the architectures that have them.
+/// One transformer block. Optional parts are read only for architectures that declare them
+/// (`Architecture::block_tensors`), and only where the file holds them.
 /// Neighbours of one type among q, k and v, and gate and up, share a tensor where they fit one
 /// binding (`Loader::matrices`), for decode to compute them in one dispatch.
 #[derive(Debug)]
@@ -14,17 +15,17 @@ pub struct LayerWeights {
     pub wk: Matrix,
     pub wv: Matrix,
     pub wo: Matrix,
-    /// Qwen2's q/k/v biases, for prefill.
+    /// The q/k/v biases (`BlockTensors::qkv_bias`), for prefill.
     pub bq: Option<Vector>,
     pub bk: Option<Vector>,
     pub bv: Option<Vector>,
     /// The same biases one after another (zeros for a missing one), for decode, which computes
     /// q, k and v into one buffer in that order.
     pub qkv_bias: Option<Vector>,
-    /// Gemma 3's per-head q and k norms.
+    /// Per-head q and k norms (`BlockTensors::qk_norm`).
     pub q_norm: Option<Vector>,
     pub k_norm: Option<Vector>,
-    /// Gemma 3's norms on the attention and feed-forward outputs.
+    /// Norms on the attention and feed-forward outputs (`BlockTensors::post_norms`).
     pub post_attn_norm: Option<Vector>,
     pub post_ffn_norm: Option<Vector>,
     pub ffn_norm: Vector,
@@ -51,8 +52,8 @@ fn layer_bias(layer: u32, name: &str) -> String {
 }
 
 impl LayerWeights {
-    /// Loads block `layer`: the tensors every architecture has, plus whichever optional ones
-    /// the file holds.
+    /// Loads block `layer`: the tensors every architecture has, plus the optional ones its
+    /// architecture reads that the file holds.
     pub async fn load(
         loader: &mut Loader<'_>,
         cfg: &ModelConfig,
@@ -60,7 +61,8 @@ impl LayerWeights {
     ) -> Result<LayerWeights, ModelError> {
         let (d, q, kv, ff) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.ff_dim);
         let name = |n: &str| layer_tensor(layer, n);
-        if loader.has(&name("attn_q_norm")) != loader.has(&name("attn_k_norm")) {
+        let reads = cfg.arch.block_tensors;
+        if reads.qk_norm && loader.has(&name("attn_q_norm")) != loader.has(&name("attn_k_norm")) {
             return Err(ModelError::Tensor {
                 tensor: name("attn_q_norm"),
                 message: "per-head q and k norms come in pairs; this block has only one".into(),
@@ -71,11 +73,17 @@ impl LayerWeights {
         let qkv = [(q_name.as_str(), q), (&k_name, kv), (&v_name, kv)];
         let [wq, wk, wv]: [Matrix; 3] =
             loader.matrices(&qkv, d).await?.try_into().expect("q, k, v");
-        let [bq, bk, bv, qkv_bias] = qkv_biases(loader, layer, [q, kv, kv]).await?;
+        let [bq, bk, bv, qkv_bias] = match reads.qkv_bias {
+            true => qkv_biases(loader, layer, [q, kv, kv]).await?,
+            false => [None, None, None, None],
+        };
         let wo = loader.matrix(&name("attn_output"), q, d).await?;
-        let q_norm = optional_vector(loader, &name("attn_q_norm"), cfg.head_dim).await?;
-        let k_norm = optional_vector(loader, &name("attn_k_norm"), cfg.head_dim).await?;
-        let post_attn_norm = optional_vector(loader, &name("post_attention_norm"), d).await?;
+        let q_norm =
+            optional_vector(loader, &name("attn_q_norm"), cfg.head_dim, reads.qk_norm).await?;
+        let k_norm =
+            optional_vector(loader, &name("attn_k_norm"), cfg.head_dim, reads.qk_norm).await?;
+        let post_attn_norm =
+            optional_vector(loader, &name("post_attention_norm"), d, reads.post_norms).await?;
         let ffn_norm = loader.vector(&name("ffn_norm"), d).await?;
         let [gate_name, up_name] = ["ffn_gate", "ffn_up"].map(name);
         let ffn = [(gate_name.as_str(), ff), (&up_name, ff)];
@@ -101,7 +109,8 @@ impl LayerWeights {
             w_gate,
             w_up,
             w_down: loader.matrix(&name("ffn_down"), ff, d).await?,
-            post_ffn_norm: optional_vector(loader, &name("post_ffw_norm"), d).await?,
+            post_ffn_norm: optional_vector(loader, &name("post_ffw_norm"), d, reads.post_norms)
+                .await?,
         })
     }
 }
@@ -172,12 +181,14 @@ async fn qkv_biases(
     Ok([bq, bk, bv, Some(qkv)])
 }
 
+/// The vector `name` where the architecture `reads` it and the file holds it.
 async fn optional_vector(
     loader: &mut Loader<'_>,
     name: &str,
     len: u32,
+    reads: bool,
 ) -> Result<Option<Vector>, ModelError> {
-    match loader.has(name) {
+    match reads && loader.has(name) {
         true => Ok(Some(loader.vector(name, len).await?)),
         false => Ok(None),
     }

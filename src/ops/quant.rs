@@ -6,35 +6,19 @@
 mod dequant;
 mod matmul;
 mod matvec;
+mod table;
 pub mod testing;
 
+use dequant::IQ4_NL_CODEBOOK_CONSTS;
 pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
 use matmul::matmul_tiled;
 pub use matmul::MatmulTile;
 pub use matvec::{matvec, matvec_reference, shares_part, Epilogue, Fusion, ReferenceEpilogue};
+use table::KERNEL_CODES;
+pub use table::{QuantType, ENGINE_SUPPORTED};
 
+use crate::gguf::GgmlType;
 use crate::gpu::{Kernel, Lib, Recorder, WeightTensor};
-
-/// Weight encodings the kernels read, with GGUF's block layouts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[allow(non_camel_case_types)]
-pub enum QuantType {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q5_1,
-    Q8_0,
-    Q4_K,
-    Q5_K,
-    Q6_K,
-    Q2_K,
-    Q3_K,
-    IQ4_NL,
-    IQ4_XS,
-}
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QuantError {
@@ -58,52 +42,19 @@ pub enum QuantError {
 }
 
 impl QuantType {
-    pub const ALL: [QuantType; 15] = [
-        QuantType::F32,
-        QuantType::F16,
-        QuantType::BF16,
-        QuantType::Q4_0,
-        QuantType::Q4_1,
-        QuantType::Q5_0,
-        QuantType::Q5_1,
-        QuantType::Q8_0,
-        QuantType::Q4_K,
-        QuantType::Q5_K,
-        QuantType::Q6_K,
-        QuantType::Q2_K,
-        QuantType::Q3_K,
-        QuantType::IQ4_NL,
-        QuantType::IQ4_XS,
-    ];
-
     /// Elements per GGUF block.
     pub fn block_size(self) -> u32 {
-        match self {
-            QuantType::F32 | QuantType::F16 | QuantType::BF16 => 1,
-            QuantType::Q4_K | QuantType::Q5_K | QuantType::Q6_K => 256,
-            QuantType::Q2_K | QuantType::Q3_K | QuantType::IQ4_XS => 256,
-            _ => 32,
-        }
+        self.ggml().block_size() as u32
     }
 
     /// Bytes per GGUF block.
     pub fn block_bytes(self) -> u32 {
-        match self {
-            QuantType::F32 => 4,
-            QuantType::F16 | QuantType::BF16 => 2,
-            QuantType::Q4_0 => 18,
-            QuantType::Q4_1 => 20,
-            QuantType::Q5_0 => 22,
-            QuantType::Q5_1 => 24,
-            QuantType::Q8_0 => 34,
-            QuantType::Q4_K => 144,
-            QuantType::Q5_K => 176,
-            QuantType::Q6_K => 210,
-            QuantType::Q2_K => 84,
-            QuantType::Q3_K => 110,
-            QuantType::IQ4_NL => 18,
-            QuantType::IQ4_XS => 136,
-        }
+        self.ggml().type_size() as u32
+    }
+
+    /// The engine's type for a GGUF type, if the kernels compute it.
+    pub fn from_ggml(ggml: GgmlType) -> Option<QuantType> {
+        Self::ALL.into_iter().find(|quant| quant.ggml() == ggml)
     }
 
     /// Parses ggml's type name (`q4_K`, `Q4_K`, `f16`, `BF16`, ...), case-insensitively.
@@ -115,23 +66,7 @@ impl QuantType {
 
     /// ggml's name of the type.
     pub fn ggml_name(self) -> &'static str {
-        match self {
-            QuantType::F32 => "F32",
-            QuantType::F16 => "F16",
-            QuantType::BF16 => "BF16",
-            QuantType::Q4_0 => "Q4_0",
-            QuantType::Q4_1 => "Q4_1",
-            QuantType::Q5_0 => "Q5_0",
-            QuantType::Q5_1 => "Q5_1",
-            QuantType::Q8_0 => "Q8_0",
-            QuantType::Q4_K => "Q4_K",
-            QuantType::Q5_K => "Q5_K",
-            QuantType::Q6_K => "Q6_K",
-            QuantType::Q2_K => "Q2_K",
-            QuantType::Q3_K => "Q3_K",
-            QuantType::IQ4_NL => "IQ4_NL",
-            QuantType::IQ4_XS => "IQ4_XS",
-        }
+        self.ggml().name()
     }
 
     /// Bytes of one row of `cols` elements.
@@ -145,12 +80,10 @@ impl QuantType {
         self.block_size().max(32)
     }
 
-    /// The type's code in `wgsl/dequant.wgsl` (`const QUANT`).
+    /// The type's code in the kernels (`const QUANT`): its ggml id, which `KERNEL_CODES`
+    /// names `QUANT_<NAME>`.
     fn code(self) -> u32 {
-        Self::ALL
-            .iter()
-            .position(|&q| q == self)
-            .expect("every type is in ALL") as u32
+        self.ggml().id()
     }
 
     /// The block as the kernels see it: (elements, bytes); float types in blocks of 32.
@@ -256,16 +189,14 @@ impl<'a> QuantMatrix<'a> {
     }
 
     /// The constants every kernel of this family is specialised with.
-    pub(super) fn quant_consts(&self) -> Vec<(&'static str, u32)> {
+    pub(super) fn quant_consts(&self) -> [(&'static str, u32); 4] {
         let (block, block_bytes) = self.quant.kernel_block();
-        let mut consts = vec![
+        [
             ("QUANT", self.quant.code()),
             ("BLOCK", block),
             ("BLOCK_BYTES", block_bytes),
             ("UNITS", block / 32),
-        ];
-        consts.extend(dequant::codebook_consts());
-        consts
+        ]
     }
 }
 
@@ -302,14 +233,22 @@ const MATMUL: Kernel = Kernel {
     name: "matmul",
     source: include_str!("../../wgsl/matmul.wgsl"),
     entry: "matmul",
-    libs: &[Lib::Dequant],
+    libs: &[
+        Lib::Constants(KERNEL_CODES),
+        Lib::Constants(IQ4_NL_CODEBOOK_CONSTS),
+        Lib::Dequant,
+    ],
 };
 
 const EMBED: Kernel = Kernel {
     name: "embed",
     source: include_str!("../../wgsl/embed.wgsl"),
     entry: "embed",
-    libs: &[Lib::Dequant],
+    libs: &[
+        Lib::Constants(KERNEL_CODES),
+        Lib::Constants(IQ4_NL_CODEBOOK_CONSTS),
+        Lib::Dequant,
+    ],
 };
 
 const EMBED_WG: u32 = 64;

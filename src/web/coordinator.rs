@@ -280,7 +280,7 @@ async fn connect(options: JsValue) -> Result<WebCoordinator, WebError> {
     .map_err(explain_gather)?;
     let info = FleetInfo {
         model: settings.model.clone(),
-        arch: format!("{:?}", coordinator.cfg.arch),
+        arch: coordinator.cfg.arch.name().to_string(),
         n_layers: coordinator.cfg.n_layers,
         vocab: coordinator.cfg.vocab,
         max_context: settings.max_context,

@@ -414,7 +414,7 @@ fn engine_info(
         variant: gpu.variant().to_string(),
         f16: gpu.caps.f16,
         subgroups: gpu.caps.subgroups,
-        arch: format!("{:?}", engine.cfg.arch),
+        arch: engine.cfg.arch.name().to_string(),
         n_layers: engine.cfg.n_layers,
         vocab: engine.cfg.vocab,
         max_context: engine.stage.spec.max_context,

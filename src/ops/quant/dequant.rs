@@ -22,23 +22,7 @@ pub fn dequant_row_reference(quant: QuantType, row_bytes: &[u8], out: &mut [f32]
         out.len(),
         "{quant:?}: output length"
     );
-    let dequant_block: fn(&[u8], &mut [f32]) = match quant {
-        QuantType::F32 => dequant_f32,
-        QuantType::F16 => dequant_f16,
-        QuantType::BF16 => dequant_bf16,
-        QuantType::Q4_0 => dequant_q4_0,
-        QuantType::Q4_1 => dequant_q4_1,
-        QuantType::Q5_0 => dequant_q5_0,
-        QuantType::Q5_1 => dequant_q5_1,
-        QuantType::Q8_0 => dequant_q8_0,
-        QuantType::Q4_K => dequant_q4_k,
-        QuantType::Q5_K => dequant_q5_k,
-        QuantType::Q6_K => dequant_q6_k,
-        QuantType::Q2_K => dequant_q2_k,
-        QuantType::Q3_K => dequant_q3_k,
-        QuantType::IQ4_NL => dequant_iq4_nl,
-        QuantType::IQ4_XS => dequant_iq4_xs,
-    };
+    let dequant_block = quant.reference();
     for (bytes, values) in row_bytes
         .chunks_exact(block_bytes)
         .zip(out.chunks_exact_mut(block))
@@ -80,20 +64,20 @@ pub fn matmul_reference(
     out
 }
 
-fn dequant_f32(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_f32(bytes: &[u8], out: &mut [f32]) {
     out[0] = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
 }
 
-fn dequant_f16(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_f16(bytes: &[u8], out: &mut [f32]) {
     out[0] = f16_at(bytes, 0);
 }
 
-fn dequant_bf16(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_bf16(bytes: &[u8], out: &mut [f32]) {
     out[0] = half::bf16::from_le_bytes([bytes[0], bytes[1]]).to_f32();
 }
 
 /// block_q4_0: d (f16), qs[16]; element j is the low nibble of qs[j], element j + 16 the high.
-fn dequant_q4_0(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q4_0(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 0);
     for j in 0..16 {
         let q = bytes[2 + j];
@@ -103,7 +87,7 @@ fn dequant_q4_0(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// block_q4_1: d, m (f16), qs[16]; value = q * d + m.
-fn dequant_q4_1(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q4_1(bytes: &[u8], out: &mut [f32]) {
     let (d, m) = (f16_at(bytes, 0), f16_at(bytes, 2));
     for j in 0..16 {
         let q = bytes[4 + j];
@@ -121,7 +105,7 @@ fn q5_pair(qh: u32, qs: u8, j: usize) -> (u8, u8) {
 }
 
 /// block_q5_0: d (f16), qh[4], qs[16]; value = (q - 16) * d.
-fn dequant_q5_0(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q5_0(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 0);
     let qh = u32::from_le_bytes([bytes[2], bytes[3], bytes[4], bytes[5]]);
     for j in 0..16 {
@@ -132,7 +116,7 @@ fn dequant_q5_0(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// block_q5_1: d, m (f16), qh[4], qs[16]; value = q * d + m.
-fn dequant_q5_1(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q5_1(bytes: &[u8], out: &mut [f32]) {
     let (d, m) = (f16_at(bytes, 0), f16_at(bytes, 2));
     let qh = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
     for j in 0..16 {
@@ -143,7 +127,7 @@ fn dequant_q5_1(bytes: &[u8], out: &mut [f32]) {
 }
 
 /// block_q8_0: d (f16), qs[32] signed bytes.
-fn dequant_q8_0(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q8_0(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 0);
     for j in 0..32 {
         out[j] = f32::from(bytes[2 + j] as i8) * d;
@@ -164,7 +148,7 @@ pub(crate) fn scale_min_k4(j: usize, scales: &[u8]) -> (u8, u8) {
 
 /// block_q4_K: d, dmin (f16), scales[12], qs[128]. Each 64 elements share 32 qs bytes: low
 /// nibbles are sub-block 2i, high nibbles sub-block 2i + 1; value = d * scale * q - dmin * min.
-fn dequant_q4_k(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q4_k(bytes: &[u8], out: &mut [f32]) {
     let (d, dmin) = (f16_at(bytes, 0), f16_at(bytes, 2));
     let scales = &bytes[4..16];
     let qs = &bytes[16..144];
@@ -183,7 +167,7 @@ fn dequant_q4_k(bytes: &[u8], out: &mut [f32]) {
 
 /// block_q5_K: d, dmin (f16), scales[12], qh[32], qs[128]. Like Q4_K, with the fifth bit of
 /// element l of pair i in bit 2i (low nibbles) or 2i + 1 (high nibbles) of qh[l].
-fn dequant_q5_k(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q5_k(bytes: &[u8], out: &mut [f32]) {
     let (d, dmin) = (f16_at(bytes, 0), f16_at(bytes, 2));
     let scales = &bytes[4..16];
     let qh = &bytes[16..48];
@@ -205,7 +189,7 @@ fn dequant_q5_k(bytes: &[u8], out: &mut [f32]) {
 
 /// block_q6_K: ql[128], qh[64], scales[16] (i8), d (f16). Each half of 128 elements uses 64
 /// ql bytes, 32 qh bytes and 8 scales; value = d * scale * (q - 32).
-fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 208);
     for half in 0..2 {
         let ql = &bytes[64 * half..64 * half + 64];
@@ -232,36 +216,34 @@ fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
 // Q2_K, Q3_K, IQ4_NL and IQ4_XS
 
 /// llama.cpp's `kvalues_iq4nl`: the 16 levels of the non-linear 4-bit types (IQ4_NL, IQ4_XS).
-/// The one copy: the kernels get it from `codebook_consts`.
+/// The one copy: the kernels get it from `IQ4_NL_CODEBOOK_CONSTS`.
 pub const IQ4_NL_CODEBOOK: [i8; 16] = [
     -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
 ];
 
 /// The codebook as the kernel constants `IQ4_NL_CODEBOOK0..3`, four i8 levels to a word
 /// (level 4k + b in byte b of word k), as `wgsl/dequant.wgsl` unpacks them.
-pub(super) fn codebook_consts() -> [(&'static str, u32); 4] {
-    let word = |k: usize| {
-        let levels = &IQ4_NL_CODEBOOK[4 * k..4 * k + 4];
-        u32::from_le_bytes([
-            levels[0] as u8,
-            levels[1] as u8,
-            levels[2] as u8,
-            levels[3] as u8,
-        ])
-    };
-    [
-        ("IQ4_NL_CODEBOOK0", word(0)),
-        ("IQ4_NL_CODEBOOK1", word(1)),
-        ("IQ4_NL_CODEBOOK2", word(2)),
-        ("IQ4_NL_CODEBOOK3", word(3)),
-    ]
+pub(super) const IQ4_NL_CODEBOOK_CONSTS: &[(&str, u32)] = &[
+    ("IQ4_NL_CODEBOOK0", codebook_word(0)),
+    ("IQ4_NL_CODEBOOK1", codebook_word(1)),
+    ("IQ4_NL_CODEBOOK2", codebook_word(2)),
+    ("IQ4_NL_CODEBOOK3", codebook_word(3)),
+];
+
+const fn codebook_word(k: usize) -> u32 {
+    u32::from_le_bytes([
+        IQ4_NL_CODEBOOK[4 * k] as u8,
+        IQ4_NL_CODEBOOK[4 * k + 1] as u8,
+        IQ4_NL_CODEBOOK[4 * k + 2] as u8,
+        IQ4_NL_CODEBOOK[4 * k + 3] as u8,
+    ])
 }
 
 /// block_q2_K: scales[16], qs[64], d, dmin (f16). Element 128n + 32j + 16h + l (half n,
 /// shift j, l < 16) is bits 2j..2j + 1 of qs[32n + 16h + l]; its scale byte is
 /// scales[8n + 2j + h], the low nibble its scale and the high nibble its min:
 /// value = d * scale * q - dmin * min.
-fn dequant_q2_k(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q2_k(bytes: &[u8], out: &mut [f32]) {
     let (d, dmin) = (f16_at(bytes, 80), f16_at(bytes, 82));
     let qs = &bytes[16..80];
     for n in 0..2 {
@@ -291,7 +273,7 @@ fn q3_k_scale(scales: &[u8], s: usize) -> i32 {
 /// block_q3_K: hmask[32], qs[64], scales[12], d (f16). Element 128n + 32j + 16h + l has its
 /// low two bits in bits 2j..2j + 1 of qs[32n + 16h + l] and its third bit in bit 4n + j of
 /// hmask[16h + l]; a clear third bit subtracts 4. value = d * scale(8n + 2j + h) * q.
-fn dequant_q3_k(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_q3_k(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 108);
     let (hmask, qs, scales) = (&bytes[..32], &bytes[32..96], &bytes[96..108]);
     for n in 0..2 {
@@ -314,7 +296,7 @@ fn iq4_level(nibble: u8) -> f32 {
 }
 
 /// block_iq4_nl: d (f16), qs[16]; Q4_0's nibble order, value = d * codebook[q].
-fn dequant_iq4_nl(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_iq4_nl(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 0);
     for j in 0..16 {
         let q = bytes[2 + j];
@@ -327,7 +309,7 @@ fn dequant_iq4_nl(bytes: &[u8], out: &mut [f32]) {
 /// qs[16b..16b + 16] in Q4_0's nibble order) has the 6-bit scale whose low four bits are
 /// nibble b % 2 of scales_l[b / 2] and top two bits bits 2b..2b + 1 of scales_h, stored
 /// with an offset of 32: value = d * (scale - 32) * codebook[q].
-fn dequant_iq4_xs(bytes: &[u8], out: &mut [f32]) {
+pub(super) fn dequant_iq4_xs(bytes: &[u8], out: &mut [f32]) {
     let d = f16_at(bytes, 0);
     let scales_h = u16::from_le_bytes([bytes[2], bytes[3]]);
     for b in 0..8 {

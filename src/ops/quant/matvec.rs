@@ -13,7 +13,12 @@ const MATVEC: Kernel = Kernel {
     name: "matvec",
     source: include_str!("../../../wgsl/matvec.wgsl"),
     entry: "matvec",
-    libs: &[Lib::Activation, Lib::Dequant],
+    libs: &[
+        Lib::Activation,
+        Lib::Constants(super::KERNEL_CODES),
+        Lib::Constants(super::IQ4_NL_CODEBOOK_CONSTS),
+        Lib::Dequant,
+    ],
 };
 
 const MATVEC_SUBGROUP: Kernel = Kernel {
@@ -23,7 +28,12 @@ const MATVEC_SUBGROUP: Kernel = Kernel {
         include_str!("../../../wgsl/matvec_subgroup.wgsl")
     ),
     entry: "matvec_subgroup",
-    libs: &[Lib::Activation, Lib::Dequant],
+    libs: &[
+        Lib::Activation,
+        Lib::Constants(super::KERNEL_CODES),
+        Lib::Constants(super::IQ4_NL_CODEBOOK_CONSTS),
+        Lib::Dequant,
+    ],
 };
 
 /// Work split of one matvec: threads per workgroup, threads sharing a row group along K, and

@@ -29,14 +29,7 @@ pub fn random_weights(quant: QuantType, rows: usize, cols: usize, seed: u64) -> 
     let mut bytes =
         crate::gpu::testing::random_bytes(rows * quant.row_bytes(cols as u64) as usize, seed);
     let scales = crate::gpu::testing::random_f32(bytes.len() / block_bytes * 2, seed ^ 0x5ca1e);
-    let scale_fields: &[usize] = match quant {
-        QuantType::Q4_0 | QuantType::Q5_0 | QuantType::Q8_0 => &[0],
-        QuantType::IQ4_NL | QuantType::IQ4_XS => &[0],
-        QuantType::Q6_K => &[208],
-        QuantType::Q2_K => &[80, 82],
-        QuantType::Q3_K => &[108],
-        _ => &[0, 2],
-    };
+    let scale_fields = quant.f16_scale_offsets();
     for (block, pair) in bytes.chunks_exact_mut(block_bytes).zip(scales.chunks(2)) {
         for (&field, &scale) in scale_fields.iter().zip(pair) {
             let value = f16::from_f32(scale * 0.05);
