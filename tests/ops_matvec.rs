@@ -127,10 +127,16 @@ fn fused_matvec_matches_the_reference() {
         ReferenceEpilogue::Gated(Activation::Silu),
         ReferenceEpilogue::Gated(Activation::GeluTanh),
     ];
-    for (index, quant) in [QuantType::Q4_1, QuantType::Q4_K, QuantType::Q6_K]
-        .into_iter()
-        .enumerate()
-    {
+    let types = [
+        QuantType::Q4_1,
+        QuantType::Q4_K,
+        QuantType::Q6_K,
+        QuantType::Q2_K,
+        QuantType::Q3_K,
+        QuantType::IQ4_NL,
+        QuantType::IQ4_XS,
+    ];
+    for (index, quant) in types.into_iter().enumerate() {
         let cols = if quant.block_size() == 256 { 512 } else { 576 };
         let inputs = Inputs::new(quant, 75, cols, seed.wrapping_add(index as u64));
         for (e, epilogue) in epilogues.into_iter().enumerate() {
@@ -222,14 +228,19 @@ fn reference_rows(inputs: &Inputs, rows: Range<u32>) -> Vec<f32> {
     dots
 }
 
-/// Types with rows of whole words and with rows that are not (Q5_0, Q6_K at these widths).
-fn view_types() -> [(QuantType, usize); 5] {
+/// Types with rows of whole words and with rows that are not (Q5_0, Q6_K, Q3_K, IQ4_NL at
+/// these widths).
+fn view_types() -> [(QuantType, usize); 9] {
     [
         (QuantType::Q4_1, 576),
         (QuantType::Q5_0, 96),
         (QuantType::Q8_0, 64),
         (QuantType::Q6_K, 256),
         (QuantType::F32, 64),
+        (QuantType::Q2_K, 256),
+        (QuantType::Q3_K, 256),
+        (QuantType::IQ4_NL, 96),
+        (QuantType::IQ4_XS, 256),
     ]
 }
 

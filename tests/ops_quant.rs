@@ -181,6 +181,7 @@ macro_rules! per_type_tests {
 per_type_tests! {
     f32: F32, f16: F16, bf16: BF16, q4_0: Q4_0, q4_1: Q4_1, q5_0: Q5_0, q5_1: Q5_1,
     q8_0: Q8_0, q4_k: Q4_K, q5_k: Q5_K, q6_k: Q6_K,
+    q2_k: Q2_K, q3_k: Q3_K, iq4_nl: IQ4_NL, iq4_xs: IQ4_XS,
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -197,7 +198,12 @@ fn split_tensors_give_identical_results() {
         ..Default::default()
     };
     let split = pollster::block_on(Gpu::new(&options)).expect("gpu with a small binding limit");
-    for quant in [QuantType::Q4_0, QuantType::Q6_K, QuantType::F16] {
+    for quant in [
+        QuantType::Q4_0,
+        QuantType::Q6_K,
+        QuantType::F16,
+        QuantType::Q3_K,
+    ] {
         let (rows, cols) = (300, 768);
         let bytes = random_weights(quant, rows, cols, seed);
         let case = Case {
@@ -270,7 +276,7 @@ fn every_matmul_tile_matches_the_reference() {
                 gpu.caps.adapter
             );
             ran[tile_index] += 1;
-            for (quant, cols) in [(QuantType::Q4_1, 800), (QuantType::Q6_K, 768)] {
+            for (quant, cols) in tile_types() {
                 let rows = 131;
                 let bytes = random_weights(quant, rows, cols, seed);
                 let case = Case {
@@ -298,6 +304,19 @@ fn every_matmul_tile_matches_the_reference() {
         ran.iter().all(|&n| n > 0),
         "devices that ran each tile: {ran:?}"
     );
+}
+
+/// The types every tile runs: the legacy and K-quant layouts, and those of Q2_K, Q3_K (only
+/// 2-byte aligned), IQ4_NL and IQ4_XS.
+fn tile_types() -> [(QuantType, usize); 6] {
+    [
+        (QuantType::Q4_1, 800),
+        (QuantType::Q6_K, 768),
+        (QuantType::Q2_K, 768),
+        (QuantType::Q3_K, 768),
+        (QuantType::IQ4_NL, 800),
+        (QuantType::IQ4_XS, 768),
+    ]
 }
 
 /// A device with only WebGPU's minimum workgroup memory gets the small tile, and a tile the

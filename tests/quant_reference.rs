@@ -1,6 +1,7 @@
 //! The CPU references of the quantized products against hand-worked GGUF blocks (the ggml
-//! formulas), against each other on rows every type represents exactly, and the type table
-//! against the GGUF reader's. The kernels are checked against these references in `ops_quant`.
+//! formulas) and against llama.cpp's own gguf-py dequantizers (fixtures made by
+//! `.ci/make_quant_fixtures.py`), against each other on rows every type represents exactly, and
+//! the type table against the GGUF reader's. The kernels are checked against these references in `ops_quant`.
 
 use half::{bf16, f16};
 use webshard::gpu::testing;
@@ -230,6 +231,89 @@ fn type_table_matches_the_gguf_reader() {
         assert_eq!(u64::from(quant.block_size()), ggml.block_size(), "{ggml}");
         assert_eq!(u64::from(quant.block_bytes()), ggml.type_size(), "{ggml}");
     }
-    assert_eq!(QuantType::from_ggml_name("Q2_K"), None);
+    assert_eq!(QuantType::from_ggml_name("IQ2_XXS"), None);
     assert!(matches!(GgmlType::from_id(12), Some(GgmlType::Q4_K)));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Q2_K, Q3_K, IQ4_NL and IQ4_XS against llama.cpp's gguf-py
+
+fn hex_bytes(hex: &str) -> Vec<u8> {
+    assert!(hex.len() % 2 == 0, "odd hex length");
+    (0..hex.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digit"))
+        .collect()
+}
+
+/// Seeded random blocks and the values gguf-py's numpy dequantizer gives them, bit for bit.
+fn check_fixture(quant: QuantType, json: &str) {
+    let fixture: serde_json::Value = serde_json::from_str(json).expect("fixture JSON");
+    assert_eq!(fixture["type"], quant.ggml_name());
+    let bytes = hex_bytes(fixture["bytes"].as_str().expect("bytes"));
+    let want: Vec<f32> = hex_bytes(fixture["values"].as_str().expect("values"))
+        .chunks_exact(4)
+        .map(|v| f32::from_le_bytes([v[0], v[1], v[2], v[3]]))
+        .collect();
+    let blocks = fixture["blocks"].as_u64().expect("blocks") as usize;
+    assert_eq!(bytes.len(), blocks * quant.block_bytes() as usize);
+    let got = dequant(quant, &bytes);
+    assert_eq!(got.len(), want.len(), "{quant:?}");
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        assert_eq!(
+            g.to_bits(),
+            w.to_bits(),
+            "{quant:?} element {i}: {g} != {w}"
+        );
+    }
+    assert!(
+        want.iter().any(|&v| v != 0.0),
+        "{quant:?}: an all-zero fixture"
+    );
+}
+
+#[test]
+fn q2_k_matches_gguf_py() {
+    check_fixture(QuantType::Q2_K, include_str!("fixtures/quant/q2_k.json"));
+}
+
+#[test]
+fn q3_k_matches_gguf_py() {
+    check_fixture(QuantType::Q3_K, include_str!("fixtures/quant/q3_k.json"));
+}
+
+#[test]
+fn iq4_nl_matches_gguf_py() {
+    check_fixture(
+        QuantType::IQ4_NL,
+        include_str!("fixtures/quant/iq4_nl.json"),
+    );
+}
+
+#[test]
+fn iq4_xs_matches_gguf_py() {
+    check_fixture(
+        QuantType::IQ4_XS,
+        include_str!("fixtures/quant/iq4_xs.json"),
+    );
+}
+
+/// IQ4_XS whose eight sub-block scales are all 33 (scale - 32 = 1) is IQ4_NL, block by block,
+/// with IQ4_XS's d in every block.
+#[test]
+fn iq4_xs_with_unit_scales_is_iq4_nl() {
+    let seed = testing::fresh_seed();
+    let mut xs = random_weights(QuantType::IQ4_XS, 1, 256, seed);
+    // 33 = 0b10_0001: low nibbles 1 in scales_l, top bits 0b10 in each 2-bit field of scales_h.
+    xs[2..4].copy_from_slice(&0xaaaau16.to_le_bytes());
+    xs[4..8].copy_from_slice(&[0x11; 4]);
+    let nl: Vec<u8> = xs[8..]
+        .chunks(16)
+        .flat_map(|qs| xs[..2].iter().chain(qs).copied())
+        .collect();
+    assert_eq!(
+        dequant(QuantType::IQ4_XS, &xs),
+        dequant(QuantType::IQ4_NL, &nl),
+        "seed={seed}"
+    );
 }

@@ -5,13 +5,14 @@
 // on CPU adapters each load instruction costs a per-lane loop, so wide loads pay), and the constants
 // QUANT (the type's code: one of the QUANT_<NAME> constants, ggml ids, that the header
 // declares from src/ops/quant/table.rs), BLOCK (elements per block; 32 for float types),
-// BLOCK_BYTES and UNITS (= BLOCK / 32). A block is cut into UNITS "units" of 32 values each:
+// BLOCK_BYTES, UNITS (= BLOCK / 32) and IQ4_NL_CODEBOOK0..3 (the non-linear levels, from
+// dequant::IQ4_NL_CODEBOOK_CONSTS). A block is cut into UNITS "units" of 32 values each:
 // `dequant_unit(block_byte, unit)` returns them as 8 vec4s, and vec4 `i` holds the 4
 // consecutive elements starting at `block_element(unit, i)` of the block. The units of a block
 // are chosen so that each reads a contiguous slice of bytes and both nibbles of each byte it
 // loads; for K-quants that makes a unit's elements non-contiguous.
 //
-// Blocks of 18, 22, 34 and 210 bytes are only 2-byte aligned, so those loads funnel two words.
+// Blocks of 18, 22, 34, 110 and 210 bytes are only 2-byte aligned, so those loads funnel two words.
 
 alias Unit = array<vec4<f32>, 8>;
 
@@ -245,6 +246,116 @@ fn unit_q6_k(block: u32, unit: u32) -> Unit {
                 fma(bytes_of(q4.y), vec4<f32>(scale.w), vec4<f32>(offset.w)));
 }
 
+// Q2_K: scales[16], qs[64], d, dmin. Q6_K's units: unit u covers half n = u / 4 and
+// l0 = 8 * (u % 4); bytes qs[32n + l0 .. + 8] hold elements 128n + l0 + 32j + 0..8 in bits
+// 2j..2j + 1, with scale byte 8n + 2j + l0 / 16 (low nibble scale, high nibble min).
+// value = d * scale * q - dmin * min.
+fn unit_q2_k(block: u32, unit: u32) -> Unit {
+    let dm = unpack2x16float(word_at(block + 80u));
+    let half = unit / 4u;
+    let l0 = 8u * (unit % 4u);
+    let q = vec2<u32>(word_at(block + 16u + 32u * half + l0), word_at(block + 20u + 32u * half + l0));
+    // Scale bytes 8n + h + 2j for j = 0..3: bytes h and h + 2 of each of the half's two words.
+    let s = vec2<u32>(word_at(block + 8u * half), word_at(block + 8u * half + 4u));
+    let at = 8u * (l0 / 16u);
+    let packed = vec4<u32>(s.x >> at, s.x >> (at + 16u), s.y >> at, s.y >> (at + 16u)) & vec4<u32>(0xffu);
+    let scale = dm.x * vec4<f32>(packed & vec4<u32>(0xfu));
+    let offset = -dm.y * vec4<f32>(packed >> vec4<u32>(4u));
+    let three = vec2<u32>(0x03030303u);
+    let q0 = q & three;
+    let q1 = (q >> vec2<u32>(2u)) & three;
+    let q2 = (q >> vec2<u32>(4u)) & three;
+    let q3 = (q >> vec2<u32>(6u)) & three;
+    return Unit(fma(bytes_of(q0.x), vec4<f32>(scale.x), vec4<f32>(offset.x)),
+                fma(bytes_of(q0.y), vec4<f32>(scale.x), vec4<f32>(offset.x)),
+                fma(bytes_of(q1.x), vec4<f32>(scale.y), vec4<f32>(offset.y)),
+                fma(bytes_of(q1.y), vec4<f32>(scale.y), vec4<f32>(offset.y)),
+                fma(bytes_of(q2.x), vec4<f32>(scale.z), vec4<f32>(offset.z)),
+                fma(bytes_of(q2.y), vec4<f32>(scale.z), vec4<f32>(offset.z)),
+                fma(bytes_of(q3.x), vec4<f32>(scale.w), vec4<f32>(offset.w)),
+                fma(bytes_of(q3.y), vec4<f32>(scale.w), vec4<f32>(offset.w)));
+}
+
+// The signed 6-bit scale s of Q3_K from its 12 packed bytes: the low four bits are nibble
+// s / 8 of byte s % 8, the top two bits bits 2 * (s / 4) of byte 8 + s % 4; offset 32.
+fn q3_k_scale(scales: vec3<u32>, s: u32) -> f32 {
+    let low = (scale_byte(scales, s % 8u) >> (4u * (s / 8u))) & 0xfu;
+    let high = (scale_byte(scales, 8u + s % 4u) >> (2u * (s / 4u))) & 3u;
+    return f32(i32(low | (high << 4u)) - 32);
+}
+
+// Q3_K: hmask[32], qs[64], scales[12], d. Q2_K's units and element order; the third bit of
+// the elements of shift j of half n is bit 4n + j of hmask[l0 .. l0 + 8], and a clear bit
+// subtracts 4: value = d * scale * (q - 4), q = low bits | third bit << 2.
+fn unit_q3_k(block: u32, unit: u32) -> Unit {
+    let d = f16_at(block + 108u);
+    let half = unit / 4u;
+    let l0 = 8u * (unit % 4u);
+    let scales = vec3<u32>(word_at2(block + 96u), word_at2(block + 100u), word_at2(block + 104u));
+    let first = 8u * half + l0 / 16u;
+    let scale = d * vec4<f32>(q3_k_scale(scales, first), q3_k_scale(scales, first + 2u),
+                              q3_k_scale(scales, first + 4u), q3_k_scale(scales, first + 6u));
+    let offset = -4.0 * scale;
+    let qs = block + 32u + 32u * half + l0;
+    let q = vec2<u32>(word_at2(qs), word_at2(qs + 4u));
+    let h = vec2<u32>(word_at2(block + l0), word_at2(block + l0 + 4u)) >> vec2<u32>(4u * half);
+    let three = vec2<u32>(0x03030303u);
+    let ones = vec2<u32>(0x01010101u);
+    let q0 = (q & three) | ((h & ones) << vec2<u32>(2u));
+    let q1 = ((q >> vec2<u32>(2u)) & three) | (((h >> vec2<u32>(1u)) & ones) << vec2<u32>(2u));
+    let q2 = ((q >> vec2<u32>(4u)) & three) | (((h >> vec2<u32>(2u)) & ones) << vec2<u32>(2u));
+    let q3 = ((q >> vec2<u32>(6u)) & three) | (((h >> vec2<u32>(3u)) & ones) << vec2<u32>(2u));
+    return Unit(fma(bytes_of(q0.x), vec4<f32>(scale.x), vec4<f32>(offset.x)),
+                fma(bytes_of(q0.y), vec4<f32>(scale.x), vec4<f32>(offset.x)),
+                fma(bytes_of(q1.x), vec4<f32>(scale.y), vec4<f32>(offset.y)),
+                fma(bytes_of(q1.y), vec4<f32>(scale.y), vec4<f32>(offset.y)),
+                fma(bytes_of(q2.x), vec4<f32>(scale.z), vec4<f32>(offset.z)),
+                fma(bytes_of(q2.y), vec4<f32>(scale.z), vec4<f32>(offset.z)),
+                fma(bytes_of(q3.x), vec4<f32>(scale.w), vec4<f32>(offset.w)),
+                fma(bytes_of(q3.y), vec4<f32>(scale.w), vec4<f32>(offset.w)));
+}
+
+// Level `nibble` of the non-linear codebook: byte nibble % 4 of word nibble / 4, sign-extended.
+// Selects rather than a dynamically indexed constant: every backend lowers them alike.
+fn iq4_level(nibble: u32) -> f32 {
+    let low = select(IQ4_NL_CODEBOOK0, IQ4_NL_CODEBOOK1, nibble >= 4u);
+    let high = select(IQ4_NL_CODEBOOK2, IQ4_NL_CODEBOOK3, nibble >= 12u);
+    let word = select(low, high, nibble >= 8u);
+    return f32(extractBits(bitcast<i32>(word), 8u * (nibble & 3u), 8u));
+}
+
+// The levels of the four nibbles held one per byte of `nibbles`, times `scale`.
+fn iq4_levels(nibbles: u32, scale: f32) -> vec4<f32> {
+    return scale * vec4<f32>(iq4_level(nibbles & 0xfu), iq4_level((nibbles >> 8u) & 0xfu),
+                             iq4_level((nibbles >> 16u) & 0xfu), iq4_level(nibbles >> 24u));
+}
+
+// 32 codebook values from 16 bytes of nibbles in Q4_0's order (low nibbles first).
+fn iq4_unit(q: vec4<u32>, scale: f32) -> Unit {
+    let low = q & vec4<u32>(0x0f0f0f0fu);
+    let high = (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
+    return Unit(iq4_levels(low.x, scale), iq4_levels(low.y, scale),
+                iq4_levels(low.z, scale), iq4_levels(low.w, scale),
+                iq4_levels(high.x, scale), iq4_levels(high.y, scale),
+                iq4_levels(high.z, scale), iq4_levels(high.w, scale));
+}
+
+// IQ4_NL: d, qs[16]; value = d * codebook[q].
+fn unit_iq4_nl(block: u32) -> Unit {
+    return iq4_unit(words4_at2(block + 2u), f16_at(block));
+}
+
+// IQ4_XS: d, scales_h (u16), scales_l[4], qs[128]. Unit u is sub-block u (elements 32u..,
+// qs[16u..16u + 16]); its 6-bit scale has the low four bits at bit 4u of scales_l and the top
+// two at bit 2u of scales_h; value = d * (scale - 32) * codebook[q].
+fn unit_iq4_xs(block: u32, unit: u32) -> Unit {
+    let header = word_at(block);
+    let low = (word_at(block + 4u) >> (4u * unit)) & 0xfu;
+    let high = (header >> (16u + 2u * unit)) & 3u;
+    let scale = unpack2x16float(header).x * f32(i32(low | (high << 4u)) - 32);
+    return iq4_unit(words4_at(block + 8u + 16u * unit), scale);
+}
+
 // The 32 values of unit `unit` of the block starting at byte `block` of `weights`.
 fn dequant_unit(block: u32, unit: u32) -> Unit {
     switch QUANT {
@@ -259,6 +370,10 @@ fn dequant_unit(block: u32, unit: u32) -> Unit {
         case QUANT_Q4_K: { return unit_q4_k(block, unit); }
         case QUANT_Q5_K: { return unit_q5_k(block, unit); }
         case QUANT_Q6_K: { return unit_q6_k(block, unit); }
+        case QUANT_Q2_K: { return unit_q2_k(block, unit); }
+        case QUANT_Q3_K: { return unit_q3_k(block, unit); }
+        case QUANT_IQ4_NL: { return unit_iq4_nl(block); }
+        case QUANT_IQ4_XS: { return unit_iq4_xs(block, unit); }
         // Unreachable: QUANT is always a code of the table, and a table test checks that
         // each has its case above.
         default: { return Unit(); }
@@ -270,7 +385,8 @@ fn dequant_unit(block: u32, unit: u32) -> Unit {
 fn block_element(unit: u32, i: u32) -> u32 {
     switch QUANT {
         case QUANT_Q4_K, QUANT_Q5_K: { return 64u * (unit / 2u) + 16u * (unit % 2u) + 32u * (i / 4u) + 4u * (i % 4u); }
-        case QUANT_Q6_K: { return 128u * (unit / 4u) + 8u * (unit % 4u) + 32u * (i / 2u) + 4u * (i % 2u); }
+        case QUANT_Q6_K, QUANT_Q2_K, QUANT_Q3_K: { return 128u * (unit / 4u) + 8u * (unit % 4u) + 32u * (i / 2u) + 4u * (i % 2u); }
+        case QUANT_IQ4_XS: { return 32u * unit + 4u * i; }
         default: { return 4u * i; }
     }
 }

@@ -2,6 +2,8 @@
 //! `runner serve`, checked against the facts in .ci/models.toml and the GGUF reader itself.
 
 mod common;
+#[path = "../../tests/gguf_writer/mod.rs"]
+mod gguf_writer;
 
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
@@ -265,4 +267,37 @@ fn bad_inputs_fail_with_one_line() {
     let server = ServeProcess::start(dir.path());
     let url = format!("{}models/nothing-here.gguf", server.base);
     assert_one_line_error(&[&url], "404");
+}
+
+/// A file with a tensor of each of Q2_K, Q3_K, IQ4_NL and IQ4_XS, and one of a type without
+/// kernels (IQ2_XXS): the four are listed as supported, the last not.
+#[test]
+fn info_lists_q2_k_q3_k_iq4_nl_and_iq4_xs_as_supported() {
+    use webshard::gguf::GgmlType;
+    let types = [
+        (GgmlType::Q2_K, true),
+        (GgmlType::Q3_K, true),
+        (GgmlType::IQ4_NL, true),
+        (GgmlType::IQ4_XS, true),
+        (GgmlType::IQ2_XXS, false),
+    ];
+    let mut builder = gguf_writer::GgufBuilder::empty()
+        .kv("general.architecture", gguf_writer::v_str("llama"))
+        .kv("llama.block_count", gguf_writer::v_u32(1));
+    let mut offset = 0;
+    for (index, (ggml_type, _)) in types.iter().enumerate() {
+        builder = builder.tensor(&format!("t{index}"), &[256, 2], ggml_type.id(), offset);
+        offset += ggml_type.bytes_for(512).unwrap().next_multiple_of(32);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("types.gguf");
+    std::fs::write(&path, builder.bytes()).unwrap();
+    let json = info_json(path.to_str().unwrap());
+    let rows = json["tensors"].as_array().unwrap();
+    assert_eq!(rows.len(), types.len());
+    for (row, (ggml_type, supported)) in rows.iter().zip(types) {
+        assert_eq!(row["type"], ggml_type.name());
+        assert_eq!(row["supported"], supported, "{ggml_type}");
+    }
+    assert_eq!(u64_of(&json, "unsupported_tensor_count"), 1);
 }

@@ -9,7 +9,8 @@ mod matvec;
 mod table;
 pub mod testing;
 
-pub use dequant::{dequant_row_reference, matmul_reference};
+use dequant::IQ4_NL_CODEBOOK_CONSTS;
+pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
 use matmul::matmul_tiled;
 pub use matmul::MatmulTile;
 pub use matvec::{matvec, matvec_reference, shares_part, Epilogue, Fusion, ReferenceEpilogue};
@@ -232,14 +233,22 @@ const MATMUL: Kernel = Kernel {
     name: "matmul",
     source: include_str!("../../wgsl/matmul.wgsl"),
     entry: "matmul",
-    libs: &[Lib::Constants(KERNEL_CODES), Lib::Dequant],
+    libs: &[
+        Lib::Constants(KERNEL_CODES),
+        Lib::Constants(IQ4_NL_CODEBOOK_CONSTS),
+        Lib::Dequant,
+    ],
 };
 
 const EMBED: Kernel = Kernel {
     name: "embed",
     source: include_str!("../../wgsl/embed.wgsl"),
     entry: "embed",
-    libs: &[Lib::Constants(KERNEL_CODES), Lib::Dequant],
+    libs: &[
+        Lib::Constants(KERNEL_CODES),
+        Lib::Constants(IQ4_NL_CODEBOOK_CONSTS),
+        Lib::Dequant,
+    ],
 };
 
 const EMBED_WG: u32 = 64;

@@ -211,3 +211,116 @@ pub(super) fn dequant_q6_k(bytes: &[u8], out: &mut [f32]) {
         }
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// Q2_K, Q3_K, IQ4_NL and IQ4_XS
+
+/// llama.cpp's `kvalues_iq4nl`: the 16 levels of the non-linear 4-bit types (IQ4_NL, IQ4_XS).
+/// The one copy: the kernels get it from `IQ4_NL_CODEBOOK_CONSTS`.
+pub const IQ4_NL_CODEBOOK: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+/// The codebook as the kernel constants `IQ4_NL_CODEBOOK0..3`, four i8 levels to a word
+/// (level 4k + b in byte b of word k), as `wgsl/dequant.wgsl` unpacks them.
+pub(super) const IQ4_NL_CODEBOOK_CONSTS: &[(&str, u32)] = &[
+    ("IQ4_NL_CODEBOOK0", codebook_word(0)),
+    ("IQ4_NL_CODEBOOK1", codebook_word(1)),
+    ("IQ4_NL_CODEBOOK2", codebook_word(2)),
+    ("IQ4_NL_CODEBOOK3", codebook_word(3)),
+];
+
+const fn codebook_word(k: usize) -> u32 {
+    u32::from_le_bytes([
+        IQ4_NL_CODEBOOK[4 * k] as u8,
+        IQ4_NL_CODEBOOK[4 * k + 1] as u8,
+        IQ4_NL_CODEBOOK[4 * k + 2] as u8,
+        IQ4_NL_CODEBOOK[4 * k + 3] as u8,
+    ])
+}
+
+/// block_q2_K: scales[16], qs[64], d, dmin (f16). Element 128n + 32j + 16h + l (half n,
+/// shift j, l < 16) is bits 2j..2j + 1 of qs[32n + 16h + l]; its scale byte is
+/// scales[8n + 2j + h], the low nibble its scale and the high nibble its min:
+/// value = d * scale * q - dmin * min.
+pub(super) fn dequant_q2_k(bytes: &[u8], out: &mut [f32]) {
+    let (d, dmin) = (f16_at(bytes, 80), f16_at(bytes, 82));
+    let qs = &bytes[16..80];
+    for n in 0..2 {
+        for j in 0..4 {
+            for h in 0..2 {
+                let packed = bytes[8 * n + 2 * j + h];
+                let scale = d * f32::from(packed & 0x0f);
+                let min = dmin * f32::from(packed >> 4);
+                for l in 0..16 {
+                    let q = (qs[32 * n + 16 * h + l] >> (2 * j)) & 3;
+                    out[128 * n + 32 * j + 16 * h + l] = scale * f32::from(q) - min;
+                }
+            }
+        }
+    }
+}
+
+/// The 6-bit scale `s` (0..16) of Q3_K, from its 12 packed bytes: the low four bits are
+/// nibble s / 8 of byte s % 8, the top two bits are bits 2 * (s / 4) of byte 8 + s % 4;
+/// stored with an offset of 32.
+fn q3_k_scale(scales: &[u8], s: usize) -> i32 {
+    let low = (scales[s % 8] >> (4 * (s / 8))) & 0x0f;
+    let high = (scales[8 + s % 4] >> (2 * (s / 4))) & 3;
+    i32::from(low | (high << 4)) - 32
+}
+
+/// block_q3_K: hmask[32], qs[64], scales[12], d (f16). Element 128n + 32j + 16h + l has its
+/// low two bits in bits 2j..2j + 1 of qs[32n + 16h + l] and its third bit in bit 4n + j of
+/// hmask[16h + l]; a clear third bit subtracts 4. value = d * scale(8n + 2j + h) * q.
+pub(super) fn dequant_q3_k(bytes: &[u8], out: &mut [f32]) {
+    let d = f16_at(bytes, 108);
+    let (hmask, qs, scales) = (&bytes[..32], &bytes[32..96], &bytes[96..108]);
+    for n in 0..2 {
+        for j in 0..4 {
+            for h in 0..2 {
+                let scale = d * q3_k_scale(scales, 8 * n + 2 * j + h) as f32;
+                for l in 0..16 {
+                    let low = i32::from((qs[32 * n + 16 * h + l] >> (2 * j)) & 3);
+                    let high_set = (hmask[16 * h + l] >> (4 * n + j)) & 1 == 1;
+                    let q = if high_set { low } else { low - 4 };
+                    out[128 * n + 32 * j + 16 * h + l] = scale * q as f32;
+                }
+            }
+        }
+    }
+}
+
+fn iq4_level(nibble: u8) -> f32 {
+    f32::from(IQ4_NL_CODEBOOK[usize::from(nibble)])
+}
+
+/// block_iq4_nl: d (f16), qs[16]; Q4_0's nibble order, value = d * codebook[q].
+pub(super) fn dequant_iq4_nl(bytes: &[u8], out: &mut [f32]) {
+    let d = f16_at(bytes, 0);
+    for j in 0..16 {
+        let q = bytes[2 + j];
+        out[j] = d * iq4_level(q & 0x0f);
+        out[j + 16] = d * iq4_level(q >> 4);
+    }
+}
+
+/// block_iq4_xs: d (f16), scales_h (u16), scales_l[4], qs[128]. Sub-block b (32 elements,
+/// qs[16b..16b + 16] in Q4_0's nibble order) has the 6-bit scale whose low four bits are
+/// nibble b % 2 of scales_l[b / 2] and top two bits bits 2b..2b + 1 of scales_h, stored
+/// with an offset of 32: value = d * (scale - 32) * codebook[q].
+pub(super) fn dequant_iq4_xs(bytes: &[u8], out: &mut [f32]) {
+    let d = f16_at(bytes, 0);
+    let scales_h = u16::from_le_bytes([bytes[2], bytes[3]]);
+    for b in 0..8 {
+        let low = (bytes[4 + b / 2] >> (4 * (b % 2))) & 0x0f;
+        let high = ((scales_h >> (2 * b)) & 3) as u8;
+        let scale = d * (i32::from(low | (high << 4)) - 32) as f32;
+        let qs = &bytes[8 + 16 * b..8 + 16 * b + 16];
+        let out = &mut out[32 * b..32 * b + 32];
+        for j in 0..16 {
+            out[j] = scale * iq4_level(qs[j] & 0x0f);
+            out[j + 16] = scale * iq4_level(qs[j] >> 4);
+        }
+    }
+}

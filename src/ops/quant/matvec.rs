@@ -16,6 +16,7 @@ const MATVEC: Kernel = Kernel {
     libs: &[
         Lib::Activation,
         Lib::Constants(super::KERNEL_CODES),
+        Lib::Constants(super::IQ4_NL_CODEBOOK_CONSTS),
         Lib::Dequant,
     ],
 };
@@ -30,6 +31,7 @@ const MATVEC_SUBGROUP: Kernel = Kernel {
     libs: &[
         Lib::Activation,
         Lib::Constants(super::KERNEL_CODES),
+        Lib::Constants(super::IQ4_NL_CODEBOOK_CONSTS),
         Lib::Dequant,
     ],
 };

@@ -8,8 +8,9 @@
 use crate::gguf::GgmlType;
 
 use super::dequant::{
-    dequant_bf16, dequant_f16, dequant_f32, dequant_q4_0, dequant_q4_1, dequant_q4_k, dequant_q5_0,
-    dequant_q5_1, dequant_q5_k, dequant_q6_k, dequant_q8_0,
+    dequant_bf16, dequant_f16, dequant_f32, dequant_iq4_nl, dequant_iq4_xs, dequant_q2_k,
+    dequant_q3_k, dequant_q4_0, dequant_q4_1, dequant_q4_k, dequant_q5_0, dequant_q5_1,
+    dequant_q5_k, dequant_q6_k, dequant_q8_0,
 };
 
 macro_rules! quant_types {
@@ -69,6 +70,10 @@ quant_types! {
     Q4_K: dequant_q4_k, f16 scales at [0, 2];
     Q5_K: dequant_q5_k, f16 scales at [0, 2];
     Q6_K: dequant_q6_k, f16 scales at [208];
+    Q2_K: dequant_q2_k, f16 scales at [80, 82];
+    Q3_K: dequant_q3_k, f16 scales at [108];
+    IQ4_NL: dequant_iq4_nl, f16 scales at [0];
+    IQ4_XS: dequant_iq4_xs, f16 scales at [0];
 }
 
 #[cfg(test)]
