@@ -25,6 +25,12 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: u32 },
+    #[error("the prompt is {prompt} tokens and {max_tokens} more are to be generated, but the context holds {context}")]
+    ContextTooSmall {
+        prompt: usize,
+        max_tokens: u32,
+        context: u32,
+    },
 }
 
 /// How to load a model.
@@ -65,6 +71,10 @@ pub struct Generated {
 /// Called with each piece of text as it becomes printable; return false to stop.
 pub type OnText<'a> = dyn FnMut(&str) -> bool + 'a;
 
+/// Called as prefill goes with (prompt tokens done, prompt tokens to do), counting only the
+/// tokens the cache did not already hold.
+pub type OnPrefill = dyn FnMut(usize, usize) + Send;
+
 pub struct Engine {
     pub header: Header,
     pub cfg: ModelConfig,
@@ -73,6 +83,9 @@ pub struct Engine {
     pub stage: Stage,
     /// Tokens whose keys and values are in the cache, in order, for reuse across turns.
     cached: Vec<u32>,
+    on_prefill: Option<Box<OnPrefill>>,
+    /// Prompt chunks shorter than this are fed one token at a time (`per_token_prefill_below`).
+    per_token_below: usize,
 }
 
 impl Engine {
@@ -88,13 +101,16 @@ impl Engine {
         let template = ChatTemplate::new(&tokenizer)?;
         let spec = StageSpec::whole(&cfg, options.max_context, &gpu);
         let stage = Stage::load(gpu, source, &header, spec, options.load, progress).await?;
+        let per_token_below = per_token_prefill_below(&stage.gpu);
         Ok(Engine {
             header,
             cfg,
             tokenizer,
             template,
             stage,
+            per_token_below,
             cached: Vec::new(),
+            on_prefill: None,
         })
     }
 
@@ -109,6 +125,50 @@ impl Engine {
         Ok(self.template.render_prompt(messages, true)?)
     }
 
+    /// The most tokens the cache holds: prompt and generated text together.
+    pub fn context_length(&self) -> u32 {
+        self.stage.spec.max_context
+    }
+
+    /// Whether a prompt of `prompt_tokens` and `max_tokens` more fit the context, checked
+    /// before any work so a prompt too long is refused at once rather than after prefill.
+    pub fn check_fits(&self, prompt_tokens: usize, max_tokens: u32) -> Result<(), EngineError> {
+        let context = self.context_length();
+        if prompt_tokens + max_tokens as usize > context as usize {
+            return Err(EngineError::ContextTooSmall {
+                prompt: prompt_tokens,
+                max_tokens,
+                context,
+            });
+        }
+        Ok(())
+    }
+
+    /// Feeds prompt chunks shorter than `tokens` one token at a time instead of the built-in
+    /// choice (for measuring the crossover: `runner bench --per-token-prefill-below`).
+    pub fn set_per_token_prefill_below(&mut self, tokens: usize) {
+        self.per_token_below = tokens;
+    }
+
+    /// Reports prefill progress to `on_prefill` from now on (the runner's progress bar).
+    pub fn set_prefill_progress(&mut self, on_prefill: Box<OnPrefill>) {
+        self.on_prefill = Some(on_prefill);
+    }
+
+    /// Tells `on_prefill` how far prefill is. Chunks are only submitted, so this waits for
+    /// the GPU first: without the wait the count would run ahead of the work.
+    fn report_prefill(&mut self, done: usize, total: usize) {
+        if let Some(on_prefill) = self.on_prefill.as_mut() {
+            if done > 0 && done < total {
+                let _ = self.stage.gpu.device.poll(wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: None,
+                });
+            }
+            on_prefill(done, total);
+        }
+    }
+
     /// Feeds `ids` after whatever the cache already holds in common with them, and returns
     /// the logits of the last position.
     async fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
@@ -116,10 +176,14 @@ impl Engine {
         self.cached.truncate(common);
         let max_batch = self.stage.spec.max_batch as usize;
         let mut logits = Vec::new();
+        let total = ids.len() - common;
+        self.report_prefill(0, total);
         for chunk in ids[common..].chunks(max_batch) {
             let start = self.cached.len() as u32;
             let is_last = self.cached.len() + chunk.len() == ids.len();
-            if is_last {
+            if chunk.len() < self.per_token_below {
+                logits = self.prefill_per_token(chunk, is_last).await?;
+            } else if is_last {
                 let rows = self
                     .stage
                     .forward_logits(&StageInput::Tokens(chunk), start, 1)
@@ -129,8 +193,32 @@ impl Engine {
                 self.stage.forward(&StageInput::Tokens(chunk), start)?;
             }
             self.cached.extend_from_slice(chunk);
+            self.report_prefill(self.cached.len() - common, total);
         }
         Ok(logits)
+    }
+
+    /// Feeds `chunk` one token at a time through the decode path (matrix-vector kernels),
+    /// returning the last position's logits when `want_logits`.
+    async fn prefill_per_token(
+        &mut self,
+        chunk: &[u32],
+        want_logits: bool,
+    ) -> Result<Vec<f32>, EngineError> {
+        let start = self.cached.len() as u32;
+        let (last, rest) = chunk.split_last().expect("chunks are not empty");
+        for (offset, id) in rest.iter().enumerate() {
+            let input = StageInput::Tokens(std::slice::from_ref(id));
+            self.stage.forward(&input, start + offset as u32)?;
+        }
+        let input = StageInput::Tokens(std::slice::from_ref(last));
+        let position = start + rest.len() as u32;
+        if !want_logits {
+            self.stage.forward(&input, position)?;
+            return Ok(Vec::new());
+        }
+        let rows = self.stage.forward_logits(&input, position, 1).await?;
+        Ok(rows.into_iter().next().unwrap_or_default())
     }
 
     /// Generates after `prompt_ids`, calling `on_text` with printable text as it comes.
@@ -263,6 +351,22 @@ async fn decode_sampled(
     cached.push(last);
     Ok(sampler.sample(&logits[0], history))
 }
+
+/// Below how many tokens a prompt chunk is cheaper fed token by token than as one batch.
+/// On a CPU adapter (lavapipe) the tiled prefill kernels cost more than a decode step per
+/// token for short chunks, measured in docs/perf.md ("Short prompts on lavapipe"), and a
+/// process's first batch also compiles them; on a GPU one batch of any size costs about one
+/// decode step, so only single tokens take the decode path (as they always do).
+pub fn per_token_prefill_below(gpu: &Gpu) -> usize {
+    if gpu.caps.cpu_work_split {
+        PER_TOKEN_PREFILL_BELOW_ON_CPU
+    } else {
+        0
+    }
+}
+
+/// The measured crossover on lavapipe (docs/perf.md).
+const PER_TOKEN_PREFILL_BELOW_ON_CPU: usize = 28;
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()

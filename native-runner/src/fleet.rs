@@ -17,7 +17,7 @@ use webshard::shard::roles::{
 use webshard::shard::{Encoding, FrameLimits, Transport, WebRtcConfig, WebRtcTransport};
 use webshard::tokenizer::ChatMessage;
 
-use crate::model_args::SamplerArgs;
+use crate::sampling_args::SamplerArgs;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CoordinateArgs {
@@ -177,11 +177,12 @@ pub async fn run_coordinator<T: Transport>(
     if args.f32_activations {
         config.runtime.hidden = Encoding::F32;
     }
+    let sampler = args.sampler.config();
     if args.verify > 0.0 {
         config.verify = Some(VerifyConfig {
             fraction: args.verify.min(1.0),
             tolerance: DEFAULT_TOLERANCE,
-            seed: args.sampler.seed,
+            seed: sampler.seed,
             gpu: Gpu::new(&gpu_options(&args.backend)?).await?,
         });
     }
@@ -198,7 +199,7 @@ pub async fn run_coordinator<T: Transport>(
         requests.push(GenerationRequest {
             prompt_ids: coordinator.tokenizer.encode(&prompt, true, true),
             max_tokens: args.n,
-            sampler: args.sampler.config(),
+            sampler: sampler.clone(),
             stop: args.stop.clone(),
         });
     }

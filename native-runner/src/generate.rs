@@ -1,13 +1,17 @@
-//! `runner generate` and `runner chat`.
+//! `runner generate` (`runner chat` is in chat.rs).
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 
-use anyhow::Context;
+use anyhow::anyhow;
 use serde_json::json;
-use webshard::engine::{Engine, GenerateOptions, Generated};
+use webshard::engine::{GenerateOptions, Generated};
+use webshard::sample::SamplerConfig;
 use webshard::tokenizer::ChatMessage;
 
-use crate::model_args::{ModelArgs, SamplerArgs};
+use crate::chat::announce_format;
+use crate::model_args::ModelArgs;
+use crate::progress;
+use crate::sampling_args::{parse_max_tokens, SamplerArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
@@ -17,7 +21,7 @@ pub struct GenerateArgs {
     #[arg(short = 'p', long)]
     pub prompt: String,
     /// Most tokens to generate.
-    #[arg(short = 'n', long, default_value_t = 128)]
+    #[arg(short = 'n', long, default_value = "128", value_parser = parse_max_tokens, allow_hyphen_values = true)]
     pub n: u32,
     #[command(flatten)]
     pub sampler: SamplerArgs,
@@ -35,10 +39,19 @@ pub struct GenerateArgs {
 pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let (mut engine, load) = args.model.load().await?;
     let prompt = match args.chat {
-        true => engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?,
+        true => {
+            announce_format(&engine, &args.model.model);
+            engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?
+        }
         false => args.prompt.clone(),
     };
     let prompt_ids = engine.tokenize_prompt(&prompt);
+    engine
+        .check_fits(prompt_ids.len(), args.n)
+        .map_err(|err| anyhow!("{err} (raise --ctx or lower -n)"))?;
+    if let Some(bar) = progress::prefill_bar(args.model.quiet) {
+        engine.set_prefill_progress(bar);
+    }
     let options = GenerateOptions {
         max_tokens: args.n,
         sampler: args.sampler.config(),
@@ -60,82 +73,28 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     } else {
         println!();
     }
-    eprintln!("{}", timings(load.seconds, &out));
+    eprintln!("{}", timings(Some(load.seconds), &out, &options.sampler));
     Ok(())
 }
 
-/// One line of timings for stderr.
-fn timings(load_seconds: f64, out: &Generated) -> String {
+/// One line of timings for stderr: the load (once per run), both phases' rates, and the seed
+/// of a sampled run so it can be repeated with `--seed`.
+pub(crate) fn timings(
+    load_seconds: Option<f64>,
+    out: &Generated,
+    sampler: &SamplerConfig,
+) -> String {
     let rate = |tokens: f64, seconds: f64| if seconds > 0.0 { tokens / seconds } else { 0.0 };
-    format!(
-        "load {load_seconds:.2} s | prefill {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s",
+    let mut line = load_seconds.map_or_else(String::new, |s| format!("load {s:.2} s | "));
+    line.push_str(&format!(
+        "prefill {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s",
         out.prefill_tokens,
         rate(f64::from(out.prefill_tokens), out.prefill_seconds),
         out.ids.len(),
         rate(out.ids.len() as f64, out.decode_seconds),
-    )
-}
-
-#[derive(clap::Args, Debug)]
-pub struct ChatArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Most tokens per reply.
-    #[arg(short = 'n', long, default_value_t = 512)]
-    pub n: u32,
-    #[command(flatten)]
-    pub sampler: SamplerArgs,
-    /// A system message to start the conversation with.
-    #[arg(long)]
-    pub system: Option<String>,
-}
-
-/// An interactive conversation; the KV cache keeps the conversation so far, so each turn only
-/// prefills what is new.
-pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
-    let (mut engine, _) = args.model.load().await?;
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(ChatMessage::new("system", system.as_str()));
+    ));
+    if !sampler.is_greedy() {
+        line.push_str(&format!(" | seed {}", sampler.seed));
     }
-    eprintln!(
-        "chatting with {} (empty line or Ctrl-D ends)",
-        args.model.model
-    );
-    let stdin = std::io::stdin();
-    loop {
-        eprint!("> ");
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line).context("reading stdin")? == 0
-            || line.trim().is_empty()
-        {
-            return Ok(());
-        }
-        messages.push(ChatMessage::new("user", line.trim_end()));
-        let reply = reply(&mut engine, &messages, args).await?;
-        messages.push(ChatMessage::new("assistant", reply));
-    }
-}
-
-async fn reply(
-    engine: &mut Engine,
-    messages: &[ChatMessage],
-    args: &ChatArgs,
-) -> anyhow::Result<String> {
-    let prompt_ids = engine.tokenize_prompt(&engine.chat_prompt(messages)?);
-    let options = GenerateOptions {
-        max_tokens: args.n,
-        sampler: args.sampler.config(),
-        stop: Vec::new(),
-    };
-    let out = engine
-        .generate(&prompt_ids, &options, &mut |text| {
-            print!("{text}");
-            let _ = std::io::stdout().flush();
-            true
-        })
-        .await?;
-    println!();
-    eprintln!("{}", timings(0.0, &out));
-    Ok(out.text)
+    line
 }
