@@ -88,17 +88,15 @@ impl Conversation {
     }
 }
 
-/// Set by Ctrl-C while a reply streams. Listening for SIGINT replaces its default (ending the
-/// process); at the prompt the terminal is in raw mode and rustyline reads Ctrl-C as a key.
-fn interrupt_flag() -> Arc<AtomicBool> {
+/// Set by Ctrl-C while a reply streams. The handler replaces SIGINT's default (ending the
+/// process) and runs on ctrlc's own thread: the runtime's signal driver would not run while
+/// the main thread blocks on the GPU. At the prompt the terminal is in raw mode and rustyline
+/// reads Ctrl-C as a key.
+fn interrupt_flag() -> anyhow::Result<Arc<AtomicBool>> {
     let flag = Arc::new(AtomicBool::new(false));
     let setter = Arc::clone(&flag);
-    tokio::spawn(async move {
-        while tokio::signal::ctrl_c().await.is_ok() {
-            setter.store(true, Ordering::SeqCst);
-        }
-    });
-    flag
+    ctrlc::set_handler(move || setter.store(true, Ordering::SeqCst))?;
+    Ok(flag)
 }
 
 /// Says on stderr which chat format renders the conversation when the model has no template.
@@ -117,7 +115,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         engine.set_prefill_progress(bar);
     }
     let sampler = args.sampler.config();
-    let interrupted = interrupt_flag();
+    let interrupted = interrupt_flag()?;
     let mut editor = DefaultEditor::new()?;
     let mut conversation = Conversation {
         system: args.system.clone(),
