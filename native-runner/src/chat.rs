@@ -37,7 +37,7 @@ commands (never sent to the model):
   /clear        forget the conversation (the system message stays)
   /system TEXT  set the system message and start over (/system alone removes it)
   /exit         quit (Ctrl-D does too)
-Ctrl-C stops a reply; arrow keys edit the line and walk the history.";
+Arrow keys edit the line and walk the history.";
 
 /// What a line typed at the prompt asks for.
 #[derive(Debug, PartialEq)]
@@ -122,7 +122,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         turns: Vec::new(),
     };
     eprintln!(
-        "loaded {} in {:.2} s; /help lists commands, Ctrl-C stops a reply, Ctrl-D or /exit quits",
+        "loaded {} in {:.2} s; /help lists commands, Ctrl-D or /exit quits",
         args.model.model, load.seconds
     );
     loop {
