@@ -26,6 +26,12 @@ pub enum EngineError {
     Gguf(#[from] crate::gguf::GgufError),
     #[error(transparent)]
     Request(#[from] RequestError),
+    #[error("the prompt is {prompt} tokens and {max_tokens} more are to be generated, but the context holds {context}")]
+    ContextTooSmall {
+        prompt: usize,
+        max_tokens: u32,
+        context: u32,
+    },
 }
 
 /// How to load a model.
@@ -44,6 +50,10 @@ impl Default for EngineOptions {
     }
 }
 
+/// Called as prefill goes with (prompt tokens done, prompt tokens to do), counting only the
+/// tokens the cache did not already hold.
+pub type OnPrefill = dyn FnMut(usize, usize) + Send;
+
 pub struct Engine {
     /// Header and configuration, read once.
     pub model: OpenModel,
@@ -51,6 +61,9 @@ pub struct Engine {
     pub stage: Stage,
     /// Tokens whose keys and values are in the cache, in order, for reuse across turns.
     cached: Vec<u32>,
+    on_prefill: Option<Box<OnPrefill>>,
+    /// Prompt chunks shorter than this are fed one token at a time (`per_token_prefill_below`).
+    per_token_below: usize,
 }
 
 impl Engine {
@@ -64,17 +77,64 @@ impl Engine {
         let text = TextFront::from_header(&model.header)?;
         let spec = StageSpec::whole(&model.cfg, options.max_context, &gpu);
         let stage = Stage::load(gpu, source, &model, spec, options.load, progress).await?;
+        let per_token_below = per_token_prefill_below(&stage.gpu);
         Ok(Engine {
             model,
             text,
             stage,
+            per_token_below,
             cached: Vec::new(),
+            on_prefill: None,
         })
     }
 
     /// The text front's tokenization of a prompt (see `TextFront::tokenize_prompt`).
     pub fn tokenize_prompt(&self, text: &str) -> Vec<u32> {
         self.text.tokenize_prompt(text)
+    }
+
+    /// The most tokens the cache holds: prompt and generated text together.
+    pub fn context_length(&self) -> u32 {
+        self.stage.spec.max_context
+    }
+
+    /// Whether a prompt of `prompt_tokens` and `max_tokens` more fit the context, checked
+    /// before any work so a prompt too long is refused at once rather than after prefill.
+    pub fn check_fits(&self, prompt_tokens: usize, max_tokens: u32) -> Result<(), EngineError> {
+        let context = self.context_length();
+        if prompt_tokens + max_tokens as usize > context as usize {
+            return Err(EngineError::ContextTooSmall {
+                prompt: prompt_tokens,
+                max_tokens,
+                context,
+            });
+        }
+        Ok(())
+    }
+
+    /// Feeds prompt chunks shorter than `tokens` one token at a time instead of the built-in
+    /// choice (for measuring the crossover: `runner bench --per-token-prefill-below`).
+    pub fn set_per_token_prefill_below(&mut self, tokens: usize) {
+        self.per_token_below = tokens;
+    }
+
+    /// Reports prefill progress to `on_prefill` from now on (the runner's progress bar).
+    pub fn set_prefill_progress(&mut self, on_prefill: Box<OnPrefill>) {
+        self.on_prefill = Some(on_prefill);
+    }
+
+    /// Tells `on_prefill` how far prefill is. Chunks are only submitted, so this waits for
+    /// the GPU first: without the wait the count would run ahead of the work.
+    fn report_prefill(&mut self, done: usize, total: usize) {
+        if let Some(on_prefill) = self.on_prefill.as_mut() {
+            if done > 0 && done < total {
+                let _ = self.stage.gpu.device.poll(wgpu::PollType::Wait {
+                    submission_index: None,
+                    timeout: None,
+                });
+            }
+            on_prefill(done, total);
+        }
     }
 
     /// Feeds `ids` after whatever the cache already holds in common with them, and returns
@@ -84,10 +144,14 @@ impl Engine {
         self.cached.truncate(common);
         let max_batch = self.stage.spec.max_batch as usize;
         let mut logits = Vec::new();
+        let total = ids.len() - common;
+        self.report_prefill(0, total);
         for chunk in ids[common..].chunks(max_batch) {
             let start = self.cached.len() as u32;
             let is_last = self.cached.len() + chunk.len() == ids.len();
-            if is_last {
+            if chunk.len() < self.per_token_below {
+                logits = self.prefill_per_token(chunk, is_last).await?;
+            } else if is_last {
                 let rows = self
                     .stage
                     .forward_logits(&StageInput::Tokens(chunk), start, 1)
@@ -97,8 +161,32 @@ impl Engine {
                 self.stage.forward(&StageInput::Tokens(chunk), start)?;
             }
             self.cached.extend_from_slice(chunk);
+            self.report_prefill(self.cached.len() - common, total);
         }
         Ok(logits)
+    }
+
+    /// Feeds `chunk` one token at a time through the decode path (matrix-vector kernels),
+    /// returning the last position's logits when `want_logits`.
+    async fn prefill_per_token(
+        &mut self,
+        chunk: &[u32],
+        want_logits: bool,
+    ) -> Result<Vec<f32>, EngineError> {
+        let start = self.cached.len() as u32;
+        let (last, rest) = chunk.split_last().expect("chunks are not empty");
+        for (offset, id) in rest.iter().enumerate() {
+            let input = StageInput::Tokens(std::slice::from_ref(id));
+            self.stage.forward(&input, start + offset as u32)?;
+        }
+        let input = StageInput::Tokens(std::slice::from_ref(last));
+        let position = start + rest.len() as u32;
+        if !want_logits {
+            self.stage.forward(&input, position)?;
+            return Ok(Vec::new());
+        }
+        let rows = self.stage.forward_logits(&input, position, 1).await?;
+        Ok(rows.into_iter().next().unwrap_or_default())
     }
 
     /// Generates one request after its (checked, non-empty) prompt, reusing the cached prefix.
@@ -227,6 +315,22 @@ async fn decode_sampled(
     cached.push(last);
     Ok(decoding.sample(&logits[0]))
 }
+
+/// Below how many tokens a prompt chunk is cheaper fed token by token than as one batch.
+/// On a CPU adapter (lavapipe) the tiled prefill kernels cost more than a decode step per
+/// token for short chunks, measured in docs/perf.md ("Short prompts on lavapipe"), and a
+/// process's first batch also compiles them; on a GPU one batch of any size costs about one
+/// decode step, so only single tokens take the decode path (as they always do).
+pub fn per_token_prefill_below(gpu: &Gpu) -> usize {
+    if gpu.caps.cpu_work_split {
+        PER_TOKEN_PREFILL_BELOW_ON_CPU
+    } else {
+        0
+    }
+}
+
+/// The measured crossover on lavapipe (docs/perf.md).
+const PER_TOKEN_PREFILL_BELOW_ON_CPU: usize = 28;
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()

@@ -9,6 +9,7 @@ use webshard::engine::Engine;
 use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
 
+use crate::info::{model_label, parameter_count, quantization};
 use crate::memory;
 use crate::model_args::ModelArgs;
 use crate::profile::{profile_decode, profile_prefill, DecodeProfile, KernelTable};
@@ -140,6 +141,13 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     let caps = &engine.stage.gpu.caps;
     let variant = engine.stage.gpu.variant();
     let resident = memory::resident_peak().unwrap_or(0);
+    let parameters = parameter_count(&engine.model.header);
+    let weight_bytes: u64 = engine.model.header.tensors.iter().map(|t| t.bytes).sum();
+    let model_type = model_label(
+        engine.model.cfg.arch.name(),
+        parameters,
+        &quantization(&engine.model.header)?,
+    );
     if args.json {
         let rows: Vec<_> = tests
             .iter()
@@ -147,6 +155,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             .collect();
         let value = json!({
             "model": args.model.model, "architecture": engine.model.cfg.arch.name(),
+            "model_type": model_type, "model_size": weight_bytes, "model_n_params": parameters,
             "adapter": caps.adapter, "backend": caps.backend, "variant": variant.to_string(),
             "load_seconds": load.seconds, "load_bytes": load.bytes,
             "peak_heap_bytes_during_load": load.peak_heap_bytes, "peak_resident_bytes": resident,
@@ -158,12 +167,13 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         println!("{value}");
         return Ok(());
     }
-    println!("| model | adapter | backend | variant | test | t/s |");
-    println!("| --- | --- | --- | --- | --- | ---: |");
+    println!("| model | size | params | adapter | backend | variant | test | t/s |");
+    println!("| --- | ---: | ---: | --- | --- | --- | --- | ---: |");
     for (name, (mean, sd)) in &tests {
         println!(
-            "| {} | {} | {} | {variant} | {name} | {mean:.2} ± {sd:.2} |",
-            engine.model.cfg.arch.name(),
+            "| {model_type} | {:.2} MiB | {:.2} M | {} | {} | {variant} | {name} | {mean:.2} ± {sd:.2} |",
+            weight_bytes as f64 / f64::from(1 << 20),
+            parameters as f64 / 1e6,
             caps.adapter,
             caps.backend
         );

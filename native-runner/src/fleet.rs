@@ -19,7 +19,7 @@ use webshard::shard::roles::{
 use webshard::shard::{Encoding, FrameLimits, Transport, WebRtcConfig, WebRtcTransport};
 use webshard::tokenizer::ChatMessage;
 
-use crate::model_args::SamplerArgs;
+use crate::sampling_args::SamplerArgs;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct CoordinateArgs {
@@ -179,11 +179,12 @@ pub async fn run_coordinator<T: Transport>(
     if args.f32_activations {
         config.runtime.hidden = Encoding::F32;
     }
+    let sampler = args.sampler.config();
     if args.verify > 0.0 {
         config.verify = Some(VerifyConfig {
             fraction: args.verify.min(1.0),
             tolerance: DEFAULT_TOLERANCE,
-            seed: args.sampler.seed,
+            seed: sampler.seed,
             gpu: Gpu::new(&gpu_options(&args.backend)?).await?,
         });
     }
@@ -191,7 +192,7 @@ pub async fn run_coordinator<T: Transport>(
     let mut coordinator = Coordinator::connect(transport, config).await?;
     let options = GenerateOptions {
         max_tokens: args.n,
-        sampler: args.sampler.config(),
+        sampler: sampler.clone(),
         stop: args.stop.clone(),
     };
     let requests: Vec<GenerateRequest> = args

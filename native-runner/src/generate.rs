@@ -1,15 +1,18 @@
-//! `runner generate` and `runner chat`.
+//! `runner generate` (`runner chat` is in chat.rs).
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 use std::ops::ControlFlow;
 
-use anyhow::Context;
+use anyhow::anyhow;
 use serde_json::json;
-use webshard::engine::Engine;
 use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt, TokenEvent};
+use webshard::sample::SamplerConfig;
 use webshard::tokenizer::ChatMessage;
 
-use crate::model_args::{ModelArgs, SamplerArgs};
+use crate::chat::announce_format;
+use crate::model_args::ModelArgs;
+use crate::progress;
+use crate::sampling_args::{parse_max_tokens, SamplerArgs};
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
@@ -19,7 +22,7 @@ pub struct GenerateArgs {
     #[arg(short = 'p', long)]
     pub prompt: String,
     /// Most tokens to generate.
-    #[arg(short = 'n', long, default_value_t = 128)]
+    #[arg(short = 'n', long, default_value = "128", value_parser = parse_max_tokens, allow_hyphen_values = true)]
     pub n: u32,
     #[command(flatten)]
     pub sampler: SamplerArgs,
@@ -37,16 +40,26 @@ pub struct GenerateArgs {
 pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let (mut engine, load) = args.model.load().await?;
     let prompt = match args.chat {
-        true => Prompt::Chat(vec![ChatMessage::new("user", args.prompt.as_str())]),
+        true => {
+            announce_format(&engine, &args.model.model);
+            Prompt::Chat(vec![ChatMessage::new("user", args.prompt.as_str())])
+        }
         false => Prompt::Text(args.prompt.clone()),
     };
+    let prompt_ids = engine.prompt_ids(&prompt)?;
+    engine
+        .check_fits(prompt_ids.len(), args.n)
+        .map_err(|err| anyhow!("{err} (raise --ctx or lower -n)"))?;
+    if let Some(bar) = progress::prefill_bar(args.model.quiet) {
+        engine.set_prefill_progress(bar);
+    }
     let options = GenerateOptions {
         max_tokens: args.n,
         sampler: args.sampler.config(),
         stop: args.stop.clone(),
     };
     let stream = !args.json;
-    let request = GenerateRequest::new(prompt, options);
+    let request = GenerateRequest::new(Prompt::Ids(prompt_ids), options.clone());
     let out = engine
         .generate_one(&request, &mut |event| {
             if stream {
@@ -61,88 +74,35 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     } else {
         println!();
     }
-    eprintln!("{}", timings(load.seconds, &out));
+    eprintln!("{}", timings(Some(load.seconds), &out, &options.sampler));
     Ok(())
 }
 
 /// Prints a token's text as it comes.
-fn print_piece(event: TokenEvent<'_>) {
+pub(crate) fn print_piece(event: TokenEvent<'_>) {
     print!("{}", event.text);
     let _ = std::io::stdout().flush();
 }
 
-/// One line of timings for stderr.
-fn timings(load_seconds: f64, out: &Generated) -> String {
+/// One line of timings for stderr: the load (once per run), both phases' rates, and the seed
+/// of a sampled run so it can be repeated with `--seed`.
+pub(crate) fn timings(
+    load_seconds: Option<f64>,
+    out: &Generated,
+    sampler: &SamplerConfig,
+) -> String {
     let rate = |tokens: f64, seconds: f64| if seconds > 0.0 { tokens / seconds } else { 0.0 };
+    let mut line = load_seconds.map_or_else(String::new, |s| format!("load {s:.2} s | "));
     let prefill_tokens = out.prefill_tokens();
-    format!(
-        "load {load_seconds:.2} s | prefill {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s",
+    line.push_str(&format!(
+        "prefill {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s",
         prefill_tokens,
         rate(f64::from(prefill_tokens), out.timings.prefill_seconds),
         out.ids.len(),
         rate(out.ids.len() as f64, out.timings.decode_seconds),
-    )
-}
-
-#[derive(clap::Args, Debug)]
-pub struct ChatArgs {
-    #[command(flatten)]
-    pub model: ModelArgs,
-    /// Most tokens per reply.
-    #[arg(short = 'n', long, default_value_t = 512)]
-    pub n: u32,
-    #[command(flatten)]
-    pub sampler: SamplerArgs,
-    /// A system message to start the conversation with.
-    #[arg(long)]
-    pub system: Option<String>,
-}
-
-/// An interactive conversation; the KV cache keeps the conversation so far, so each turn only
-/// prefills what is new.
-pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
-    let (mut engine, _) = args.model.load().await?;
-    let mut messages = Vec::new();
-    if let Some(system) = &args.system {
-        messages.push(ChatMessage::new("system", system.as_str()));
+    ));
+    if !sampler.is_greedy() {
+        line.push_str(&format!(" | seed {}", sampler.seed));
     }
-    eprintln!(
-        "chatting with {} (empty line or Ctrl-D ends)",
-        args.model.model
-    );
-    let stdin = std::io::stdin();
-    loop {
-        eprint!("> ");
-        let mut line = String::new();
-        if stdin.lock().read_line(&mut line).context("reading stdin")? == 0
-            || line.trim().is_empty()
-        {
-            return Ok(());
-        }
-        messages.push(ChatMessage::new("user", line.trim_end()));
-        let reply = reply(&mut engine, &messages, args).await?;
-        messages.push(ChatMessage::new("assistant", reply));
-    }
-}
-
-async fn reply(
-    engine: &mut Engine,
-    messages: &[ChatMessage],
-    args: &ChatArgs,
-) -> anyhow::Result<String> {
-    let options = GenerateOptions {
-        max_tokens: args.n,
-        sampler: args.sampler.config(),
-        stop: Vec::new(),
-    };
-    let request = GenerateRequest::new(Prompt::Chat(messages.to_vec()), options);
-    let out = engine
-        .generate_one(&request, &mut |event| {
-            print_piece(event);
-            ControlFlow::Continue(())
-        })
-        .await?;
-    println!();
-    eprintln!("{}", timings(0.0, &out));
-    Ok(out.text)
+    line
 }

@@ -29,6 +29,10 @@ pub struct ModelInfo {
     pub header_bytes: u64,
     pub tensor_count: usize,
     pub weight_bytes: u64,
+    /// Weights counted one per element, as llama-bench's `params`.
+    pub parameters: u64,
+    /// `general.file_type` named as llama.cpp names it, else the type most bytes are in.
+    pub quantization: String,
     pub unsupported_tensor_count: usize,
     pub type_histogram: BTreeMap<String, TypeTotal>,
     pub tensors: Vec<TensorRow>,
@@ -98,6 +102,8 @@ fn summarise(
         header_bytes: header.data_offset,
         tensor_count: tensors.len(),
         weight_bytes: tensors.iter().map(|t| t.bytes).sum(),
+        parameters: parameter_count(header),
+        quantization: quantization(header)?,
         unsupported_tensor_count: tensors.iter().filter(|t| !t.supported).count(),
         type_histogram: type_histogram(&tensors),
         tensors,
@@ -127,6 +133,66 @@ fn vocab_size(meta: &Metadata) -> Option<u64> {
     Some(tokens.len() as u64)
 }
 
+/// Elements of every tensor.
+pub fn parameter_count(header: &Header) -> u64 {
+    header
+        .tensors
+        .iter()
+        .map(|t| t.shape.iter().product::<u64>())
+        .sum()
+}
+
+/// llama.cpp's name of `general.file_type` (its `llama_ftype`), else the tensor type that
+/// holds the most bytes (files without the key, or a type llama.cpp added later).
+pub fn quantization(header: &Header) -> Result<String, GgufError> {
+    let named = header
+        .metadata
+        .opt_u64("general.file_type")?
+        .and_then(file_type_name);
+    Ok(named.map_or_else(|| dominant_type(header), str::to_string))
+}
+
+fn file_type_name(file_type: u64) -> Option<&'static str> {
+    Some(match file_type {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        7 => "Q8_0",
+        8 => "Q5_0",
+        9 => "Q5_1",
+        10 => "Q2_K",
+        11 => "Q3_K_S",
+        12 => "Q3_K_M",
+        13 => "Q3_K_L",
+        14 => "Q4_K_S",
+        15 => "Q4_K_M",
+        16 => "Q5_K_S",
+        17 => "Q5_K_M",
+        18 => "Q6_K",
+        32 => "BF16",
+        _ => return None,
+    })
+}
+
+fn dominant_type(header: &Header) -> String {
+    let mut bytes = BTreeMap::<&str, u64>::new();
+    for tensor in &header.tensors {
+        *bytes.entry(tensor.ggml_type.name()).or_default() += tensor.bytes;
+    }
+    let top = bytes.into_iter().max_by_key(|(_, total)| *total);
+    top.map_or_else(|| "-".to_string(), |(name, _)| name.to_string())
+}
+
+/// What llama-bench's model column says: `llama 135M Q4_1`.
+pub fn model_label(architecture: &str, parameters: u64, quantization: &str) -> String {
+    let size = match parameters {
+        p if p >= 1_000_000_000 => format!("{:.1}B", p as f64 / 1e9),
+        p => format!("{:.0}M", p as f64 / 1e6),
+    };
+    format!("{architecture} {size} {quantization}")
+}
+
 fn tensor_row(tensor: &TensorInfo) -> TensorRow {
     TensorRow {
         name: tensor.name.clone(),
@@ -148,12 +214,17 @@ fn type_histogram(tensors: &[TensorRow]) -> BTreeMap<String, TypeTotal> {
     histogram
 }
 
-/// The human-readable report: summary, type histogram, tensor table.
-pub fn render_text(info: &ModelInfo) -> String {
+/// The human-readable report: summary and type histogram, and the tensor table when asked
+/// for (it is hundreds of lines).
+pub fn render_text(info: &ModelInfo, with_tensors: bool) -> String {
     let mut out = String::new();
     render_summary(&mut out, info);
     render_histogram(&mut out, info);
-    render_tensors(&mut out, info);
+    if with_tensors {
+        render_tensors(&mut out, info);
+    } else {
+        let _ = writeln!(out, "\n(--tensors lists the {} tensors)", info.tensor_count);
+    }
     out
 }
 
@@ -166,7 +237,13 @@ fn render_summary(out: &mut String, info: &ModelInfo) {
     let rows = [
         ("source", info.source.clone()),
         ("name", or_dash(info.name.as_deref())),
+        (
+            "model",
+            model_label(&info.architecture, info.parameters, &info.quantization),
+        ),
         ("architecture", info.architecture.clone()),
+        ("parameters", info.parameters.to_string()),
+        ("quantization", info.quantization.clone()),
         ("gguf version", info.gguf_version.to_string()),
         ("file bytes", or_dash(info.file_bytes)),
         ("block_count", or_dash(h.block_count)),

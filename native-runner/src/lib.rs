@@ -2,12 +2,16 @@
 //! integration tests and later commands (shard donors, `/signal`) can reuse them.
 
 pub mod bench;
+pub mod chat;
 pub mod fleet;
 pub mod generate;
 pub mod info;
 pub mod memory;
 pub mod model_args;
 pub mod profile;
+pub mod progress;
+pub mod runtime_dir;
+pub mod sampling_args;
 pub mod score;
 pub mod serve;
 pub mod signal;

@@ -6,8 +6,9 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use native_runner::bench::{bench, BenchArgs};
+use native_runner::chat::{chat, ChatArgs};
 use native_runner::fleet::{coordinate, donor, CoordinateArgs, DonorArgs};
-use native_runner::generate::{chat, generate, ChatArgs, GenerateArgs};
+use native_runner::generate::{generate, GenerateArgs};
 use native_runner::info::{inspect, render_text};
 use native_runner::score::{score, tokenize, ScoreArgs, TokenizeArgs};
 use native_runner::serve::{serve, ServeOptions};
@@ -54,6 +55,9 @@ enum Command {
         /// Print one JSON object instead of tables.
         #[arg(long)]
         json: bool,
+        /// Also list every tensor (name, type, shape, offset, bytes).
+        #[arg(long)]
+        tensors: bool,
     },
     /// Generate text after a prompt, streaming it to stdout (timings on stderr).
     Generate(GenerateArgs),
@@ -73,6 +77,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Before the runtime's threads exist: this may set an environment variable.
+    native_runner::runtime_dir::ensure_runtime_dir();
     init_logging(cli.verbose);
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
@@ -140,14 +146,18 @@ fn run(command: Command) -> anyhow::Result<()> {
             };
             runtime.block_on(serve(&opts))?;
         }
-        Command::Info { source, json } => {
+        Command::Info {
+            source,
+            json,
+            tensors,
+        } => {
             let info = runtime
                 .block_on(inspect(&source))
                 .map_err(|err| located(&source, err))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&info)?);
             } else {
-                print!("{}", render_text(&info));
+                print!("{}", render_text(&info, tensors));
             }
         }
         Command::Generate(args) => runtime.block_on(generate(&args))?,

@@ -9,7 +9,6 @@ use webshard::engine::{Engine, EngineOptions};
 use webshard::gguf::open_source;
 use webshard::gpu::{BackendChoice, Gpu, GpuOptions};
 use webshard::ops::quant::MatmulTile;
-use webshard::sample::SamplerConfig;
 
 use crate::memory;
 
@@ -41,42 +40,13 @@ pub struct ModelArgs {
     /// tiles; a tile the device cannot hold falls back).
     #[arg(long, value_parser = parse_matmul_tile, hide = true)]
     pub matmul_tile: Option<[u32; 3]>,
-    /// No progress bar while loading.
+    /// Feed prompt chunks shorter than this one token at a time instead of the built-in
+    /// crossover (for measuring it; 0 always batches).
+    #[arg(long, hide = true)]
+    pub per_token_prefill_below: Option<usize>,
+    /// No progress bar while loading or processing the prompt.
     #[arg(long)]
     pub quiet: bool,
-}
-
-#[derive(clap::Args, Debug, Clone)]
-pub struct SamplerArgs {
-    /// Temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.8)]
-    pub temp: f32,
-    #[arg(long, default_value_t = 40)]
-    pub top_k: u32,
-    #[arg(long, default_value_t = 0.95)]
-    pub top_p: f32,
-    #[arg(long, default_value_t = 0.05)]
-    pub min_p: f32,
-    #[arg(long, default_value_t = 1.0)]
-    pub repeat_penalty: f32,
-    #[arg(long, default_value_t = 64)]
-    pub repeat_last_n: u32,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-}
-
-impl SamplerArgs {
-    pub fn config(&self) -> SamplerConfig {
-        SamplerConfig {
-            temperature: self.temp,
-            top_k: self.top_k as usize,
-            top_p: self.top_p,
-            min_p: self.min_p,
-            repeat_penalty: self.repeat_penalty,
-            repeat_last_n: self.repeat_last_n as usize,
-            seed: self.seed,
-        }
-    }
 }
 
 /// How a load went, for timings and `runner bench`.
@@ -120,7 +90,7 @@ impl ModelArgs {
             max_context: self.ctx,
             ..Default::default()
         };
-        let engine = Engine::load(Arc::clone(&gpu), source.as_ref(), &options, &mut |p| {
+        let mut engine = Engine::load(Arc::clone(&gpu), source.as_ref(), &options, &mut |p| {
             bar.set_length(p.bytes_total);
             bar.set_position(p.bytes_done);
             bar.set_message(p.tensor.to_string());
@@ -129,6 +99,9 @@ impl ModelArgs {
         .await
         .with_context(|| format!("loading {}", self.model))?;
         bar.finish_and_clear();
+        if let Some(tokens) = self.per_token_prefill_below {
+            engine.set_per_token_prefill_below(tokens);
+        }
         let report = LoadReport {
             seconds: started.elapsed().as_secs_f64(),
             bytes,

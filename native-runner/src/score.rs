@@ -34,7 +34,10 @@ pub async fn score(args: &ScoreArgs) -> anyhow::Result<()> {
         let cells: Vec<String> = top
             .iter()
             .map(|(id, logit)| {
-                format!("{id}:{:?} {logit:.4}", engine.text.tokenizer.decode(&[*id]))
+                format!(
+                    "{id}:{:?} {logit:.4}",
+                    token_display(&engine.text.tokenizer, *id)
+                )
             })
             .collect();
         println!("{i:>4} {:>8} -> {}", args.ids[i], cells.join("  "));
@@ -52,6 +55,16 @@ fn top_k(row: &[f32], k: usize) -> Vec<(u32, f32)> {
     indexed.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
     indexed.truncate(k);
     indexed
+}
+
+/// What a token reads as: its decoded text, or for a special token (which decodes to
+/// nothing) its own text, e.g. `<|im_start|>`.
+fn token_display(tokenizer: &Tokenizer, id: u32) -> String {
+    let text = tokenizer.decode(&[id]);
+    match text.is_empty() {
+        true => tokenizer.token_text(id).unwrap_or_default().to_string(),
+        false => text,
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -87,7 +100,7 @@ pub async fn tokenize(args: &TokenizeArgs) -> anyhow::Result<()> {
         println!("{}", json!({ "ids": ids }));
     } else {
         for id in &ids {
-            println!("{id:>8} {:?}", tokenizer.decode(&[*id]));
+            println!("{id:>8} {:?}", token_display(&tokenizer, *id));
         }
     }
     Ok(())

@@ -77,7 +77,9 @@ pub struct Server {
 impl Server {
     /// Binds the listener, so the actual address (port 0 resolved) is known before serving.
     pub async fn bind(opts: &ServeOptions) -> io::Result<Self> {
-        let listener = TcpListener::bind((opts.host.as_str(), opts.port)).await?;
+        let listener = TcpListener::bind((opts.host.as_str(), opts.port))
+            .await
+            .map_err(|err| bind_error(opts, err))?;
         let addr = listener.local_addr()?;
         let log = match &opts.request_log {
             Some(path) => Some(RequestLog::open(path)?),
@@ -118,8 +120,32 @@ impl Server {
     }
 }
 
+/// The bind error naming the address, with what to do when the port is taken.
+fn bind_error(opts: &ServeOptions, err: io::Error) -> io::Error {
+    let address = format!("{}:{}", opts.host, opts.port);
+    let message = match err.kind() {
+        io::ErrorKind::AddrInUse => {
+            format!(
+                "port {} on {} is already in use: pick another with --port (0 picks a free one)",
+                opts.port, opts.host
+            )
+        }
+        _ => format!("cannot listen on {address}: {err}"),
+    };
+    io::Error::new(err.kind(), message)
+}
+
 /// Binds, prints the URLs (the first line is `serving http://HOST:PORT/`), and serves.
 pub async fn serve(opts: &ServeOptions) -> io::Result<()> {
+    if !opts.root.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!(
+                "--root {} is not a folder (it should hold web/, pkg/ and models/)",
+                opts.root.display()
+            ),
+        ));
+    }
     let server = Server::bind(opts).await?;
     let mut stdout = io::stdout().lock();
     stdout.write_all(banner(&server.base_url(), opts).as_bytes())?;

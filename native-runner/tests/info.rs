@@ -206,7 +206,8 @@ fn info_by_url_fetches_little_more_than_the_header() {
 #[test]
 fn text_output_names_the_essentials() {
     let path = common::model_path(common::SMOLLM2);
-    let out = run_info(&[path.to_str().unwrap()]);
+    // The tensor table comes with --tensors (the default is the summary alone).
+    let out = run_info(&[path.to_str().unwrap(), "--tensors"]);
     assert!(out.status.success());
     let text = String::from_utf8(out.stdout).unwrap();
     let line = |label: &str| {

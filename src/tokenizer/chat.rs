@@ -106,6 +106,18 @@ impl ChatTemplate {
         })
     }
 
+    /// The built-in format used for a model that has no chat template of its own, named for
+    /// the user; None when the model's own template renders the conversation.
+    pub fn builtin_format(&self) -> Option<&'static str> {
+        match self.format {
+            Format::Jinja(_) => None,
+            Format::Gemma => {
+                Some("the built-in Gemma turn format (<start_of_turn>role … <end_of_turn>)")
+            }
+            Format::ChatMl => Some("the built-in ChatML format (<|im_start|>role … <|im_end|>)"),
+        }
+    }
+
     /// The full rendering, as the template produces it (it may start with the BOS text).
     pub fn render(
         &self,

@@ -1,0 +1,148 @@
+#!/usr/bin/env python3
+"""Drives N concurrent streaming chat completions through an OpenAI-compatible server and
+prints aggregate decode tok/s, time to first token (p50/p99) and per-stream tok/s.
+
+The same client measures `runner serve -m` and llama.cpp's `llama-server`, so the two are
+compared by one yardstick. Standard library only (asyncio streams, HTTP/1.1, SSE), so it runs
+on any machine with Python 3.8+, the device machine included. Loopback or a given URL only.
+
+    bench_serve.py --url http://127.0.0.1:8080 --model NAME [--streams 1,4,16,64]
+                   [--max-tokens 128] [--json FILE]
+
+Tokens are counted from the final usage chunk (`stream_options.include_usage`) where the
+server sends one, else as content chunks (one token each for both servers). Decode tok/s for a
+stream is (tokens - 1) / (last token time - first token time); the aggregate is every stream's
+tokens after its first over the span from the first first-token to the last last-token.
+"""
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+from urllib.parse import urlsplit
+
+TOPICS = ["rivers", "bridges", "volcanoes", "libraries", "trains", "forests", "comets", "bees",
+          "lighthouses", "glaciers", "markets", "deserts", "clocks", "harbours", "orchards",
+          "caves"]
+
+
+def prompt(index):
+    topic = TOPICS[index % len(TOPICS)]
+    return f"Write a long, detailed essay about {topic}. Essay number {index}."
+
+
+async def one_stream(host, port, path, body, api_key):
+    """One streaming request; returns (first token time, last token time, tokens, started)."""
+    reader, writer = await asyncio.open_connection(host, port)
+    payload = json.dumps(body).encode()
+    headers = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", "Content-Type: application/json",
+               f"Content-Length: {len(payload)}", "Accept: text/event-stream", "Connection: close"]
+    if api_key:
+        headers.append(f"Authorization: Bearer {api_key}")
+    started = time.perf_counter()
+    writer.write(("\r\n".join(headers) + "\r\n\r\n").encode() + payload)
+    await writer.drain()
+    status = await reader.readline()
+    if b" 200 " not in status:
+        rest = await reader.read(2000)
+        raise RuntimeError(f"{status.decode().strip()}: {rest.decode(errors='replace')[:500]}")
+    chunked = False
+    while (line := await reader.readline()) not in (b"\r\n", b""):
+        chunked |= line.lower().startswith(b"transfer-encoding:") and b"chunked" in line.lower()
+    first = last = None
+    content_chunks = usage_tokens = 0
+    async for event in sse_events(reader, chunked):
+        if event == "[DONE]":
+            break
+        message = json.loads(event)
+        if message.get("usage"):
+            usage_tokens = message["usage"].get("completion_tokens", 0)
+        for choice in message.get("choices", []):
+            if choice.get("delta", {}).get("content"):
+                now = time.perf_counter()
+                first = first or now
+                last = now
+                content_chunks += 1
+    writer.close()
+    return first, last, usage_tokens or content_chunks, started
+
+
+async def sse_events(reader, chunked):
+    """The `data:` payloads of an SSE body, chunked transfer encoding or not."""
+    buffer = b""
+    while True:
+        if chunked:
+            size_line = await reader.readline()
+            if not size_line:
+                return
+            size = int(size_line.strip().split(b";")[0] or b"0", 16)
+            if size == 0:
+                return
+            data = await reader.readexactly(size + 2)
+            buffer += data[:-2]
+        else:
+            data = await reader.read(65536)
+            if not data:
+                return
+            buffer += data
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    yield line[5:].strip().decode()
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+
+async def run_level(args, streams):
+    url = urlsplit(args.url)
+    results = await asyncio.gather(*[
+        one_stream(url.hostname, url.port or 80, "/v1/chat/completions", {
+            "model": args.model, "stream": True, "max_tokens": args.max_tokens,
+            "temperature": 0, "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": prompt(i)}],
+        }, args.api_key)
+        for i in range(streams)])
+    ttft = [first - started for first, _, _, started in results if first]
+    rates = [(tokens - 1) / (last - first) for first, last, tokens, _ in results
+             if first and last > first and tokens > 1]
+    span = max(last for _, last, _, _ in results if last) - min(first for first, *_ in results if first)
+    decoded = sum(tokens - 1 for _, _, tokens, _ in results if tokens > 1)
+    return {"streams": streams, "aggregate_tok_s": decoded / span if span > 0 else 0.0,
+            "ttft_p50_s": percentile(ttft, 0.5), "ttft_p99_s": percentile(ttft, 0.99),
+            "per_stream_tok_s": statistics.median(rates) if rates else 0.0,
+            "tokens": sum(tokens for _, _, tokens, _ in results)}
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--url", required=True)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--streams", default="1,4,16,64")
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--api-key")
+    parser.add_argument("--label", default="server")
+    parser.add_argument("--json", help="append the rows as JSON lines to this file")
+    args = parser.parse_args()
+    host = urlsplit(args.url).hostname
+    if host not in ("127.0.0.1", "localhost", "::1"):
+        sys.exit("bench_serve: loopback servers only")
+    print(f"| {args.label} | streams | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | per-stream tok/s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for streams in [int(n) for n in args.streams.split(",")]:
+        row = asyncio.run(run_level(args, streams))
+        row["label"] = args.label
+        print(f"| {args.label} | {streams} | {row['aggregate_tok_s']:.1f} | {row['ttft_p50_s'] * 1e3:.0f} "
+              f"| {row['ttft_p99_s'] * 1e3:.0f} | {row['per_stream_tok_s']:.1f} |", flush=True)
+        if args.json:
+            with open(args.json, "a") as out:
+                out.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()
