@@ -114,7 +114,7 @@ fn engine_kind(e: &EngineError) -> &'static str {
         EngineError::Gguf(g) => gguf_kind(g),
         EngineError::Tokenizer(_) => "unsupported",
         EngineError::Request(RequestError::Template(_)) => "unsupported",
-        EngineError::Request(_) => "options",
+        EngineError::Request(_) | EngineError::ContextTooSmall { .. } => "options",
     }
 }
 
