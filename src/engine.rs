@@ -25,6 +25,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: u32 },
+    #[error(transparent)]
+    DoesNotFit(#[from] model::fit::FitError),
 }
 
 /// How to load a model.
@@ -32,6 +34,8 @@ pub enum EngineError {
 pub struct EngineOptions {
     pub max_context: u32,
     pub load: LoadOptions,
+    /// GPU memory the model may use (`--gpu-mem-mib`), checked before any weights are read.
+    pub gpu_budget_bytes: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -39,6 +43,7 @@ impl Default for EngineOptions {
         EngineOptions {
             max_context: 4096,
             load: LoadOptions::default(),
+            gpu_budget_bytes: None,
         }
     }
 }
@@ -87,6 +92,7 @@ impl Engine {
         let tokenizer = Tokenizer::from_metadata(&header.metadata)?;
         let template = ChatTemplate::new(&tokenizer)?;
         let spec = StageSpec::whole(&cfg, options.max_context, &gpu);
+        model::fit::check(&header, &cfg, &spec, &gpu.caps, options.gpu_budget_bytes)?;
         let stage = Stage::load(gpu, source, &header, spec, options.load, progress).await?;
         Ok(Engine {
             header,

@@ -4,6 +4,7 @@
 mod block;
 pub mod config;
 pub mod decode;
+pub mod fit;
 pub mod gemma3;
 pub mod llama;
 pub mod loader;
