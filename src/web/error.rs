@@ -113,6 +113,7 @@ fn engine_kind(e: &EngineError) -> &'static str {
         EngineError::Gguf(g) => gguf_kind(g),
         EngineError::Tokenizer(_) => "unsupported",
         EngineError::EmptyPrompt | EngineError::BadToken { .. } => "options",
+        EngineError::DoesNotFit(_) => "does-not-fit",
     }
 }
 
@@ -138,6 +139,7 @@ fn gguf_kind(e: &GgufError) -> &'static str {
 
 fn source_kind(e: &SourceError) -> &'static str {
     match e {
+        SourceError::MissingPart { source, .. } => source_kind(source),
         SourceError::HttpStatus { status: 404, .. } => "not-found",
         SourceError::HttpStatus { .. } => "http",
         SourceError::Request { message, .. } if message.starts_with(ABORTED) => "aborted",
