@@ -12,7 +12,7 @@ use crate::gguf::RangeSource;
 use crate::gpu::Gpu;
 use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
-    LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
+    self, LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
 };
 use crate::tokenizer::TokenizerError;
 
@@ -32,6 +32,8 @@ pub enum EngineError {
         max_tokens: u32,
         context: u32,
     },
+    #[error(transparent)]
+    DoesNotFit(#[from] model::fit::FitError),
 }
 
 /// How to load a model.
@@ -39,6 +41,8 @@ pub enum EngineError {
 pub struct EngineOptions {
     pub max_context: u32,
     pub load: LoadOptions,
+    /// GPU memory the model may use (`--gpu-mem-mib`), checked before any weights are read.
+    pub gpu_budget_bytes: Option<u64>,
 }
 
 impl Default for EngineOptions {
@@ -46,6 +50,7 @@ impl Default for EngineOptions {
         EngineOptions {
             max_context: 4096,
             load: LoadOptions::default(),
+            gpu_budget_bytes: None,
         }
     }
 }
@@ -76,6 +81,13 @@ impl Engine {
         let model = OpenModel::read(source).await?;
         let text = TextFront::from_header(&model.header)?;
         let spec = StageSpec::whole(&model.cfg, options.max_context, &gpu);
+        model::fit::check(
+            &model.header,
+            &model.cfg,
+            &spec,
+            &gpu.caps,
+            options.gpu_budget_bytes,
+        )?;
         let stage = Stage::load(gpu, source, &model, spec, options.load, progress).await?;
         let per_token_below = per_token_prefill_below(&stage.gpu);
         Ok(Engine {

@@ -37,6 +37,7 @@ const EXPLAIN = {
   changed: 'The file changed on the server during the download.',
   'device-lost': 'The GPU device was lost.',
   gpu: 'The GPU failed.',
+  'does-not-fit': 'The model does not fit this GPU; a fleet of donors can run it.',
   fleet: 'The fleet failed.',
   busy: 'The engine is busy.',
   options: 'A setting is not valid.',

@@ -47,6 +47,10 @@ pub struct ModelArgs {
     /// No progress bar while loading or processing the prompt.
     #[arg(long)]
     pub quiet: bool,
+    /// GPU memory the model may use, MiB (wgpu does not report memory): a model whose
+    /// weights, KV cache at --ctx and scratch need more is refused before any download.
+    #[arg(long)]
+    pub gpu_mem_mib: Option<u64>,
 }
 
 /// How a load went, for timings and `runner bench`.
@@ -88,6 +92,7 @@ impl ModelArgs {
         let mut bytes = 0;
         let options = EngineOptions {
             max_context: self.ctx,
+            gpu_budget_bytes: self.gpu_mem_mib.map(|mib| mib.saturating_mul(1 << 20)),
             ..Default::default()
         };
         let mut engine = Engine::load(Arc::clone(&gpu), source.as_ref(), &options, &mut |p| {

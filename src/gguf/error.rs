@@ -68,6 +68,12 @@ pub enum SourceError {
     Request { url: String, message: String },
     #[error("{location}: a read of {len} bytes does not fit in memory")]
     TooLarge { location: String, len: u64 },
+    #[error("part {number} of {count} of a split GGUF: {source}")]
+    MissingPart {
+        number: u32,
+        count: u16,
+        source: Box<SourceError>,
+    },
 }
 
 /// A failure to read a GGUF header. Each variant names what was wrong and where.
@@ -184,6 +190,9 @@ pub enum GgufError {
     },
     #[error("GGUF header needs at least {needed} bytes, more than the {limit}-byte limit")]
     HeaderTooLarge { needed: u64, limit: u64 },
+    /// A split model (`gguf-split`) whose parts do not make one model; `part` names the file.
+    #[error("{part}: split GGUF: {reason}")]
+    Split { part: String, reason: String },
 }
 
 impl GgufError {

@@ -4,6 +4,7 @@ use super::error::{GgufError, SourceError};
 use super::metadata::Metadata;
 use super::parse::parse_prefix;
 use super::source::RangeSource;
+use super::split;
 use super::types::GgmlType;
 
 /// First fetch: enough for the whole header of small models.
@@ -70,7 +71,25 @@ impl TensorInfo {
 
 /// Reads and parses the header, fetching a small prefix first and growing it only as far as the
 /// parser says it must. Bytes already fetched are never fetched again.
+///
+/// A split model's source (`SplitSource`) gives one header for the whole model: each part's
+/// header is read the same way, checked against the others and merged (see `split`). A lone
+/// part of a split model is refused with the name of the file to open instead.
 pub async fn read_header(src: &dyn RangeSource) -> Result<Header, GgufError> {
+    let Some(parts) = src.parts() else {
+        let header = read_one(src).await?;
+        split::check_whole(&header, src.location())?;
+        return Ok(header);
+    };
+    let mut headers = Vec::with_capacity(parts.len());
+    for part in parts {
+        headers.push((part.location().to_string(), read_one(part.as_ref()).await?));
+    }
+    split::merge(headers)
+}
+
+/// The header of one file.
+async fn read_one(src: &dyn RangeSource) -> Result<Header, GgufError> {
     let mut buf = fetch_first(src).await?;
     loop {
         match parse_prefix(&buf, src.size()) {

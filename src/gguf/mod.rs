@@ -9,13 +9,15 @@ pub mod header;
 pub mod metadata;
 pub mod parse;
 pub mod source;
+pub mod split;
 pub mod types;
 
 pub use error::{GgufError, SourceError};
 pub use header::{read_header, Header, TensorInfo, INITIAL_READ_BYTES, MAX_HEADER_BYTES};
 pub use metadata::{Metadata, Value};
 pub use parse::{parse_file, parse_header, DEFAULT_ALIGNMENT, MAX_DIMS, MAX_NESTING};
-pub use source::{open_source, MemorySource, RangeSource, SourceStats};
+pub use source::{open_source, MemorySource, RangeSource, SourceStats, SplitSource};
+pub use split::SplitName;
 pub use types::GgmlType;
 
 #[cfg(target_arch = "wasm32")]

@@ -6,6 +6,7 @@ pub mod arch;
 mod block;
 pub mod config;
 pub mod decode;
+pub mod fit;
 pub mod gemma3;
 pub mod llama;
 pub mod loader;

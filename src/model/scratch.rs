@@ -30,6 +30,18 @@ pub struct Scratch {
 }
 
 impl Scratch {
+    /// The bytes `new` allocates (for fitting a model before loading it).
+    pub fn bytes(cfg: &ModelConfig, max_batch: u32) -> u64 {
+        // ids, then hidden..act as listed in `new`.
+        let per_row = 1 + 3 * cfg.d_model + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 3 * cfg.ff_dim;
+        let one_token = cfg.q_dim() + 2 * cfg.kv_dim();
+        let head = 2 * cfg.d_model + cfg.vocab;
+        4 * (u64::from(max_batch) * u64::from(per_row)
+            + u64::from(one_token)
+            + u64::from(HEAD_ROWS) * u64::from(head)
+            + 1)
+    }
+
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: u32) -> Scratch {
         let rows = u64::from(max_batch);
         let f32s =

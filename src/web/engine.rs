@@ -202,6 +202,7 @@ impl WebEngine {
         let engine_options = EngineOptions {
             max_context: settings.max_context,
             load: settings.load_options()?,
+            gpu_budget_bytes: settings.gpu_mem_mib.map(|mib| mib.saturating_mul(1 << 20)),
         };
         let gpu = open_gpu(settings.disable_f16, settings.disable_subgroups).await?;
         let disposed = Rc::new(Cell::new(false));

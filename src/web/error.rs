@@ -115,6 +115,7 @@ fn engine_kind(e: &EngineError) -> &'static str {
         EngineError::Tokenizer(_) => "unsupported",
         EngineError::Request(RequestError::Template(_)) => "unsupported",
         EngineError::Request(_) | EngineError::ContextTooSmall { .. } => "options",
+        EngineError::DoesNotFit(_) => "does-not-fit",
     }
 }
 
@@ -140,6 +141,7 @@ fn gguf_kind(e: &GgufError) -> &'static str {
 
 fn source_kind(e: &SourceError) -> &'static str {
     match e {
+        SourceError::MissingPart { source, .. } => source_kind(source),
         SourceError::HttpStatus { status: 404, .. } => "not-found",
         SourceError::HttpStatus { .. } => "http",
         SourceError::Request { message, .. } if message.starts_with(ABORTED) => "aborted",

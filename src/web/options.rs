@@ -27,6 +27,9 @@ pub struct LoadSettings {
     /// Use the f32 kernels even where the adapter has shader-f16.
     pub disable_f16: bool,
     pub disable_subgroups: bool,
+    /// GPU memory the model may use, MiB (WebGPU does not report memory); checked before any
+    /// weights are downloaded. `None`: only the adapter's binding limits are checked.
+    pub gpu_mem_mib: Option<u64>,
 }
 
 impl Default for LoadSettings {
@@ -39,6 +42,7 @@ impl Default for LoadSettings {
             in_flight: load.in_flight,
             disable_f16: false,
             disable_subgroups: false,
+            gpu_mem_mib: None,
         }
     }
 }

@@ -1,5 +1,8 @@
 //! Where a browser load reads from: the OPFS cache in front of ranged fetches (or fetches
-//! alone), opened offline from the cache when the server cannot be reached.
+//! alone), opened offline from the cache when the server cannot be reached. A split GGUF
+//! (`NAME-00001-of-0000N.gguf`) opens each part that way, as one `SplitSource`.
+
+use std::rc::Rc;
 
 use web_sys::AbortSignal;
 
@@ -7,7 +10,7 @@ use super::cache::{stored_identity, CacheStats, CachedSource};
 use super::error::{WebError, ABORTED};
 use super::fetch::{probe, FetchRanges};
 use super::opfs::Dir;
-use crate::gguf::{RangeSource, SourceError, SourceStats};
+use crate::gguf::{RangeSource, SourceError, SourceStats, SplitName, SplitSource};
 
 pub enum ModelSource {
     Cached {
@@ -15,6 +18,11 @@ pub enum ModelSource {
         offline: bool,
     },
     Direct(FetchRanges),
+    /// The parts of a split GGUF, each opened as one file; `source` reads through `parts`.
+    Split {
+        source: SplitSource,
+        parts: Vec<Rc<ModelSource>>,
+    },
 }
 
 impl ModelSource {
@@ -22,6 +30,7 @@ impl ModelSource {
         match self {
             ModelSource::Cached { source, .. } => source,
             ModelSource::Direct(source) => source,
+            ModelSource::Split { source, .. } => source,
         }
     }
 
@@ -33,11 +42,54 @@ impl ModelSource {
         match self {
             ModelSource::Cached { source, .. } => Some(source.stats()),
             ModelSource::Direct(_) => None,
+            ModelSource::Split { parts, .. } => {
+                parts.iter().try_fold(CacheStats::default(), |sum, part| {
+                    Some(add_stats(sum, part.cache_stats()?))
+                })
+            }
         }
     }
 
     pub fn offline(&self) -> bool {
-        matches!(self, ModelSource::Cached { offline: true, .. })
+        match self {
+            ModelSource::Cached { offline, .. } => *offline,
+            ModelSource::Direct(_) => false,
+            ModelSource::Split { parts, .. } => parts.iter().any(|part| part.offline()),
+        }
+    }
+}
+
+fn add_stats(a: CacheStats, b: CacheStats) -> CacheStats {
+    CacheStats {
+        hit_ranges: a.hit_ranges + b.hit_ranges,
+        hit_bytes: a.hit_bytes + b.hit_bytes,
+        fetched_ranges: a.fetched_ranges + b.fetched_ranges,
+        fetched_bytes: a.fetched_bytes + b.fetched_bytes,
+        corrupt_ranges: a.corrupt_ranges + b.corrupt_ranges,
+        write_errors: a.write_errors + b.write_errors,
+        invalidated: a.invalidated || b.invalidated,
+    }
+}
+
+/// One part of a split model, shared between the `SplitSource` and the stats.
+struct Part(Rc<ModelSource>);
+
+#[async_trait::async_trait(?Send)]
+impl RangeSource for Part {
+    async fn read_range(&self, offset: u64, len: u64) -> Result<Vec<u8>, SourceError> {
+        self.0.as_range_source().read_range(offset, len).await
+    }
+
+    fn size(&self) -> Option<u64> {
+        self.0.as_range_source().size()
+    }
+
+    fn location(&self) -> &str {
+        self.0.as_range_source().location()
+    }
+
+    fn stats(&self) -> SourceStats {
+        self.0.as_range_source().stats()
     }
 }
 
@@ -59,13 +111,40 @@ fn absolute(url: &str) -> Result<String, WebError> {
 
 /// Opens `url` for a load: validated against the server (HEAD), cached in OPFS when `cache`
 /// is set and OPFS is available; from the cache alone when the server is unreachable and a
-/// copy of the file is cached.
+/// copy of the file is cached. The first part of a split GGUF opens every part so.
 pub async fn open_model_source(
     url: &str,
     cache: bool,
     signal: Option<AbortSignal>,
 ) -> Result<ModelSource, WebError> {
     let url = absolute(url)?;
+    let name = SplitName::parse(&url).filter(|name| name.number == 1 && name.count > 1);
+    let Some(name) = name else {
+        return open_one(&url, cache, signal).await;
+    };
+    let mut parts = Vec::with_capacity(usize::from(name.count));
+    for index in 0..name.count {
+        parts.push(Rc::new(
+            open_one(&name.part(index), cache, signal.clone()).await?,
+        ));
+    }
+    let sources = parts
+        .iter()
+        .map(|part| Box::new(Part(part.clone())) as Box<dyn RangeSource>)
+        .collect();
+    Ok(ModelSource::Split {
+        source: SplitSource::new(sources),
+        parts,
+    })
+}
+
+/// One file (or one part of a split model).
+async fn open_one(
+    url: &str,
+    cache: bool,
+    signal: Option<AbortSignal>,
+) -> Result<ModelSource, WebError> {
+    let url = url.to_string();
     let root = match cache {
         true => Dir::root()
             .await
@@ -137,5 +216,9 @@ impl RangeSource for Abortable<'_> {
 
     fn stats(&self) -> SourceStats {
         self.inner.stats()
+    }
+
+    fn parts(&self) -> Option<&[Box<dyn RangeSource>]> {
+        self.inner.parts()
     }
 }

@@ -3,9 +3,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use super::error::SourceError;
+use super::split::SplitName;
 
 mod memory;
 pub(crate) mod range;
+mod split;
 
 #[cfg(target_arch = "wasm32")]
 mod fetch;
@@ -29,6 +31,7 @@ pub use memory::MemorySource;
 use native::open as open_platform;
 #[cfg(not(target_arch = "wasm32"))]
 pub use native::MaybeSendSync;
+pub use split::SplitSource;
 #[cfg(target_arch = "wasm32")]
 use web::open as open_platform;
 #[cfg(target_arch = "wasm32")]
@@ -53,12 +56,23 @@ pub trait RangeSource: MaybeSendSync {
     fn location(&self) -> &str;
     /// Bytes fetched so far and number of range requests made.
     fn stats(&self) -> SourceStats;
+    /// The parts, in order, when this source is a split GGUF (`SplitSource`); `read_header`
+    /// reads each part's header. Wrappers forward it.
+    fn parts(&self) -> Option<&[Box<dyn RangeSource>]> {
+        None
+    }
 }
 
 /// Opens a path or URL: `http(s)://` goes to HTTP, anything else to the file system (natively);
-/// in the browser every location is fetched.
+/// in the browser every location is fetched. The first part of a split GGUF
+/// (`NAME-00001-of-0000N.gguf`) opens all N parts as one `SplitSource`.
 pub async fn open_source(path_or_url: &str) -> Result<Box<dyn RangeSource>, SourceError> {
-    open_platform(path_or_url)
+    match SplitName::parse(path_or_url) {
+        Some(name) if name.number == 1 && name.count > 1 => {
+            Ok(Box::new(SplitSource::open(&name, open_platform)?))
+        }
+        _ => open_platform(path_or_url),
+    }
 }
 
 /// Thread-safe request and byte counters shared by the sources.

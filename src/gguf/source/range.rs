@@ -81,6 +81,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn ranges_past_4_gib_keep_64_bit_offsets() {
+        let offset = (5u64 << 32) + 7;
+        assert_eq!(range_header(offset, 10), "bytes=21474836487-21474836496");
+        let cr = parse_content_range("bytes 21474836487-21474836496/30000000000").unwrap();
+        assert_eq!(
+            (cr.range, cr.total),
+            (Some((offset, offset + 9)), Some(30_000_000_000))
+        );
+        assert!(check_partial_response(
+            "u",
+            206,
+            Some("bytes 21474836487-21474836496/*"),
+            offset,
+            10
+        )
+        .is_ok());
+    }
+
+    #[test]
     fn content_range_forms() {
         let cr = parse_content_range("bytes 0-99/1000").unwrap();
         assert_eq!((cr.range, cr.total), (Some((0, 99)), Some(1000)));
