@@ -1,4 +1,4 @@
-//! Writes a llama-shaped GGUF test model (see `tools/test_model.rs`):
+//! Writes a llama-shaped GGUF test model (see `tests/test_model/mod.rs`):
 //!
 //! `cargo run --release --example test_model -- OUT.gguf SIZE_MIB [--split N] [--seed S]
 //!  [--hidden D --ffn F --heads H --kv-heads K --embedding F32|Q8_0]`
@@ -6,7 +6,7 @@
 //! The tokenizer and chat template come from `$WEBSHARD_MODELS/SmolLM2-135M-Instruct.Q4_1.gguf`.
 //! With `--split N` it writes `OUT-00001-of-0000N.gguf`... instead of `OUT.gguf`.
 
-#[path = "../tools/test_model.rs"]
+#[path = "../tests/test_model/mod.rs"]
 mod test_model;
 
 use std::path::PathBuf;

@@ -1,4 +1,4 @@
-//! A model over 2 GiB, generated (`tools/test_model.rs`), gives the same greedy ids from one file
+//! A model over 2 GiB, generated (`tests/test_model/mod.rs`), gives the same greedy ids from one file
 //! as from its `gguf-split` parts: offsets past 2^31 in the reader, the sources and the uploads,
 //! and split models read by Range from the part that holds each tensor.
 //!
@@ -8,7 +8,7 @@
 //! Weights are random, so correctness here is the same ids from both. The files are deleted
 //! at the end, also when the test fails.
 
-#[path = "../tools/test_model.rs"]
+#[path = "test_model/mod.rs"]
 mod test_model;
 
 use std::path::{Path, PathBuf};
