@@ -10,7 +10,10 @@ use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
     self, LoadOptions, LoadProgress, ModelConfig, ModelError, Stage, StageInput, StageSpec,
 };
-use crate::sample::{Sampler, SamplerConfig, StopChecker};
+use crate::sample::{
+    Constraint, ConstraintError, ConstraintSpec, MaskAhead, Masked, Sampler, SamplerConfig,
+    StopChecker, TokenView,
+};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
@@ -25,6 +28,8 @@ pub enum EngineError {
     EmptyPrompt,
     #[error("token id {id} is outside the vocabulary of {vocab}")]
     BadToken { id: u32, vocab: u32 },
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
 }
 
 /// How to load a model.
@@ -49,6 +54,19 @@ pub struct GenerateOptions {
     pub max_tokens: u32,
     pub sampler: SamplerConfig,
     pub stop: Vec<String>,
+    /// What the output must be (JSON, a schema, a regex, a grammar); `None` is free text.
+    pub constraint: Option<ConstraintSpec>,
+}
+
+/// Why generation ended, with OpenAI's names.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// `max_tokens` ran out.
+    #[default]
+    Length,
+    /// End of generation, a stop string, a finished constraint, or the caller stopped it.
+    Stop,
 }
 
 /// The result of a generation, with its timings.
@@ -60,6 +78,9 @@ pub struct Generated {
     pub prefill_tokens: u32,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    pub finish_reason: FinishReason,
+    /// CPU seconds spent computing constraint masks (overlapped with the GPU's steps).
+    pub mask_seconds: f64,
 }
 
 /// Called with each piece of text as it becomes printable; return false to stop.
@@ -73,6 +94,8 @@ pub struct Engine {
     pub stage: Stage,
     /// Tokens whose keys and values are in the cache, in order, for reuse across turns.
     cached: Vec<u32>,
+    /// The vocabulary as constraints see it, built on first use.
+    token_view: Option<TokenView>,
 }
 
 impl Engine {
@@ -95,6 +118,7 @@ impl Engine {
             template,
             stage,
             cached: Vec::new(),
+            token_view: None,
         })
     }
 
@@ -144,6 +168,11 @@ impl Engine {
             return Err(EngineError::EmptyPrompt);
         }
         self.check_ids(prompt_ids)?;
+        if let Some(spec) = &options.constraint {
+            return self
+                .generate_constrained(prompt_ids, options, spec, on_text)
+                .await;
+        }
         let mut sampler = Sampler::new(options.sampler.clone());
         let mut stops = StopChecker::new(options.stop.clone());
         let mut out = Generated {
@@ -189,11 +218,13 @@ impl Engine {
                     out.ids.push(next);
                 }
                 on_text(&step.text);
+                out.finish_reason = FinishReason::Stop;
                 break;
             }
             out.ids.push(next);
             history.push(next);
             if !on_text(&step.text) {
+                out.finish_reason = FinishReason::Stop;
                 break;
             }
         }
@@ -202,6 +233,87 @@ impl Engine {
         on_text(&tail);
         out.decode_seconds = now_seconds() - decode_started;
         Ok(out)
+    }
+
+    /// The vocabulary as constraints see it (built once per engine: it walks the vocabulary).
+    pub fn token_view(&mut self) -> Result<TokenView, EngineError> {
+        if self.token_view.is_none() {
+            self.token_view = Some(TokenView::new(&self.tokenizer)?);
+        }
+        Ok(self.token_view.clone().expect("just built"))
+    }
+
+    /// `generate` under a constraint: every step samples from logits masked to the allowed
+    /// tokens, so the GPU's greedy fast path is not used. The next mask is computed on the
+    /// CPU while the GPU computes the step; output ends when the constraint is complete.
+    async fn generate_constrained(
+        &mut self,
+        prompt_ids: &[u32],
+        options: &GenerateOptions,
+        spec: &ConstraintSpec,
+        on_text: &mut OnText<'_>,
+    ) -> Result<Generated, EngineError> {
+        let constraint = Constraint::new(&self.token_view()?, spec)?;
+        let mut sampler = Sampler::new(options.sampler.clone());
+        let mut stops = StopChecker::new(options.stop.clone());
+        let mut out = Generated {
+            prompt_ids: prompt_ids.to_vec(),
+            ..Default::default()
+        };
+        let started = now_seconds();
+        let reused = common_prefix(&self.cached, prompt_ids).min(prompt_ids.len() - 1);
+        let ahead = MaskAhead::start(constraint);
+        let (logits, masked) = futures::join!(self.prefill(prompt_ids), ahead.finish());
+        let (mut logits, mut masked) = (logits?, masked?);
+        out.prefill_tokens = (prompt_ids.len() - reused) as u32;
+        out.prefill_seconds = now_seconds() - started;
+        let decode_started = now_seconds();
+        let mut history = prompt_ids.to_vec();
+        while (out.ids.len() as u32) < options.max_tokens {
+            out.mask_seconds += masked.seconds;
+            masked.mask?.apply(&mut logits);
+            let next = sampler.sample(&logits, &history);
+            let mut constraint = masked.constraint;
+            constraint.commit(next)?;
+            let step = stops.push_token(&self.tokenizer, next);
+            out.text.push_str(&step.text);
+            if !self.tokenizer.is_eog(next) {
+                out.ids.push(next);
+                history.push(next);
+            }
+            let go_on = on_text(&step.text);
+            if step.stop.is_some() || !go_on || constraint.is_complete() {
+                out.finish_reason = FinishReason::Stop;
+                break;
+            }
+            if out.ids.len() as u32 == options.max_tokens {
+                break;
+            }
+            (logits, masked) = self.decode_with_mask(next, constraint).await?;
+        }
+        let tail = stops.flush();
+        out.text.push_str(&tail);
+        on_text(&tail);
+        out.decode_seconds = now_seconds() - decode_started;
+        Ok(out)
+    }
+
+    /// One decode step of `last` on the GPU, joined with the next mask on the CPU.
+    async fn decode_with_mask(
+        &mut self,
+        last: u32,
+        constraint: Constraint,
+    ) -> Result<(Vec<f32>, Masked), EngineError> {
+        let ahead = MaskAhead::start(constraint);
+        let input = StageInput::Tokens(std::slice::from_ref(&last));
+        let position = self.cached.len() as u32;
+        let (rows, masked) = futures::join!(
+            self.stage.forward_logits(&input, position, 1),
+            ahead.finish()
+        );
+        self.cached.push(last);
+        let logits = rows?.into_iter().next().unwrap_or_default();
+        Ok((logits, masked?))
     }
 
     /// Teacher-forced logits after every prefix `ids[..=i]`, starting from an empty cache.

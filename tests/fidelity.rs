@@ -101,6 +101,7 @@ async fn free_running(engine: &mut Engine, record: &Value, label: &str) {
         max_tokens: steps.len() as u32,
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
+        constraint: None,
     };
     engine.reset();
     let out = engine

@@ -5,8 +5,10 @@ use std::io::{BufRead, Write};
 use anyhow::Context;
 use serde_json::json;
 use webshard::engine::{Engine, GenerateOptions, Generated};
+use webshard::sample::ConstraintSpec;
 use webshard::tokenizer::ChatMessage;
 
+use crate::constraint_args::ConstraintArgs;
 use crate::model_args::{ModelArgs, SamplerArgs};
 
 #[derive(clap::Args, Debug)]
@@ -27,12 +29,15 @@ pub struct GenerateArgs {
     /// Stop when this text is produced (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Print `{"prompt_ids", "ids", "text"}` instead of streaming text.
+    /// Print `{"prompt_ids", "ids", "text", "finish_reason"}` instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
 }
 
 pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
+    let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
     let prompt = match args.chat {
         true => engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?,
@@ -43,6 +48,7 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         max_tokens: args.n,
         sampler: args.sampler.config(),
         stop: args.stop.clone(),
+        constraint,
     };
     let stream = !args.json;
     let out = engine
@@ -55,7 +61,10 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         })
         .await?;
     if args.json {
-        let value = json!({ "prompt_ids": out.prompt_ids, "ids": out.ids, "text": out.text });
+        let value = json!({
+            "prompt_ids": out.prompt_ids, "ids": out.ids, "text": out.text,
+            "finish_reason": out.finish_reason,
+        });
         println!("{value}");
     } else {
         println!();
@@ -67,13 +76,20 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
 /// One line of timings for stderr.
 fn timings(load_seconds: f64, out: &Generated) -> String {
     let rate = |tokens: f64, seconds: f64| if seconds > 0.0 { tokens / seconds } else { 0.0 };
-    format!(
+    let line = format!(
         "load {load_seconds:.2} s | prefill {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s",
         out.prefill_tokens,
         rate(f64::from(out.prefill_tokens), out.prefill_seconds),
         out.ids.len(),
         rate(out.ids.len() as f64, out.decode_seconds),
-    )
+    );
+    match out.mask_seconds > 0.0 {
+        true => format!(
+            "{line} | mask {:.0} us/token",
+            out.mask_seconds * 1e6 / out.ids.len().max(1) as f64
+        ),
+        false => line,
+    }
 }
 
 #[derive(clap::Args, Debug)]
@@ -88,11 +104,15 @@ pub struct ChatArgs {
     /// A system message to start the conversation with.
     #[arg(long)]
     pub system: Option<String>,
+    /// Every reply is constrained.
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
 }
 
 /// An interactive conversation; the KV cache keeps the conversation so far, so each turn only
 /// prefills what is new.
 pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
+    let constraint = args.constraint.spec()?;
     let (mut engine, _) = args.model.load().await?;
     let mut messages = Vec::new();
     if let Some(system) = &args.system {
@@ -112,7 +132,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
             return Ok(());
         }
         messages.push(ChatMessage::new("user", line.trim_end()));
-        let reply = reply(&mut engine, &messages, args).await?;
+        let reply = reply(&mut engine, &messages, args, &constraint).await?;
         messages.push(ChatMessage::new("assistant", reply));
     }
 }
@@ -121,12 +141,14 @@ async fn reply(
     engine: &mut Engine,
     messages: &[ChatMessage],
     args: &ChatArgs,
+    constraint: &Option<ConstraintSpec>,
 ) -> anyhow::Result<String> {
     let prompt_ids = engine.tokenize_prompt(&engine.chat_prompt(messages)?);
     let options = GenerateOptions {
         max_tokens: args.n,
         sampler: args.sampler.config(),
         stop: Vec::new(),
+        constraint: constraint.clone(),
     };
     let out = engine
         .generate(&prompt_ids, &options, &mut |text| {

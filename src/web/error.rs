@@ -7,6 +7,7 @@ use crate::engine::EngineError;
 use crate::gguf::{GgufError, SourceError};
 use crate::gpu::GpuError;
 use crate::model::{ConfigError, ModelError};
+use crate::sample::ConstraintError;
 use crate::shard::roles::RoleError;
 
 #[derive(Debug, thiserror::Error)]
@@ -113,6 +114,8 @@ fn engine_kind(e: &EngineError) -> &'static str {
         EngineError::Gguf(g) => gguf_kind(g),
         EngineError::Tokenizer(_) => "unsupported",
         EngineError::EmptyPrompt | EngineError::BadToken { .. } => "options",
+        EngineError::Constraint(ConstraintError::Compile(_)) => "options",
+        EngineError::Constraint(_) => "other",
     }
 }
 

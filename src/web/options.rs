@@ -124,6 +124,7 @@ impl GenerateSettings {
                 seed: self.seed,
             },
             stop: self.stop.clone(),
+            constraint: None,
         })
     }
 }
