@@ -16,10 +16,14 @@ use webshard::gguf::{read_header, FileSource};
 use webshard::sample::{Constraint, ConstraintSpec, TokenView};
 use webshard::tokenizer::Tokenizer;
 
-const RUNNER: &str = env!("CARGO_BIN_EXE_runner");
+/// The runner this test was built with; the same variable at run time names a copy (the
+/// build directory can be shared by several checkouts).
+fn runner_path() -> std::ffi::OsString {
+    std::env::var_os("CARGO_BIN_EXE_runner").unwrap_or_else(|| env!("CARGO_BIN_EXE_runner").into())
+}
 
 fn runner(args: &[&str]) -> Output {
-    Command::new(RUNNER)
+    Command::new(runner_path())
         .args(args)
         .env("XDG_RUNTIME_DIR", std::env::temp_dir())
         .output()
