@@ -1,20 +1,21 @@
-//! The single-device engine: tokenizer, chat template, one stage holding the whole model, and
-//! the generation loop. The runner, the browser page and the shard coordinator's local fallback
-//! all drive it.
+//! The single-device engine: the text front, one stage holding the whole model, and the
+//! generation loop. It is one `Generator` (the front door); the runner, the browser page and
+//! the shard tests drive it through that.
 
 use std::sync::Arc;
 
-use crate::gguf::{read_header, Header, RangeSource};
+use crate::front::{
+    check_ids, Decoding, GenerateRequest, Generated, Generator, OnEvent, RequestError, TextFront,
+    Timings,
+};
+use crate::gguf::RangeSource;
 use crate::gpu::Gpu;
 use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
-    self, LoadOptions, LoadProgress, ModelConfig, ModelError, Stage, StageInput, StageSpec,
+    LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
 };
-use crate::sample::{
-    Constraint, ConstraintError, ConstraintSpec, MaskAhead, Masked, Sampler, SamplerConfig,
-    StopChecker, TokenView,
-};
-use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
+use crate::sample::{Constraint, ConstraintError, ConstraintSpec, MaskAhead, Masked, TokenView};
+use crate::tokenizer::TokenizerError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -24,10 +25,8 @@ pub enum EngineError {
     Tokenizer(#[from] TokenizerError),
     #[error(transparent)]
     Gguf(#[from] crate::gguf::GgufError),
-    #[error("the prompt is empty")]
-    EmptyPrompt,
-    #[error("token id {id} is outside the vocabulary of {vocab}")]
-    BadToken { id: u32, vocab: u32 },
+    #[error(transparent)]
+    Request(#[from] RequestError),
     #[error(transparent)]
     Constraint(#[from] ConstraintError),
 }
@@ -48,49 +47,10 @@ impl Default for EngineOptions {
     }
 }
 
-/// What to generate and when to stop.
-#[derive(Debug, Clone, Default)]
-pub struct GenerateOptions {
-    pub max_tokens: u32,
-    pub sampler: SamplerConfig,
-    pub stop: Vec<String>,
-    /// What the output must be (JSON, a schema, a regex, a grammar); `None` is free text.
-    pub constraint: Option<ConstraintSpec>,
-}
-
-/// Why generation ended, with OpenAI's names.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum FinishReason {
-    /// `max_tokens` ran out.
-    #[default]
-    Length,
-    /// End of generation, a stop string, a finished constraint, or the caller stopped it.
-    Stop,
-}
-
-/// The result of a generation, with its timings.
-#[derive(Debug, Clone, Default)]
-pub struct Generated {
-    pub prompt_ids: Vec<u32>,
-    pub ids: Vec<u32>,
-    pub text: String,
-    pub prefill_tokens: u32,
-    pub prefill_seconds: f64,
-    pub decode_seconds: f64,
-    pub finish_reason: FinishReason,
-    /// CPU seconds spent computing constraint masks (overlapped with the GPU's steps).
-    pub mask_seconds: f64,
-}
-
-/// Called with each piece of text as it becomes printable; return false to stop.
-pub type OnText<'a> = dyn FnMut(&str) -> bool + 'a;
-
 pub struct Engine {
-    pub header: Header,
-    pub cfg: ModelConfig,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
+    /// Header and configuration, read once.
+    pub model: OpenModel,
+    pub text: TextFront,
     pub stage: Stage,
     /// Tokens whose keys and values are in the cache, in order, for reuse across turns.
     cached: Vec<u32>,
@@ -105,32 +65,22 @@ impl Engine {
         options: &EngineOptions,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Engine, EngineError> {
-        let header = read_header(source).await?;
-        let cfg = model::config_for(&header)?;
-        let tokenizer = Tokenizer::from_metadata(&header.metadata)?;
-        let template = ChatTemplate::new(&tokenizer)?;
-        let spec = StageSpec::whole(&cfg, options.max_context, &gpu);
-        let stage = Stage::load(gpu, source, &header, spec, options.load, progress).await?;
+        let model = OpenModel::read(source).await?;
+        let text = TextFront::from_header(&model.header)?;
+        let spec = StageSpec::whole(&model.cfg, options.max_context, &gpu);
+        let stage = Stage::load(gpu, source, &model, spec, options.load, progress).await?;
         Ok(Engine {
-            header,
-            cfg,
-            tokenizer,
-            template,
+            model,
+            text,
             stage,
             cached: Vec::new(),
             token_view: None,
         })
     }
 
-    /// Tokenizes as the goldens' generate records are: BOS as the file says, special-token
-    /// text parsed into special tokens.
+    /// The text front's tokenization of a prompt (see `TextFront::tokenize_prompt`).
     pub fn tokenize_prompt(&self, text: &str) -> Vec<u32> {
-        self.tokenizer.encode(text, true, true)
-    }
-
-    /// The prompt text for a chat, rendered with the model's template.
-    pub fn chat_prompt(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
-        Ok(self.template.render_prompt(messages, true)?)
+        self.text.tokenize_prompt(text)
     }
 
     /// Feeds `ids` after whatever the cache already holds in common with them, and returns
@@ -157,44 +107,25 @@ impl Engine {
         Ok(logits)
     }
 
-    /// Generates after `prompt_ids`, calling `on_text` with printable text as it comes.
-    pub async fn generate(
+    /// Generates one request after its (checked, non-empty) prompt, reusing the cached prefix.
+    async fn run(
         &mut self,
-        prompt_ids: &[u32],
-        options: &GenerateOptions,
-        on_text: &mut OnText<'_>,
+        mut decoding: Decoding,
+        on_event: &mut OnEvent<'_>,
     ) -> Result<Generated, EngineError> {
-        if prompt_ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
-        }
-        self.check_ids(prompt_ids)?;
-        if let Some(spec) = &options.constraint {
-            return self
-                .generate_constrained(prompt_ids, options, spec, on_text)
-                .await;
-        }
-        let mut sampler = Sampler::new(options.sampler.clone());
-        let mut stops = StopChecker::new(options.stop.clone());
-        let mut out = Generated {
-            prompt_ids: prompt_ids.to_vec(),
-            ..Default::default()
-        };
         let started = now_seconds();
-        let reused = common_prefix(&self.cached, prompt_ids).min(prompt_ids.len() - 1);
-        let mut logits = Some(self.prefill(prompt_ids).await?);
-        out.prefill_tokens = (prompt_ids.len() - reused) as u32;
-        out.prefill_seconds = now_seconds() - started;
+        let prompt_len = decoding.tokens().len();
+        let reused = common_prefix(&self.cached, decoding.tokens()).min(prompt_len - 1);
+        let mut logits = Some(self.prefill(decoding.tokens()).await?);
         let decode_started = now_seconds();
-        let mut history = prompt_ids.to_vec();
-        let config = sampler.config();
         // Plain argmax runs on the GPU, fed back without a host round trip per token.
-        let on_gpu = config.is_greedy() && config.repeat_penalty == 1.0;
+        let on_gpu = decoding.sampler().argmax_suffices();
         let mut decoder = None;
-        while (out.ids.len() as u32) < options.max_tokens {
+        while decoding.finished().is_none() {
             let next = match logits.take() {
-                Some(l) => sampler.sample(&l, &history),
+                Some(l) => decoding.sample(&l),
                 None if on_gpu => {
-                    let last = *history.last().expect("history holds the prompt");
+                    let last = *decoding.tokens().last().expect("tokens hold the prompt");
                     if decoder.is_none() {
                         let position = self.cached.len() as u32;
                         decoder = Some(self.stage.greedy_decoder(last, position, DEFAULT_DEPTH)?);
@@ -207,95 +138,66 @@ impl Engine {
                     self.cached.push(last);
                     next
                 }
-                None => {
-                    decode_sampled(&self.stage, &mut self.cached, &mut sampler, &history).await?
-                }
+                None => decode_sampled(&self.stage, &mut self.cached, &mut decoding).await?,
             };
-            let step = stops.push_token(&self.tokenizer, next);
-            out.text.push_str(&step.text);
-            if step.stop.is_some() {
-                if !self.tokenizer.is_eog(next) {
-                    out.ids.push(next);
-                }
-                on_text(&step.text);
-                out.finish_reason = FinishReason::Stop;
-                break;
-            }
-            out.ids.push(next);
-            history.push(next);
-            if !on_text(&step.text) {
-                out.finish_reason = FinishReason::Stop;
-                break;
-            }
+            decoding.accept(&self.text, next, on_event);
         }
-        let tail = stops.flush();
-        out.text.push_str(&tail);
-        on_text(&tail);
-        out.decode_seconds = now_seconds() - decode_started;
-        Ok(out)
+        let timings = Timings {
+            prefill_seconds: decode_started - started,
+            decode_seconds: now_seconds() - decode_started,
+            mask_seconds: 0.0,
+        };
+        Ok(decoding.into_generated(reused as u32, timings))
     }
 
     /// The vocabulary as constraints see it (built once per engine: it walks the vocabulary).
     pub fn token_view(&mut self) -> Result<TokenView, EngineError> {
         if self.token_view.is_none() {
-            self.token_view = Some(TokenView::new(&self.tokenizer)?);
+            self.token_view = Some(TokenView::new(&self.text.tokenizer)?);
         }
         Ok(self.token_view.clone().expect("just built"))
     }
 
-    /// `generate` under a constraint: every step samples from logits masked to the allowed
-    /// tokens, so the GPU's greedy fast path is not used. The next mask is computed on the
-    /// CPU while the GPU computes the step; output ends when the constraint is complete.
-    async fn generate_constrained(
+    /// `run` under a constraint: every step samples from logits masked to the allowed tokens,
+    /// so the GPU's greedy fast path is not used. The next mask is computed on the CPU while
+    /// the GPU computes the step; the request ends when the constraint is complete.
+    async fn run_constrained(
         &mut self,
-        prompt_ids: &[u32],
-        options: &GenerateOptions,
+        mut decoding: Decoding,
         spec: &ConstraintSpec,
-        on_text: &mut OnText<'_>,
+        on_event: &mut OnEvent<'_>,
     ) -> Result<Generated, EngineError> {
         let constraint = Constraint::new(&self.token_view()?, spec)?;
-        let mut sampler = Sampler::new(options.sampler.clone());
-        let mut stops = StopChecker::new(options.stop.clone());
-        let mut out = Generated {
-            prompt_ids: prompt_ids.to_vec(),
-            ..Default::default()
-        };
         let started = now_seconds();
-        let reused = common_prefix(&self.cached, prompt_ids).min(prompt_ids.len() - 1);
+        let prompt_len = decoding.tokens().len();
+        let reused = common_prefix(&self.cached, decoding.tokens()).min(prompt_len - 1);
         let ahead = MaskAhead::start(constraint);
-        let (logits, masked) = futures::join!(self.prefill(prompt_ids), ahead.finish());
+        let prompt = decoding.tokens().to_vec();
+        let (logits, masked) = futures::join!(self.prefill(&prompt), ahead.finish());
         let (mut logits, mut masked) = (logits?, masked?);
-        out.prefill_tokens = (prompt_ids.len() - reused) as u32;
-        out.prefill_seconds = now_seconds() - started;
         let decode_started = now_seconds();
-        let mut history = prompt_ids.to_vec();
-        while (out.ids.len() as u32) < options.max_tokens {
-            out.mask_seconds += masked.seconds;
+        let mut mask_seconds = 0.0;
+        while decoding.finished().is_none() {
+            mask_seconds += masked.seconds;
             masked.mask?.apply(&mut logits);
-            let next = sampler.sample(&logits, &history);
+            let next = decoding.sample(&logits);
             let mut constraint = masked.constraint;
             constraint.commit(next)?;
-            let step = stops.push_token(&self.tokenizer, next);
-            out.text.push_str(&step.text);
-            if !self.tokenizer.is_eog(next) {
-                out.ids.push(next);
-                history.push(next);
-            }
-            let go_on = on_text(&step.text);
-            if step.stop.is_some() || !go_on || constraint.is_complete() {
-                out.finish_reason = FinishReason::Stop;
+            if decoding.accept(&self.text, next, on_event).is_some() {
                 break;
             }
-            if out.ids.len() as u32 == options.max_tokens {
+            if constraint.is_complete() {
+                decoding.stop();
                 break;
             }
             (logits, masked) = self.decode_with_mask(next, constraint).await?;
         }
-        let tail = stops.flush();
-        out.text.push_str(&tail);
-        on_text(&tail);
-        out.decode_seconds = now_seconds() - decode_started;
-        Ok(out)
+        let timings = Timings {
+            prefill_seconds: decode_started - started,
+            decode_seconds: now_seconds() - decode_started,
+            mask_seconds,
+        };
+        Ok(decoding.into_generated(reused as u32, timings))
     }
 
     /// One decode step of `last` on the GPU, joined with the next mask on the CPU.
@@ -318,7 +220,7 @@ impl Engine {
 
     /// Teacher-forced logits after every prefix `ids[..=i]`, starting from an empty cache.
     pub async fn score(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
-        self.check_ids(ids)?;
+        check_ids(ids, self.model.cfg.vocab)?;
         self.cached.clear();
         let mut all = Vec::with_capacity(ids.len());
         let max_batch = self.stage.spec.max_batch as usize;
@@ -339,9 +241,9 @@ impl Engine {
     /// prompt-processing path on its own).
     pub async fn evaluate(&mut self, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
         if ids.is_empty() {
-            return Err(EngineError::EmptyPrompt);
+            return Err(RequestError::EmptyPrompt.into());
         }
-        self.check_ids(ids)?;
+        check_ids(ids, self.model.cfg.vocab)?;
         self.cached.clear();
         self.prefill(ids).await
     }
@@ -350,30 +252,59 @@ impl Engine {
     pub fn reset(&mut self) {
         self.cached.clear();
     }
+}
 
-    fn check_ids(&self, ids: &[u32]) -> Result<(), EngineError> {
-        match ids.iter().find(|&&id| id >= self.cfg.vocab) {
-            Some(&id) => Err(EngineError::BadToken {
-                id,
-                vocab: self.cfg.vocab,
-            }),
-            None => Ok(()),
+#[async_trait::async_trait(?Send)]
+impl Generator for Engine {
+    type Error = EngineError;
+
+    fn text(&self) -> &TextFront {
+        &self.text
+    }
+
+    fn vocab(&self) -> u32 {
+        self.model.cfg.vocab
+    }
+
+    fn max_context(&self) -> u32 {
+        self.stage.spec.max_context
+    }
+
+    /// One request after another, each reusing what the cache holds of its prompt (the
+    /// conversation so far, for chat turns).
+    async fn generate(
+        &mut self,
+        requests: &[GenerateRequest],
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<Vec<Generated>, EngineError> {
+        let mut decodings = Vec::with_capacity(requests.len());
+        for (index, request) in requests.iter().enumerate() {
+            let prompt_ids = self.prompt_ids(&request.prompt)?;
+            decodings.push(Decoding::new(index, prompt_ids, &request.options));
         }
+        let mut results = Vec::with_capacity(requests.len());
+        for (decoding, request) in decodings.into_iter().zip(requests) {
+            let result = match &request.options.constraint {
+                Some(spec) => self.run_constrained(decoding, spec, on_event).await?,
+                None => self.run(decoding, on_event).await?,
+            };
+            results.push(result);
+        }
+        Ok(results)
     }
 }
 
-/// One sampled decode step after `history`, whose last token is not in the cache yet.
+/// One sampled decode step after the decoding's tokens, whose last is not in the cache yet.
 async fn decode_sampled(
     stage: &Stage,
     cached: &mut Vec<u32>,
-    sampler: &mut Sampler,
-    history: &[u32],
+    decoding: &mut Decoding,
 ) -> Result<u32, EngineError> {
-    let last = *history.last().expect("history holds the prompt");
+    let last = *decoding.tokens().last().expect("tokens hold the prompt");
     let input = StageInput::Tokens(std::slice::from_ref(&last));
     let logits = stage.forward_logits(&input, cached.len() as u32, 1).await?;
     cached.push(last);
-    Ok(sampler.sample(&logits[0], history))
+    Ok(decoding.sample(&logits[0]))
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -5,6 +5,7 @@
 //! logits → `sample` → ids → `tokenizer` → text. See `docs/ARCHITECTURE.md`.
 
 pub mod engine;
+pub mod front;
 pub mod gguf;
 pub mod gpu;
 pub mod model;

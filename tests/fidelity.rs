@@ -6,7 +6,10 @@
 mod support;
 
 use serde_json::Value;
-use webshard::engine::{Engine, GenerateOptions};
+use std::ops::ControlFlow;
+
+use webshard::engine::Engine;
+use webshard::front::{GenerateOptions, GenerateRequest, Generator, Prompt};
 use webshard::gpu::GpuOptions;
 use webshard::sample::SamplerConfig;
 
@@ -104,8 +107,9 @@ async fn free_running(engine: &mut Engine, record: &Value, label: &str) {
         constraint: None,
     };
     engine.reset();
+    let request = GenerateRequest::new(Prompt::Ids(prompt.clone()), options);
     let out = engine
-        .generate(&prompt, &options, &mut |_| true)
+        .generate_one(&request, &mut |_| ControlFlow::Continue(()))
         .await
         .expect("generate");
     let trusted = steps.iter().take_while(|s| margin(s) > MARGIN).count();

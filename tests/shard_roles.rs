@@ -6,19 +6,19 @@
 mod roles_support;
 mod support;
 
+use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use roles_support::run::*;
 use roles_support::*;
+use webshard::front::{Generator, TokenEvent};
 use webshard::shard::frame::{
     Assign, ErrorCode, Forward, Reply, StageInput, StageOutput, StageRuntime,
 };
 use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
-use webshard::shard::roles::{
-    Coordinator, CoordinatorConfig, DonorExit, TokenUpdate, VerifyConfig,
-};
+use webshard::shard::roles::{Coordinator, CoordinatorConfig, DonorExit, VerifyConfig};
 use webshard::shard::transport::send_message;
 use webshard::shard::{
     decode_frame, ByteVocab, Encoding, InProcessConfig, InProcessNetwork, InProcessTransport,
@@ -97,7 +97,7 @@ fn a_lost_donor_changes_no_token() {
     for (donors, victim, kill_at) in [(3, 0, 1), (2, 1, 3), (3, 2, 6), (2, 0, 9), (3, 1, 13)] {
         let (_network, transport, mut handles) = fleet(&gpu, donors);
         let mut kill = Some(handles[victim].take_kill());
-        let on_token = move |update: &TokenUpdate<'_>| {
+        let on_token = move |update: &TokenEvent<'_>| {
             if update.index + 1 == kill_at {
                 let _ = kill.take().map(|k| k.send(()));
             }
@@ -164,7 +164,7 @@ fn a_silent_donor_is_found_by_heartbeats() {
         inner,
         frozen: switch,
     });
-    let on_token = move |update: &TokenUpdate<'_>| {
+    let on_token = move |update: &TokenEvent<'_>| {
         if update.index == 4 {
             frozen.store(true, Ordering::SeqCst);
         }
@@ -200,12 +200,12 @@ fn a_pause_between_generations_loses_no_donor() {
                 .expect("connect");
             let request = [greedy(&prompt, 4)];
             let first = coordinator
-                .generate(&request, &mut |_| {})
+                .generate(&request, &mut |_| ControlFlow::Continue(()))
                 .await
                 .expect("first");
             std::thread::sleep(Duration::from_secs(8));
             let second = coordinator
-                .generate(&request, &mut |_| {})
+                .generate(&request, &mut |_| ControlFlow::Continue(()))
                 .await
                 .expect("second");
             let report = coordinator.report().clone();
@@ -231,7 +231,7 @@ fn a_donor_joining_mid_generation_is_planned_in_and_changes_no_token() {
     let joiner = Arc::new(Mutex::new(None));
     let on_token = {
         let (joiner, gpu) = (Arc::clone(&joiner), Arc::clone(&gpu));
-        move |update: &TokenUpdate<'_>| {
+        move |update: &TokenEvent<'_>| {
             if update.index == 3 {
                 *joiner.lock().unwrap() = Some(join_donor(&network, &gpu, coordinator));
             }
@@ -309,7 +309,7 @@ fn a_silent_donor_that_answers_again_is_planned_back_in() {
         paused: switch,
     });
     // Token 3 comes only after the recovery: the paused stage held the chain up.
-    let on_token = move |update: &TokenUpdate<'_>| match update.index {
+    let on_token = move |update: &TokenEvent<'_>| match update.index {
         2 => paused.store(true, Ordering::SeqCst),
         3 => paused.store(false, Ordering::SeqCst),
         _ => {}

@@ -67,7 +67,7 @@ pub(crate) async fn prompt_rate(
     tokens: u32,
     seed: u64,
 ) -> anyhow::Result<f64> {
-    let ids = random_ids(tokens, engine.cfg.vocab, seed);
+    let ids = random_ids(tokens, engine.model.cfg.vocab, seed);
     let started = Instant::now();
     engine.evaluate(&ids).await?;
     Ok(f64::from(tokens) / started.elapsed().as_secs_f64())
@@ -77,7 +77,7 @@ pub(crate) async fn prompt_rate(
 /// --temp 0` does.
 pub(crate) async fn generation_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f64> {
     engine.reset();
-    let token = engine.tokenizer.bos_id().unwrap_or(0);
+    let token = engine.text.tokenizer.bos_id().unwrap_or(0);
     let started = Instant::now();
     let mut decoder = engine.stage.greedy_decoder(token, 0, DEFAULT_DEPTH)?;
     for _ in 0..tokens {
@@ -90,7 +90,7 @@ pub(crate) async fn generation_rate(engine: &mut Engine, tokens: u32) -> anyhow:
 /// final norm, head and argmax (the residual stream is read back instead, d_model floats).
 async fn layers_only_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f64> {
     engine.reset();
-    let token = engine.tokenizer.bos_id().unwrap_or(0);
+    let token = engine.text.tokenizer.bos_id().unwrap_or(0);
     let started = Instant::now();
     for position in 0..tokens {
         let input = [token];
@@ -156,7 +156,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             .map(|(name, (mean, sd))| json!({ "test": name, "tok_s": mean, "sd": sd }))
             .collect();
         let value = json!({
-            "model": args.model.model, "architecture": engine.cfg.arch.name(),
+            "model": args.model.model, "architecture": engine.model.cfg.arch.name(),
             "adapter": caps.adapter, "backend": caps.backend, "variant": variant.to_string(),
             "load_seconds": load.seconds, "load_bytes": load.bytes,
             "peak_heap_bytes_during_load": load.peak_heap_bytes, "peak_resident_bytes": resident,
@@ -174,7 +174,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     for (name, (mean, sd)) in &tests {
         println!(
             "| {} | {} | {} | {variant} | {name} | {mean:.2} ± {sd:.2} |",
-            engine.cfg.arch.name(),
+            engine.model.cfg.arch.name(),
             caps.adapter,
             caps.backend
         );

@@ -3,7 +3,10 @@
 //! so two figures matter: the CPU time per mask, and that time as a share of the step.
 
 use serde_json::{json, Value};
-use webshard::engine::{Engine, GenerateOptions};
+use std::ops::ControlFlow;
+
+use webshard::engine::Engine;
+use webshard::front::{GenerateOptions, GenerateRequest, Generator, Prompt};
 use webshard::sample::{ConstraintSpec, SamplerConfig};
 use webshard::tokenizer::ChatMessage;
 
@@ -39,25 +42,22 @@ pub async fn mask_cost(
     repetitions: u32,
 ) -> anyhow::Result<MaskCost> {
     let ask = ChatMessage::new("user", "Answer with one example, in the required format.");
-    let prompt_ids = engine.tokenize_prompt(&engine.chat_prompt(&[ask])?);
     let options = GenerateOptions {
         max_tokens: tokens,
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: Some(spec.clone()),
     };
+    let request = GenerateRequest::new(Prompt::Chat(vec![ask]), options);
+    let mut go_on = |_: webshard::front::TokenEvent<'_>| ControlFlow::Continue(());
     // One warm-up builds the token view and compiles the constraint's lexer states.
-    engine
-        .generate(&prompt_ids, &options, &mut |_| true)
-        .await?;
+    engine.generate_one(&request, &mut go_on).await?;
     let (mut mask_seconds, mut decode_seconds, mut count) = (0.0, 0.0, 0);
     for _ in 0..repetitions.max(1) {
         engine.reset();
-        let out = engine
-            .generate(&prompt_ids, &options, &mut |_| true)
-            .await?;
-        mask_seconds += out.mask_seconds;
-        decode_seconds += out.decode_seconds;
+        let out = engine.generate_one(&request, &mut go_on).await?;
+        mask_seconds += out.timings.mask_seconds;
+        decode_seconds += out.timings.decode_seconds;
         count += out.ids.len();
     }
     let per_token = |seconds: f64| seconds / count.max(1) as f64;

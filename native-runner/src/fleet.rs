@@ -3,16 +3,18 @@
 //! in the fleet's room of a signaling server (`runner serve --fleet TOKEN` serves one).
 
 use std::io::Write;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
+use webshard::front::{GenerateOptions, GenerateRequest, Generator, Prompt};
 use webshard::gpu::{BackendChoice, Gpu, GpuOptions};
 use webshard::shard::fault::Perturbing;
 use webshard::shard::fleet_room;
 use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
 use webshard::shard::roles::{
-    Coordinator, CoordinatorConfig, Donor, DonorConfig, DonorExit, GenerationRequest, VerifyConfig,
+    Coordinator, CoordinatorConfig, Donor, DonorConfig, DonorExit, VerifyConfig,
 };
 use webshard::shard::{Encoding, FrameLimits, Transport, WebRtcConfig, WebRtcTransport};
 use webshard::tokenizer::ChatMessage;
@@ -187,21 +189,23 @@ pub async fn run_coordinator<T: Transport>(
     }
     eprintln!("waiting for {} donor(s)…", args.donors);
     let mut coordinator = Coordinator::connect(transport, config).await?;
-    let mut requests = Vec::with_capacity(args.prompt.len());
-    for prompt in &args.prompt {
-        let prompt = match args.chat {
-            true => coordinator
-                .template
-                .render_prompt(&[ChatMessage::new("user", prompt.as_str())], true)?,
-            false => prompt.clone(),
-        };
-        requests.push(GenerationRequest {
-            prompt_ids: coordinator.tokenizer.encode(&prompt, true, true),
-            max_tokens: args.n,
-            sampler: args.sampler.config(),
-            stop: args.stop.clone(),
-        });
-    }
+    let options = GenerateOptions {
+        max_tokens: args.n,
+        sampler: args.sampler.config(),
+        stop: args.stop.clone(),
+        constraint: None,
+    };
+    let requests: Vec<GenerateRequest> = args
+        .prompt
+        .iter()
+        .map(|prompt| {
+            let prompt = match args.chat {
+                true => Prompt::Chat(vec![ChatMessage::new("user", prompt.as_str())]),
+                false => Prompt::Text(prompt.clone()),
+            };
+            GenerateRequest::new(prompt, options.clone())
+        })
+        .collect();
     // Text streams only for one prompt: several would interleave.
     let stream = !args.json && requests.len() == 1;
     let progress = args.progress;
@@ -214,6 +218,7 @@ pub async fn run_coordinator<T: Transport>(
                 print!("{}", update.text);
                 let _ = std::io::stdout().flush();
             }
+            ControlFlow::Continue(())
         })
         .await?;
     let report = coordinator.report().clone();

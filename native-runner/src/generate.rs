@@ -1,10 +1,12 @@
 //! `runner generate` and `runner chat`.
 
 use std::io::{BufRead, Write};
+use std::ops::ControlFlow;
 
 use anyhow::Context;
 use serde_json::json;
-use webshard::engine::{Engine, GenerateOptions, Generated};
+use webshard::engine::Engine;
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt, TokenEvent};
 use webshard::sample::ConstraintSpec;
 use webshard::tokenizer::ChatMessage;
 
@@ -40,10 +42,9 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
     let prompt = match args.chat {
-        true => engine.chat_prompt(&[ChatMessage::new("user", args.prompt.as_str())])?,
-        false => args.prompt.clone(),
+        true => Prompt::Chat(vec![ChatMessage::new("user", args.prompt.as_str())]),
+        false => Prompt::Text(args.prompt.clone()),
     };
-    let prompt_ids = engine.tokenize_prompt(&prompt);
     let options = GenerateOptions {
         max_tokens: args.n,
         sampler: args.sampler.config(),
@@ -51,13 +52,13 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         constraint,
     };
     let stream = !args.json;
+    let request = GenerateRequest::new(prompt, options);
     let out = engine
-        .generate(&prompt_ids, &options, &mut |text| {
+        .generate_one(&request, &mut |event| {
             if stream {
-                print!("{text}");
-                let _ = std::io::stdout().flush();
+                print_piece(event);
             }
-            true
+            ControlFlow::Continue(())
         })
         .await?;
     if args.json {
@@ -73,20 +74,27 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Prints a token's text as it comes.
+fn print_piece(event: TokenEvent<'_>) {
+    print!("{}", event.text);
+    let _ = std::io::stdout().flush();
+}
+
 /// One line of timings for stderr.
 fn timings(load_seconds: f64, out: &Generated) -> String {
     let rate = |tokens: f64, seconds: f64| if seconds > 0.0 { tokens / seconds } else { 0.0 };
+    let prefill_tokens = out.prefill_tokens();
     let line = format!(
         "load {load_seconds:.2} s | prefill {} tokens {:.1} tok/s | decode {} tokens {:.1} tok/s",
-        out.prefill_tokens,
-        rate(f64::from(out.prefill_tokens), out.prefill_seconds),
+        prefill_tokens,
+        rate(f64::from(prefill_tokens), out.timings.prefill_seconds),
         out.ids.len(),
-        rate(out.ids.len() as f64, out.decode_seconds),
+        rate(out.ids.len() as f64, out.timings.decode_seconds),
     );
-    match out.mask_seconds > 0.0 {
+    match out.timings.mask_seconds > 0.0 {
         true => format!(
             "{line} | mask {:.0} us/token",
-            out.mask_seconds * 1e6 / out.ids.len().max(1) as f64
+            out.timings.mask_seconds * 1e6 / out.ids.len().max(1) as f64
         ),
         false => line,
     }
@@ -143,18 +151,17 @@ async fn reply(
     args: &ChatArgs,
     constraint: &Option<ConstraintSpec>,
 ) -> anyhow::Result<String> {
-    let prompt_ids = engine.tokenize_prompt(&engine.chat_prompt(messages)?);
     let options = GenerateOptions {
         max_tokens: args.n,
         sampler: args.sampler.config(),
         stop: Vec::new(),
         constraint: constraint.clone(),
     };
+    let request = GenerateRequest::new(Prompt::Chat(messages.to_vec()), options);
     let out = engine
-        .generate(&prompt_ids, &options, &mut |text| {
-            print!("{text}");
-            let _ = std::io::stdout().flush();
-            true
+        .generate_one(&request, &mut |event| {
+            print_piece(event);
+            ControlFlow::Continue(())
         })
         .await?;
     println!();

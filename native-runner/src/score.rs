@@ -33,7 +33,9 @@ pub async fn score(args: &ScoreArgs) -> anyhow::Result<()> {
     for (i, top) in positions.iter().enumerate() {
         let cells: Vec<String> = top
             .iter()
-            .map(|(id, logit)| format!("{id}:{:?} {logit:.4}", engine.tokenizer.decode(&[*id])))
+            .map(|(id, logit)| {
+                format!("{id}:{:?} {logit:.4}", engine.text.tokenizer.decode(&[*id]))
+            })
             .collect();
         println!("{i:>4} {:>8} -> {}", args.ids[i], cells.join("  "));
     }

@@ -7,6 +7,7 @@ pub mod decode;
 pub mod gemma3;
 pub mod llama;
 pub mod loader;
+pub mod open;
 pub mod qwen2;
 mod scratch;
 pub mod stage;
@@ -15,6 +16,7 @@ pub mod weights;
 pub use config::{Arch, ConfigError, ModelConfig};
 pub use decode::GreedyDecoder;
 pub use loader::{LoadOptions, LoadProgress};
+pub use open::{OpenModel, TensorPlan};
 pub use stage::{Stage, StageInput, StageSpec};
 
 use crate::gguf::{GgmlType, GgufError, Header, SourceError};

@@ -5,15 +5,16 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-use crate::gguf::{Header, RangeSource};
+use crate::gguf::RangeSource;
 use crate::gpu::{DispatchGraph, Gpu, Recorder};
 use crate::ops::attention::KvCache;
 use crate::ops::{norm, quant, select};
 
 use super::config::{Arch, ModelConfig};
 use super::loader::{LoadOptions, LoadProgress, Loader};
+use super::open::OpenModel;
 use super::scratch::Scratch;
-use super::weights::{stage_tensor_names, EdgeWeights, LayerWeights};
+use super::weights::{EdgeWeights, LayerWeights};
 use super::{gemma3, llama, qwen2, ModelError};
 
 /// What a stage is asked to hold.
@@ -88,28 +89,19 @@ pub(super) type GraphKey = (&'static str, u32);
 const MAX_GRAPHS: usize = 16;
 
 impl Stage {
-    /// Loads the stage's tensors from `source`, streaming them into GPU buffers.
+    /// Loads the stage's tensors of the opened `model` from `source`, streaming them into
+    /// GPU buffers.
     pub async fn load(
         gpu: Arc<Gpu>,
         source: &dyn RangeSource,
-        header: &Header,
+        model: &OpenModel,
         spec: StageSpec,
         options: LoadOptions,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Stage, ModelError> {
-        let cfg = super::config_for(header)?;
-        if spec.layers.end > cfg.n_layers || spec.layers.is_empty() {
-            return Err(ModelError::Plan(format!(
-                "layers {:?} outside the model's 0..{}",
-                spec.layers, cfg.n_layers
-            )));
-        }
-        let names = stage_tensor_names(header, spec.layers.clone(), spec.embedding, spec.head);
-        let total = names
-            .iter()
-            .filter_map(|n| header.tensor(n))
-            .map(|t| t.bytes)
-            .sum();
+        model.check_layers(&spec.layers)?;
+        let (header, cfg) = (&model.header, model.cfg.clone());
+        let total = model.tensor_plan(&spec).bytes;
         let mut loader = Loader::new(&gpu, source, header, options, total, progress);
         let edges = EdgeWeights::load(&mut loader, &cfg, spec.embedding, spec.head).await?;
         let mut layers = Vec::with_capacity(spec.layers.len());

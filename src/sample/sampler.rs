@@ -61,6 +61,12 @@ impl SamplerConfig {
     pub fn is_greedy(&self) -> bool {
         self.temperature <= 0.0 || self.top_k == 1
     }
+
+    /// Whether the next token is the plain argmax of the logits (greedy, no penalty), which
+    /// the device can pick itself instead of sending the logits back.
+    pub fn argmax_suffices(&self) -> bool {
+        self.is_greedy() && self.repeat_penalty == 1.0
+    }
 }
 
 #[derive(Clone, Copy, Debug)]

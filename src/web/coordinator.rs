@@ -21,6 +21,7 @@
 //! workers.
 
 use std::cell::RefCell;
+use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -36,10 +37,9 @@ use super::error::WebError;
 use super::fleet_watch::Watched;
 use super::options::{self, to_js, GenerateSettings};
 use super::stop::{aborted, race};
+use crate::front::{GenerateRequest, Generated, Generator, Prompt, RequestError, TokenEvent};
 use crate::shard::roles::coordinator::RunReport;
-use crate::shard::roles::{
-    Coordinator, CoordinatorConfig, FleetOutput, GenerationRequest, RoleError, TokenUpdate,
-};
+use crate::shard::roles::{Coordinator, CoordinatorConfig, RoleError};
 use crate::shard::transport::TransportError;
 use crate::shard::webrtc::{WebRtcConfig, WebRtcTransport};
 use crate::tokenizer::ChatMessage;
@@ -186,7 +186,7 @@ impl WebCoordinator {
     /// Token ids of `text` as `runner generate` tokenizes a prompt.
     pub fn tokenize(&self, text: &str) -> Result<Vec<u32>, JsValue> {
         match &*self.slot.borrow() {
-            Slot::Idle(coordinator) => Ok(coordinator.tokenizer.encode(text, true, true)),
+            Slot::Idle(coordinator) => Ok(coordinator.text.tokenize_prompt(text)),
             Slot::Busy => Err(WebError::Busy.into()),
             Slot::Closed(reason) => Err(closed(reason).into()),
         }
@@ -280,9 +280,9 @@ async fn connect(options: JsValue) -> Result<WebCoordinator, WebError> {
     .map_err(explain_gather)?;
     let info = FleetInfo {
         model: settings.model.clone(),
-        arch: format!("{:?}", coordinator.cfg.arch),
-        n_layers: coordinator.cfg.n_layers,
-        vocab: coordinator.cfg.vocab,
+        arch: format!("{:?}", coordinator.model.cfg.arch),
+        n_layers: coordinator.model.cfg.n_layers,
+        vocab: coordinator.model.cfg.vocab,
         max_context: settings.max_context,
         stages: coordinator.plan().stages.len(),
     };
@@ -323,11 +323,6 @@ fn closed(reason: &str) -> WebError {
     WebError::FleetClosed(reason.to_string())
 }
 
-enum Prompt {
-    Text(String),
-    Chat(Vec<ChatMessage>),
-}
-
 /// One `generate`/`chat` call, owning what its promise needs.
 struct Run {
     slot: Rc<RefCell<Slot>>,
@@ -353,10 +348,10 @@ struct FleetResult {
 }
 
 /// How a generation ended: stopped (`Err`), or the coordinator's own result.
-type Outcome = Result<Result<Vec<FleetOutput>, RoleError>, WebError>;
+type Outcome = Result<Result<Vec<Generated>, RoleError>, WebError>;
 
 impl FleetResult {
-    fn new(prompt_ids: Vec<u32>, output: FleetOutput, aborted: bool, report: RunReport) -> Self {
+    fn new(prompt_ids: Vec<u32>, output: Generated, aborted: bool, report: RunReport) -> Self {
         FleetResult {
             prompt_ids,
             ids: output.ids,
@@ -375,7 +370,9 @@ impl Run {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
         let options = settings.options()?;
         let mut coordinator = self.take()?;
-        let prompt_ids = prompt_ids(&coordinator, prompt)
+        let prompt_ids = coordinator
+            .prompt_ids(&prompt)
+            .map_err(request_error)
             .and_then(|ids| check_fits(&ids, options.max_tokens, self.max_context).map(|()| ids));
         let prompt_ids = match prompt_ids {
             Ok(ids) => ids,
@@ -384,12 +381,7 @@ impl Run {
                 return Err(error);
             }
         };
-        let request = GenerationRequest {
-            prompt_ids: prompt_ids.clone(),
-            max_tokens: options.max_tokens,
-            sampler: options.sampler,
-            stop: options.stop,
-        };
+        let request = GenerateRequest::new(Prompt::Ids(prompt_ids.clone()), options);
         let (outcome, streamed) = self.stream(&mut coordinator, &request).await;
         let report = coordinator.report().clone();
         let (output, aborted) = match outcome {
@@ -419,17 +411,17 @@ impl Run {
     async fn stream(
         &self,
         coordinator: &mut FleetCoordinator,
-        request: &GenerationRequest,
-    ) -> (Outcome, FleetOutput) {
+        request: &GenerateRequest,
+    ) -> (Outcome, Generated) {
         let (sender, receiver) = oneshot::channel();
         self.stop.replace(Some(sender));
         let stopped = receiver.shared();
-        let mut streamed = FleetOutput::default();
-        let mut on_update = |update: TokenUpdate<'_>| {
+        let mut streamed = Generated::default();
+        let mut on_update = |update: TokenEvent<'_>| {
             streamed.ids.push(update.id);
             streamed.text.push_str(update.text);
             if let Some(callback) = &self.on_token {
-                let token = TokenEvent {
+                let token = TokenJs {
                     index: update.index,
                     id: update.id,
                     text: update.text,
@@ -438,6 +430,7 @@ impl Run {
                     let _ = callback.call1(&JsValue::NULL, &value);
                 }
             }
+            ControlFlow::Continue(())
         };
         let outcome = race(
             coordinator.generate(std::slice::from_ref(request), &mut on_update),
@@ -466,22 +459,20 @@ impl Run {
     }
 }
 
+/// `onToken`'s argument.
 #[derive(Serialize)]
-struct TokenEvent<'a> {
+struct TokenJs<'a> {
     index: u32,
     id: u32,
     text: &'a str,
 }
 
-fn prompt_ids(coordinator: &FleetCoordinator, prompt: Prompt) -> Result<Vec<u32>, WebError> {
-    let text = match prompt {
-        Prompt::Text(text) => text,
-        Prompt::Chat(messages) => coordinator
-            .template
-            .render_prompt(&messages, true)
-            .map_err(|e| WebError::Fleet(RoleError::Tokenizer(e.to_string())))?,
-    };
-    Ok(coordinator.tokenizer.encode(&text, true, true))
+/// A template the page cannot render is the fleet's model's; other bad requests are options.
+fn request_error(error: RequestError) -> WebError {
+    match error {
+        RequestError::Template(_) => WebError::Fleet(error.into()),
+        other => WebError::Options(other.to_string()),
+    }
 }
 
 /// A request the chain cannot hold is the caller's mistake, found before anything is sent:

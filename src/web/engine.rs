@@ -3,6 +3,7 @@
 //! blocks, so the worker stays responsive to `abort()` between tokens.
 
 use std::cell::{Cell, RefCell};
+use std::ops::ControlFlow;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -13,7 +14,8 @@ use web_sys::AbortSignal;
 use super::error::WebError;
 use super::options::{self, GenerateSettings, LoadSettings};
 use super::source::{open_model_source, Abortable, ModelSource};
-use crate::engine::{Engine, EngineOptions, Generated};
+use crate::engine::{Engine, EngineOptions};
+use crate::front::{GenerateRequest, Generated, Generator, Prompt, TokenEvent};
 use crate::gpu::{BackendChoice, Gpu, GpuError, GpuOptions};
 use crate::model::LoadProgress;
 use crate::tokenizer::ChatMessage;
@@ -258,14 +260,7 @@ impl WebEngine {
         on_token: Option<Function>,
     ) -> js_sys::Promise {
         let run = self.runner(options, on_token);
-        wasm_bindgen_futures::future_to_promise(async move {
-            let engine = run.engine.clone();
-            let ids = engine
-                .try_borrow()
-                .map_err(|_| WebError::Busy)?
-                .tokenize_prompt(&prompt);
-            run.generate(ids).await
-        })
+        wasm_bindgen_futures::future_to_promise(run.generate(Prompt::Text(prompt)))
     }
 
     /// Renders `messages` (`[{ role, content }]`) with the model's chat template, then
@@ -280,12 +275,7 @@ impl WebEngine {
         wasm_bindgen_futures::future_to_promise(async move {
             let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
                 .map_err(|e| WebError::Options(format!("messages: {e}")))?;
-            let ids = {
-                let engine = run.engine.try_borrow().map_err(|_| WebError::Busy)?;
-                let prompt = engine.chat_prompt(&messages).map_err(WebError::from)?;
-                engine.tokenize_prompt(&prompt)
-            };
-            run.generate(ids).await
+            run.generate(Prompt::Chat(messages)).await
         })
     }
 
@@ -337,21 +327,24 @@ struct Run {
 }
 
 impl Run {
-    async fn generate(self, prompt_ids: Vec<u32>) -> Result<JsValue, JsValue> {
+    async fn generate(self, prompt: Prompt) -> Result<JsValue, JsValue> {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
-        let options = settings.options()?;
+        let request = GenerateRequest::new(prompt, settings.options()?);
         let mut engine = self.engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
         let stop = self.stop.clone();
         let on_token = self.on_token.clone();
         let errors = self.gpu_errors.clone();
-        let mut on_text = |text: &str| {
+        let mut on_event = |event: TokenEvent<'_>| {
             if let Some(callback) = &on_token {
-                let _ = callback.call1(&JsValue::NULL, &JsValue::from_str(text));
+                let _ = callback.call1(&JsValue::NULL, &JsValue::from_str(event.text));
             }
-            !stop.get() && errors.check().is_ok()
+            match stop.get() || errors.check().is_err() {
+                true => ControlFlow::Break(()),
+                false => ControlFlow::Continue(()),
+            }
         };
         let out = engine
-            .generate(&prompt_ids, &options, &mut on_text)
+            .generate_one(&request, &mut on_event)
             .await
             .map_err(WebError::from)?;
         self.gpu_errors.check()?;
@@ -374,18 +367,18 @@ struct GenerateResult {
 
 impl GenerateResult {
     fn new(out: Generated, aborted: bool) -> GenerateResult {
-        let decode_tok_s = if out.decode_seconds > 0.0 {
-            out.ids.len() as f64 / out.decode_seconds
+        let decode_tok_s = if out.timings.decode_seconds > 0.0 {
+            out.ids.len() as f64 / out.timings.decode_seconds
         } else {
             0.0
         };
         GenerateResult {
+            prefill_tokens: out.prefill_tokens(),
+            prefill_seconds: out.timings.prefill_seconds,
+            decode_seconds: out.timings.decode_seconds,
             prompt_ids: out.prompt_ids,
             ids: out.ids,
             text: out.text,
-            prefill_tokens: out.prefill_tokens,
-            prefill_seconds: out.prefill_seconds,
-            decode_seconds: out.decode_seconds,
             decode_tok_s,
             aborted,
         }
@@ -414,11 +407,11 @@ fn engine_info(
         variant: gpu.variant().to_string(),
         f16: gpu.caps.f16,
         subgroups: gpu.caps.subgroups,
-        arch: format!("{:?}", engine.cfg.arch),
-        n_layers: engine.cfg.n_layers,
-        vocab: engine.cfg.vocab,
+        arch: format!("{:?}", engine.model.cfg.arch),
+        n_layers: engine.model.cfg.n_layers,
+        vocab: engine.model.cfg.vocab,
         max_context: engine.stage.spec.max_context,
-        bytes_total: engine.header.tensors.iter().map(|t| t.bytes).sum(),
+        bytes_total: engine.model.header.tensors.iter().map(|t| t.bytes).sum(),
         load_seconds: seconds,
         network_requests: network.requests,
         network_bytes: network.bytes_fetched,

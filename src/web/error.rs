@@ -4,6 +4,7 @@
 use wasm_bindgen::{JsCast, JsValue};
 
 use crate::engine::EngineError;
+use crate::front::RequestError;
 use crate::gguf::{GgufError, SourceError};
 use crate::gpu::GpuError;
 use crate::model::{ConfigError, ModelError};
@@ -113,7 +114,8 @@ fn engine_kind(e: &EngineError) -> &'static str {
         EngineError::Model(m) => model_kind(m),
         EngineError::Gguf(g) => gguf_kind(g),
         EngineError::Tokenizer(_) => "unsupported",
-        EngineError::EmptyPrompt | EngineError::BadToken { .. } => "options",
+        EngineError::Request(RequestError::Template(_)) => "unsupported",
+        EngineError::Request(_) => "options",
         EngineError::Constraint(ConstraintError::Compile(_)) => "options",
         EngineError::Constraint(_) => "other",
     }

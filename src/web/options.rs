@@ -5,7 +5,7 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::JsValue;
 
 use super::error::WebError;
-use crate::engine::GenerateOptions;
+use crate::front::GenerateOptions;
 use crate::model::LoadOptions;
 use crate::sample::SamplerConfig;
 

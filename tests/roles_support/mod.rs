@@ -11,7 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use futures::channel::oneshot;
-use webshard::engine::GenerateOptions;
+use webshard::front::{GenerateOptions, GenerateRequest, Generator, Prompt};
 use webshard::gpu::{Gpu, GpuOptions};
 use webshard::sample::SamplerConfig;
 use webshard::shard::roles::timer::sleep;
@@ -55,8 +55,9 @@ pub fn single_device_ids(
                 constraint: None,
             };
             engine.reset();
+            let request = GenerateRequest::new(Prompt::Ids(ids.clone()), options);
             let generated = engine
-                .generate(&ids, &options, &mut |_| true)
+                .generate_one(&request, &mut |_| std::ops::ControlFlow::Continue(()))
                 .await
                 .expect("generate");
             out.push((ids, generated.ids));

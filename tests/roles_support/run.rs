@@ -1,15 +1,15 @@
 //! Running a coordinator over an in-process fleet: the configuration the role tests share,
 //! a run from connect to shutdown, and its report.
 
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::time::Duration;
 
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt, TokenEvent};
 use webshard::gpu::Gpu;
 use webshard::sample::SamplerConfig;
 use webshard::shard::roles::coordinator::RunReport;
-use webshard::shard::roles::{
-    Coordinator, CoordinatorConfig, FleetOutput, GenerationRequest, TokenUpdate,
-};
+use webshard::shard::roles::{Coordinator, CoordinatorConfig};
 use webshard::shard::{InProcessConfig, InProcessNetwork, InProcessTransport};
 
 use super::{model_url, spawn_donor, with_deadline, DonorHandle, TOKEN};
@@ -26,17 +26,18 @@ pub fn config(file: &str, donors: usize) -> CoordinatorConfig {
     config
 }
 
-pub fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerationRequest {
-    GenerationRequest {
-        prompt_ids: prompt_ids.to_vec(),
+pub fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerateRequest {
+    let options = GenerateOptions {
         max_tokens,
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
-    }
+        constraint: None,
+    };
+    GenerateRequest::new(Prompt::Ids(prompt_ids.to_vec()), options)
 }
 
 pub struct Run {
-    pub outputs: Vec<FleetOutput>,
+    pub outputs: Vec<Generated>,
     pub report: RunReport,
     pub refused_hellos: u32,
 }
@@ -45,8 +46,8 @@ pub struct Run {
 pub fn coordinate(
     transport: InProcessTransport,
     config: CoordinatorConfig,
-    requests: Vec<GenerationRequest>,
-    mut on_token: impl FnMut(&TokenUpdate<'_>) + Send + 'static,
+    requests: Vec<GenerateRequest>,
+    mut on_token: impl FnMut(&TokenEvent<'_>) + Send + 'static,
 ) -> Run {
     with_deadline(DEADLINE, move || {
         pollster::block_on(async move {
@@ -54,7 +55,10 @@ pub fn coordinate(
                 .await
                 .expect("connect");
             let outputs = coordinator
-                .generate(&requests, &mut |update| on_token(&update))
+                .generate(&requests, &mut |update| {
+                    on_token(&update);
+                    ControlFlow::Continue(())
+                })
                 .await
                 .expect("generate");
             let report = coordinator.report().clone();

@@ -1,6 +1,6 @@
-//! The coordinator role: holds the tokenizer, chat template and sampler; admits donors with
-//! the fleet token, plans the layers over them, assigns stages, then drives generation
-//! (`session.rs`), re-planning when a donor joins or is lost (`recovery.rs`) and
+//! The coordinator role: holds the text front (tokenizer, chat template, samplers); admits
+//! donors with the fleet token, plans the layers over them, assigns stages, then drives
+//! generation as a `front::Generator` (`session.rs`), re-planning when a donor joins or is lost (`recovery.rs`) and
 //! spot-checking stages against a local reference when asked (`verify.rs`).
 
 use std::collections::HashMap;
@@ -22,10 +22,9 @@ use super::donor::error_report;
 use super::timer::with_timeout;
 use super::verify::{Verifier, VerifyConfig, VerifyFlag};
 use super::RoleError;
-use crate::gguf::{open_source, read_header, Header};
-use crate::model::ModelConfig;
-use crate::sample::SamplerConfig;
-use crate::tokenizer::{ChatTemplate, Tokenizer};
+use crate::front::TextFront;
+use crate::gguf::open_source;
+use crate::model::{ModelConfig, OpenModel};
 
 /// Longest `shutdown` waits for its last frames to reach the donors.
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
@@ -81,26 +80,6 @@ impl CoordinatorConfig {
     }
 }
 
-/// One prompt to complete.
-#[derive(Clone, Debug)]
-pub struct GenerationRequest {
-    pub prompt_ids: Vec<u32>,
-    pub max_tokens: u32,
-    pub sampler: SamplerConfig,
-    pub stop: Vec<String>,
-}
-
-/// A token as it is generated, for streaming output.
-#[derive(Clone, Debug)]
-pub struct TokenUpdate<'a> {
-    /// Index of the request in the slice given to `generate`.
-    pub request: usize,
-    pub index: u32,
-    pub id: u32,
-    /// Text that became printable with this token.
-    pub text: &'a str,
-}
-
 /// One stage's share of the work of a generation.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct HopReport {
@@ -114,13 +93,6 @@ pub struct HopReport {
     pub compute_ms_max: f64,
     /// Payload bytes this stage sent on (activations, or the reply for the last stage).
     pub bytes_out: u64,
-}
-
-/// What `generate` returns for one request.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct FleetOutput {
-    pub ids: Vec<u32>,
-    pub text: String,
 }
 
 /// What the whole run did, for `--json`.
@@ -162,10 +134,9 @@ pub struct PlanEntry {
 pub struct Coordinator<T: Transport> {
     pub(super) transport: T,
     pub(super) config: CoordinatorConfig,
-    pub header: Header,
-    pub cfg: ModelConfig,
-    pub tokenizer: Tokenizer,
-    pub template: ChatTemplate,
+    /// Header and configuration, read once.
+    pub model: OpenModel,
+    pub text: TextFront,
     pub(super) sizes: ModelSizes,
     pub(super) vocab_blob: Vec<u8>,
     /// Donors admitted, with what they said in Hello.
@@ -196,32 +167,25 @@ impl<T: Transport> Coordinator<T> {
         let source = open_source(&config.model_url)
             .await
             .map_err(|e| RoleError::Source(e.to_string()))?;
-        let header = read_header(source.as_ref())
-            .await
-            .map_err(|e| RoleError::Source(e.to_string()))?;
-        let cfg = crate::model::config_for(&header)?;
-        let tokenizer = Tokenizer::from_metadata(&header.metadata)
+        let model = OpenModel::read(source.as_ref()).await?;
+        let text = TextFront::from_header(&model.header)
             .map_err(|e| RoleError::Tokenizer(e.to_string()))?;
-        let template =
-            ChatTemplate::new(&tokenizer).map_err(|e| RoleError::Tokenizer(e.to_string()))?;
-        let vocab_blob = ByteVocab::from_tokenizer(&tokenizer)
+        let vocab_blob = ByteVocab::from_tokenizer(&text.tokenizer)
             .map_err(|e| RoleError::Tokenizer(e.to_string()))?
             .to_bytes();
-        let mut sizes = ModelSizes::from_header(&header)?;
-        sizes.runtime_bytes_per_layer = kv_bytes_per_layer(&cfg, &config.runtime);
+        let mut sizes = ModelSizes::from_header(&model.header)?;
+        sizes.runtime_bytes_per_layer = kv_bytes_per_layer(&model.cfg, &config.runtime);
         let mut validator = FrameValidator::new(config.limits);
         validator.set_model(ModelShape {
-            vocab_size: cfg.vocab,
-            d_model: cfg.d_model,
+            vocab_size: model.cfg.vocab,
+            d_model: model.cfg.d_model,
         });
         let verifier = config.verify.clone().map(Verifier::new);
         let mut coordinator = Coordinator {
             transport,
             config,
-            header,
-            cfg,
-            tokenizer,
-            template,
+            model,
+            text,
             sizes,
             vocab_blob,
             donors: HashMap::new(),
@@ -379,8 +343,8 @@ impl<T: Transport> Coordinator<T> {
 
     pub(super) fn shape(&self) -> ModelShape {
         ModelShape {
-            vocab_size: self.cfg.vocab,
-            d_model: self.cfg.d_model,
+            vocab_size: self.model.cfg.vocab,
+            d_model: self.model.cfg.d_model,
         }
     }
 

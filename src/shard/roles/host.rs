@@ -10,9 +10,9 @@
 use std::sync::Arc;
 
 use super::super::frame::{Assign, Forward, Reply, StageInput as WireInput, StageRuntime};
-use crate::gguf::{read_header, RangeSource};
+use crate::gguf::RangeSource;
 use crate::gpu::Gpu;
-use crate::model::{LoadOptions, ModelError, Stage, StageInput, StageSpec};
+use crate::model::{LoadOptions, ModelError, OpenModel, Stage, StageInput, StageSpec};
 use crate::ops::attention::KvCache;
 
 /// What a step produced.
@@ -46,8 +46,8 @@ impl StageHost {
     /// Opens the model and loads only the tensors of the assigned stage.
     pub async fn load(gpu: Arc<Gpu>, assign: &Assign) -> Result<StageHost, ModelError> {
         let source = crate::gguf::open_source(&assign.model_url).await?;
-        let header = read_header(source.as_ref()).await?;
-        let stage = load_stage(gpu, source.as_ref(), &header, assign).await?;
+        let model = OpenModel::read(source.as_ref()).await?;
+        let stage = load_stage(gpu, source.as_ref(), &model, assign).await?;
         let bytes_downloaded = source.stats().bytes_fetched;
         Ok(StageHost {
             stage,
@@ -145,7 +145,7 @@ impl StageHost {
 async fn load_stage(
     gpu: Arc<Gpu>,
     source: &dyn RangeSource,
-    header: &crate::gguf::Header,
+    model: &OpenModel,
     assign: &Assign,
 ) -> Result<Stage, ModelError> {
     let spec = StageSpec {
@@ -155,7 +155,7 @@ async fn load_stage(
         max_context: assign.runtime.max_context,
         max_batch: assign.runtime.max_batch,
     };
-    let cfg = crate::model::config_for(header)?;
+    let cfg = &model.cfg;
     if cfg.n_layers != assign.n_layers || cfg.d_model != assign.d_model {
         return Err(ModelError::Plan(format!(
             "the Assign describes {} layers of d_model {}, the model file has {} of {}",
@@ -165,7 +165,7 @@ async fn load_stage(
     Stage::load(
         gpu,
         source,
-        header,
+        model,
         spec,
         LoadOptions::default(),
         &mut |_| {},

@@ -17,9 +17,7 @@ mod step;
 pub mod timer;
 pub mod verify;
 
-pub use coordinator::{
-    Coordinator, CoordinatorConfig, FleetOutput, GenerationRequest, HopReport, TokenUpdate,
-};
+pub use coordinator::{Coordinator, CoordinatorConfig, HopReport};
 pub use donor::{Donor, DonorConfig, DonorExit, DonorPhase, DonorStatus};
 pub use probe::probe_ms_per_layer;
 pub use verify::{VerifyConfig, VerifyFlag};
@@ -27,6 +25,7 @@ pub use verify::{VerifyConfig, VerifyFlag};
 use super::frame::{ErrorCode, FrameError};
 use super::plan::PlanError;
 use super::transport::{PeerId, TransportError};
+use crate::front::RequestError;
 use crate::model::ModelError;
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +38,8 @@ pub enum RoleError {
     Model(#[from] ModelError),
     #[error(transparent)]
     Plan(#[from] PlanError),
+    #[error(transparent)]
+    Request(#[from] RequestError),
     #[error("model source: {0}")]
     Source(String),
     #[error("tokenizer: {0}")]

@@ -52,7 +52,12 @@ impl<T: Transport> Coordinator<T> {
         self.report.plan = self.plan_entries();
         if let Some(verifier) = self.verifier.as_mut() {
             verifier
-                .prepare(&self.config.model_url, &self.plan, &self.config.runtime)
+                .prepare(
+                    &self.config.model_url,
+                    &self.model,
+                    &self.plan,
+                    &self.config.runtime,
+                )
                 .await?;
         }
         // Silence is counted from here: nobody was sent heartbeats while the stages loaded.
@@ -133,10 +138,10 @@ impl<T: Transport> Coordinator<T> {
                     model_url: self.config.model_url.clone(),
                     layer_start: stage.layers.start,
                     layer_end: stage.layers.end,
-                    n_layers: self.cfg.n_layers,
+                    n_layers: self.model.cfg.n_layers,
                     embedding: stage.embedding,
                     head: stage.head,
-                    d_model: self.cfg.d_model,
+                    d_model: self.model.cfg.d_model,
                     upstream,
                     downstream,
                     vocab: self.vocab_blob.clone(),

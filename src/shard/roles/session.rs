@@ -17,20 +17,21 @@ use super::super::frame::{
     ErrorCode, Forward, Heartbeat, Message, Reply, StageInput, StageOutput, StageResult, TokenEvent,
 };
 use super::super::transport::{send_message, PeerId, Transport};
-use super::coordinator::{Coordinator, FleetOutput, GenerationRequest, TokenUpdate};
+use super::coordinator::Coordinator;
 use super::recovery::Incoming;
 use super::timer::{sleep, unix_ms};
 use super::verify::PendingCheck;
 use super::RoleError;
-use crate::sample::{Sampler, StopChecker};
+use crate::front::{
+    Decoding, GenerateRequest, Generated, Generator, OnEvent, RequestError, TextFront, Timings,
+};
+use crate::sample::SamplerConfig;
 
 pub(super) struct Active {
-    index: usize,
     request_id: u64,
     slot: usize,
-    /// Prompt and the tokens accepted so far.
-    tokens: Vec<u32>,
-    max_tokens: u32,
+    /// Sampler, stop rules, and the prompt with the tokens accepted so far.
+    decoding: Decoding,
     /// Positions fed, in the order fed; the last one is the step awaited.
     spans: Vec<Range<u32>>,
     /// The next span to send (spans before it are in the chain's caches or on their way).
@@ -38,17 +39,18 @@ pub(super) struct Active {
     /// Forward frames sent into stage 0 this epoch.
     seq: u64,
     sent_at: Option<Instant>,
-    sampler: Sampler,
-    stops: StopChecker,
-    output: FleetOutput,
+    started_at: Instant,
+    first_token_at: Option<Instant>,
 }
 
 pub(super) struct Session<'r> {
-    requests: &'r [GenerationRequest],
+    requests: &'r [GenerateRequest],
+    /// Each request's checked prompt ids, taken when it starts.
+    prompts: Vec<Vec<u32>>,
     queued: VecDeque<usize>,
     pub(super) active: Vec<Active>,
     free_slots: Vec<usize>,
-    outputs: Vec<Option<FleetOutput>>,
+    outputs: Vec<Option<Generated>>,
     pub(super) checks: HashMap<(u64, u32), PendingCheck>,
     first_token_at: Option<Instant>,
     decode_tokens: u64,
@@ -58,9 +60,10 @@ pub(super) struct Session<'r> {
 }
 
 impl<'r> Session<'r> {
-    fn new(requests: &'r [GenerationRequest], kv_slots: u32) -> Session<'r> {
+    fn new(requests: &'r [GenerateRequest], prompts: Vec<Vec<u32>>, kv_slots: u32) -> Session<'r> {
         Session {
             requests,
+            prompts,
             queued: (0..requests.len()).collect(),
             active: Vec::new(),
             free_slots: (0..kv_slots as usize).rev().collect(),
@@ -94,18 +97,46 @@ impl<'r> Session<'r> {
     }
 }
 
-impl<T: Transport> Coordinator<T> {
-    /// Generates every request, up to `kv_slots` at a time through the chain. Calls
-    /// `on_token` for each token as it is accepted.
-    pub async fn generate(
+#[async_trait::async_trait(?Send)]
+impl<T: Transport> Generator for Coordinator<T> {
+    type Error = RoleError;
+
+    fn text(&self) -> &TextFront {
+        &self.text
+    }
+
+    fn vocab(&self) -> u32 {
+        self.model.cfg.vocab
+    }
+
+    fn max_context(&self) -> u32 {
+        self.config.runtime.max_context
+    }
+
+    /// Generates every request, up to `kv_slots` at a time through the chain.
+    async fn generate(
         &mut self,
-        requests: &[GenerationRequest],
-        on_token: &mut dyn FnMut(TokenUpdate<'_>),
-    ) -> Result<Vec<FleetOutput>, RoleError> {
+        requests: &[GenerateRequest],
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<Vec<Generated>, RoleError> {
+        let mut prompts = Vec::with_capacity(requests.len());
         for request in requests {
-            self.check_request(request)?;
+            prompts.push(self.check_request(request)?);
         }
-        let mut session = Session::new(requests, self.config.runtime.kv_slots);
+        self.run_session(
+            Session::new(requests, prompts, self.config.runtime.kv_slots),
+            on_event,
+        )
+        .await
+    }
+}
+
+impl<T: Transport> Coordinator<T> {
+    async fn run_session(
+        &mut self,
+        mut session: Session<'_>,
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<Vec<Generated>, RoleError> {
         let started = Instant::now();
         // Nobody heartbeats the stages between generations, so their silence then says
         // nothing: a page that generates once per chat turn would find them all lost.
@@ -134,7 +165,7 @@ impl<T: Transport> Coordinator<T> {
                     Incoming::Nothing => Vec::new(),
                     Incoming::Lost(peer) => vec![peer],
                     Incoming::Message(from, message) => {
-                        self.on_message(&mut session, from, message, on_token)
+                        self.on_message(&mut session, from, message, on_event)
                             .await?;
                         Vec::new()
                     }
@@ -156,23 +187,19 @@ impl<T: Transport> Coordinator<T> {
             .collect())
     }
 
-    fn check_request(&self, request: &GenerationRequest) -> Result<(), RoleError> {
-        if request.prompt_ids.is_empty() {
-            return Err(RoleError::Invalid("a prompt is empty".into()));
+    /// The request's prompt ids, if the chain can hold them and the whole generation.
+    fn check_request(&self, request: &GenerateRequest) -> Result<Vec<u32>, RoleError> {
+        if request.options.constraint.is_some() {
+            // The fleet's last stage does not send logits back for masking yet.
+            return Err(RequestError::Unsupported("constrained output on a fleet").into());
         }
-        if let Some(&id) = request.prompt_ids.iter().find(|&&id| id >= self.cfg.vocab) {
-            return Err(RoleError::Invalid(format!(
-                "prompt token {id} is outside the vocabulary"
-            )));
+        let ids = self.prompt_ids(&request.prompt)?;
+        let needed = ids.len() as u64 + u64::from(request.options.max_tokens);
+        let max = self.config.runtime.max_context;
+        if needed > u64::from(max) {
+            return Err(RequestError::ContextLength { needed, max }.into());
         }
-        let needed = request.prompt_ids.len() as u64 + u64::from(request.max_tokens);
-        if needed > u64::from(self.config.runtime.max_context) {
-            return Err(RoleError::Invalid(format!(
-                "prompt and generation need {needed} positions, the chain caches {}",
-                self.config.runtime.max_context
-            )));
-        }
-        Ok(())
+        Ok(ids)
     }
 
     async fn start_queued(&mut self, session: &mut Session<'_>) -> Result<(), RoleError> {
@@ -181,30 +208,28 @@ impl<T: Transport> Coordinator<T> {
                 break;
             };
             session.free_slots.pop();
-            let request = &session.requests[index];
+            let prompt = std::mem::take(&mut session.prompts[index]);
+            let options = &session.requests[index].options;
             let kv_slots = u64::from(self.config.runtime.kv_slots);
             let request_id = self.next_request_round * kv_slots + slot as u64;
             self.next_request_round += 1;
             let chunk = self.config.runtime.max_batch as usize;
-            let spans = (0..request.prompt_ids.len())
+            let spans = (0..prompt.len())
                 .step_by(chunk)
-                .map(|start| start as u32..(start + chunk).min(request.prompt_ids.len()) as u32)
+                .map(|start| start as u32..(start + chunk).min(prompt.len()) as u32)
                 .collect();
             let active = Active {
-                index,
                 request_id,
                 slot,
-                tokens: request.prompt_ids.clone(),
-                max_tokens: request.max_tokens,
+                decoding: Decoding::new(index, prompt, options),
                 spans,
                 next_span: 0,
                 seq: 0,
                 sent_at: None,
-                sampler: Sampler::new(request.sampler.clone()),
-                stops: StopChecker::new(request.stop.clone()),
-                output: FleetOutput::default(),
+                started_at: Instant::now(),
+                first_token_at: None,
             };
-            if request.max_tokens == 0 {
+            if active.decoding.finished().is_some() {
                 self.finish(session, active);
                 continue;
             }
@@ -236,7 +261,7 @@ impl<T: Transport> Coordinator<T> {
             true if verify => Reply::TopK {
                 k: self.config.top_k,
             },
-            true => reply_for(&active.sampler, self.config.top_k),
+            true => reply_for(active.decoding.sampler(), self.config.top_k),
         };
         let forward = Forward {
             epoch: self.epoch,
@@ -246,7 +271,7 @@ impl<T: Transport> Coordinator<T> {
             start_pos: span.start,
             n_tokens: span.len() as u32,
             input: StageInput::Tokens(
-                active.tokens[span.start as usize..span.end as usize].to_vec(),
+                active.decoding.tokens()[span.start as usize..span.end as usize].to_vec(),
             ),
             reply,
             tap: verify,
@@ -256,7 +281,7 @@ impl<T: Transport> Coordinator<T> {
         active.seq += 1;
         active.sent_at = Some(Instant::now());
         if verify {
-            let tokens = active.tokens[..span.end as usize].to_vec();
+            let tokens = active.decoding.tokens()[..span.end as usize].to_vec();
             let check = PendingCheck::new(tokens, self.plan.stages.len());
             session
                 .checks
@@ -275,10 +300,10 @@ impl<T: Transport> Coordinator<T> {
         session: &mut Session<'_>,
         from: PeerId,
         message: Message,
-        on_token: &mut dyn FnMut(TokenUpdate<'_>),
+        on_event: &mut OnEvent<'_>,
     ) -> Result<(), RoleError> {
         match message {
-            Message::Result(result) => self.on_result(session, from, result, on_token).await,
+            Message::Result(result) => self.on_result(session, from, result, on_event).await,
             Message::Error(report)
                 if report.code == ErrorCode::Compute && self.is_stage_donor(from) =>
             {
@@ -307,7 +332,7 @@ impl<T: Transport> Coordinator<T> {
         session: &mut Session<'_>,
         from: PeerId,
         result: StageResult,
-        on_token: &mut dyn FnMut(TokenUpdate<'_>),
+        on_event: &mut OnEvent<'_>,
     ) -> Result<(), RoleError> {
         let stage = self
             .plan
@@ -354,7 +379,7 @@ impl<T: Transport> Coordinator<T> {
             return self.send_next(session, position).await;
         }
         let id = self.token_from(session, position, &result).await?;
-        self.accept(session, position, id, on_token).await
+        self.accept(session, position, id, on_event).await
     }
 
     /// The next token from the last stage's reply (sampled here from its top-k).
@@ -375,18 +400,15 @@ impl<T: Transport> Coordinator<T> {
         let active = &mut session.active[position];
         match &result.output {
             StageOutput::Sampled(id) => Ok(*id),
-            StageOutput::TopK { ids, logits }
-                if active.sampler.config().is_greedy()
-                    && active.sampler.config().repeat_penalty == 1.0 =>
-            {
+            StageOutput::TopK { ids, .. } if active.decoding.sampler().argmax_suffices() => {
                 Ok(ids[0])
             }
             StageOutput::TopK { ids, logits } => {
-                let mut sparse = vec![f32::NEG_INFINITY; self.cfg.vocab as usize];
+                let mut sparse = vec![f32::NEG_INFINITY; self.model.cfg.vocab as usize];
                 for (&id, &logit) in ids.iter().zip(logits) {
                     sparse[id as usize] = logit;
                 }
-                Ok(active.sampler.sample(&sparse, &active.tokens))
+                Ok(active.decoding.sample(&sparse))
             }
             StageOutput::Hidden(_) => Err(RoleError::Invalid(
                 "the last stage returned activations instead of a token".into(),
@@ -394,40 +416,29 @@ impl<T: Transport> Coordinator<T> {
         }
     }
 
-    /// Takes a token as the engine does (stop strings, end of generation, max tokens), tells
-    /// the donors, and sends the next step or finishes the request.
+    /// Takes a token as the engine does (the text front's stop rules and max tokens, or the
+    /// consumer cancelling), tells the donors, and sends the next step or finishes the
+    /// request.
     async fn accept(
         &mut self,
         session: &mut Session<'_>,
         position: usize,
         id: u32,
-        on_token: &mut dyn FnMut(TokenUpdate<'_>),
+        on_event: &mut OnEvent<'_>,
     ) -> Result<(), RoleError> {
         session.first_token_at.get_or_insert_with(Instant::now);
         let active = &mut session.active[position];
-        let step = active.stops.push_token(&self.tokenizer, id);
-        active.output.text.push_str(&step.text);
-        let index = active.output.ids.len() as u32;
-        let stop = step.stop.is_some();
-        if !stop || !self.tokenizer.is_eog(id) {
-            active.output.ids.push(id);
-        }
-        on_token(TokenUpdate {
-            request: active.index,
-            index,
-            id,
-            text: &step.text,
-        });
+        active.first_token_at.get_or_insert_with(Instant::now);
+        let index = active.decoding.completion_len();
+        let finish = active.decoding.accept(&self.text, id, on_event);
         let request_id = active.request_id;
-        let done = stop || active.output.ids.len() as u32 >= active.max_tokens;
-        if !done {
-            let position_of_id = active.tokens.len() as u32;
-            active.tokens.push(id);
+        if finish.is_none() {
+            let position_of_id = active.decoding.tokens().len() as u32 - 1;
             active.spans.push(position_of_id..position_of_id + 1);
             session.decode_tokens += 1;
         }
         self.broadcast_token(request_id, index, id).await;
-        if done {
+        if finish.is_some() {
             let active = session.active.swap_remove(position);
             self.finish(session, active);
             return Ok(());
@@ -435,13 +446,18 @@ impl<T: Transport> Coordinator<T> {
         self.send_next(session, position).await
     }
 
-    fn finish(&mut self, session: &mut Session<'_>, mut active: Active) {
-        let tail = active.stops.flush();
-        active.output.text.push_str(&tail);
+    fn finish(&mut self, session: &mut Session<'_>, active: Active) {
         self.validator.forget_request(active.request_id);
         session.checks.retain(|&(id, _), _| id != active.request_id);
         session.free_slots.push(active.slot);
-        session.outputs[active.index] = Some(active.output);
+        let first_token_at = active.first_token_at.unwrap_or_else(Instant::now);
+        let timings = Timings {
+            prefill_seconds: (first_token_at - active.started_at).as_secs_f64(),
+            decode_seconds: first_token_at.elapsed().as_secs_f64(),
+            mask_seconds: 0.0,
+        };
+        let index = active.decoding.request();
+        session.outputs[index] = Some(active.decoding.into_generated(0, timings));
     }
 
     async fn broadcast_token(&mut self, request_id: u64, index: u32, id: u32) {
@@ -549,9 +565,8 @@ impl<T: Transport> Coordinator<T> {
 }
 
 /// Greedy sampling without a penalty needs only the id; anything else samples from top-k.
-fn reply_for(sampler: &Sampler, top_k: u32) -> Reply {
-    let config = sampler.config();
-    if config.is_greedy() && config.repeat_penalty == 1.0 {
+fn reply_for(sampler: &SamplerConfig, top_k: u32) -> Reply {
+    if sampler.argmax_suffices() {
         Reply::Greedy
     } else {
         Reply::TopK { k: top_k }

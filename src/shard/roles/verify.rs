@@ -25,9 +25,9 @@ use super::super::transport::Transport;
 use super::coordinator::Coordinator;
 use super::session::Session;
 use super::RoleError;
-use crate::gguf::{open_source, read_header};
+use crate::gguf::open_source;
 use crate::gpu::Gpu;
-use crate::model::{LoadOptions, Stage, StageInput, StageSpec};
+use crate::model::{LoadOptions, OpenModel, Stage, StageInput, StageSpec};
 use crate::sample::Rng;
 
 /// Relative RMS difference above which a stage is flagged. Honest SmolLM2 runs with f16
@@ -123,6 +123,7 @@ impl Verifier {
     pub async fn prepare(
         &mut self,
         model_url: &str,
+        model: &OpenModel,
         plan: &Plan,
         runtime: &StageRuntime,
     ) -> Result<(), RoleError> {
@@ -134,9 +135,6 @@ impl Verifier {
         }
         self.stages.clear();
         let source = open_source(model_url)
-            .await
-            .map_err(|e| RoleError::Source(e.to_string()))?;
-        let header = read_header(source.as_ref())
             .await
             .map_err(|e| RoleError::Source(e.to_string()))?;
         for stage in &plan.stages {
@@ -151,7 +149,7 @@ impl Verifier {
             let loaded = Stage::load(
                 gpu,
                 source.as_ref(),
-                &header,
+                model,
                 spec,
                 LoadOptions::default(),
                 &mut |_| {},
