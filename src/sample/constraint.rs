@@ -173,9 +173,16 @@ impl Constraint {
     }
 }
 
-/// llguidance's errors carry the parser state on later lines; the first says what broke.
+/// llguidance's errors say what broke in their first lines (a regex error's detail is on the
+/// next ones) and dump the parser state after: keep the first few lines, bounded.
 fn first_line(message: &str) -> String {
-    message.lines().next().unwrap_or(message).to_owned()
+    let lines: Vec<&str> = message
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .take(4)
+        .collect();
+    lines.join(" ").chars().take(400).collect()
 }
 
 /// The set of tokens allowed at one step.
