@@ -14,6 +14,7 @@ use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
     self, LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
 };
+use crate::sample::{Constraint, ConstraintError, ConstraintSpec, MaskAhead, Masked, TokenView};
 use crate::tokenizer::TokenizerError;
 
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,8 @@ pub enum EngineError {
     },
     #[error(transparent)]
     DoesNotFit(#[from] model::fit::FitError),
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
 }
 
 /// How to load a model.
@@ -69,6 +72,8 @@ pub struct Engine {
     on_prefill: Option<Box<OnPrefill>>,
     /// Prompt chunks shorter than this are fed one token at a time (`per_token_prefill_below`).
     per_token_below: usize,
+    /// The vocabulary as constraints see it, built on first use.
+    token_view: Option<TokenView>,
 }
 
 impl Engine {
@@ -97,6 +102,7 @@ impl Engine {
             per_token_below,
             cached: Vec::new(),
             on_prefill: None,
+            token_view: None,
         })
     }
 
@@ -239,8 +245,77 @@ impl Engine {
         let timings = Timings {
             prefill_seconds: decode_started - started,
             decode_seconds: now_seconds() - decode_started,
+            mask_seconds: 0.0,
         };
         Ok(decoding.into_generated(reused as u32, timings))
+    }
+
+    /// The vocabulary as constraints see it (built once per engine: it walks the vocabulary).
+    pub fn token_view(&mut self) -> Result<TokenView, EngineError> {
+        if self.token_view.is_none() {
+            self.token_view = Some(TokenView::new(&self.text.tokenizer)?);
+        }
+        Ok(self.token_view.clone().expect("just built"))
+    }
+
+    /// `run` under a constraint: every step samples from logits masked to the allowed tokens,
+    /// so the GPU's greedy fast path is not used. The next mask is computed on the CPU while
+    /// the GPU computes the step; the request ends when the constraint is complete.
+    async fn run_constrained(
+        &mut self,
+        mut decoding: Decoding,
+        spec: &ConstraintSpec,
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<Generated, EngineError> {
+        let constraint = Constraint::new(&self.token_view()?, spec)?;
+        let started = now_seconds();
+        let prompt_len = decoding.tokens().len();
+        let reused = common_prefix(&self.cached, decoding.tokens()).min(prompt_len - 1);
+        let ahead = MaskAhead::start(constraint);
+        let prompt = decoding.tokens().to_vec();
+        let (logits, masked) = futures::join!(self.prefill(&prompt), ahead.finish());
+        let (mut logits, mut masked) = (logits?, masked?);
+        let decode_started = now_seconds();
+        let mut mask_seconds = 0.0;
+        while decoding.finished().is_none() {
+            mask_seconds += masked.seconds;
+            masked.mask?.apply(&mut logits);
+            let next = decoding.sample(&logits);
+            let mut constraint = masked.constraint;
+            constraint.commit(next)?;
+            if decoding.accept(&self.text, next, on_event).is_some() {
+                break;
+            }
+            if constraint.is_complete() {
+                decoding.stop();
+                break;
+            }
+            (logits, masked) = self.decode_with_mask(next, constraint).await?;
+        }
+        let timings = Timings {
+            prefill_seconds: decode_started - started,
+            decode_seconds: now_seconds() - decode_started,
+            mask_seconds,
+        };
+        Ok(decoding.into_generated(reused as u32, timings))
+    }
+
+    /// One decode step of `last` on the GPU, joined with the next mask on the CPU.
+    async fn decode_with_mask(
+        &mut self,
+        last: u32,
+        constraint: Constraint,
+    ) -> Result<(Vec<f32>, Masked), EngineError> {
+        let ahead = MaskAhead::start(constraint);
+        let input = StageInput::Tokens(std::slice::from_ref(&last));
+        let position = self.cached.len() as u32;
+        let (rows, masked) = futures::join!(
+            self.stage.forward_logits(&input, position, 1),
+            ahead.finish()
+        );
+        self.cached.push(last);
+        let logits = rows?.into_iter().next().unwrap_or_default();
+        Ok((logits, masked?))
     }
 
     /// Teacher-forced logits after every prefix `ids[..=i]`, starting from an empty cache.
@@ -308,8 +383,12 @@ impl Generator for Engine {
             decodings.push(Decoding::new(index, prompt_ids, &request.options));
         }
         let mut results = Vec::with_capacity(requests.len());
-        for decoding in decodings {
-            results.push(self.run(decoding, on_event).await?);
+        for (decoding, request) in decodings.into_iter().zip(requests) {
+            let result = match &request.options.constraint {
+                Some(spec) => self.run_constrained(decoding, spec, on_event).await?,
+                None => self.run(decoding, on_event).await?,
+            };
+            results.push(result);
         }
         Ok(results)
     }

@@ -72,6 +72,7 @@ async fn greedy_ids(location: &str) -> Vec<u32> {
         max_tokens: 4,
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
+        constraint: None,
     };
     let request = GenerateRequest::new(Prompt::Ids(prompt), generate);
     let out = engine

@@ -108,6 +108,7 @@ async fn free_running(engine: &mut Engine, record: &Value, max_steps: usize, lab
         max_tokens: steps.len() as u32,
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
+        constraint: None,
     };
     engine.reset();
     let request = GenerateRequest::new(Prompt::Ids(prompt.clone()), options);

@@ -9,6 +9,8 @@ use webshard::engine::Engine;
 use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
 
+use crate::bench_mask::{mask_cost, MaskCost};
+use crate::constraint_args::ConstraintArgs;
 use crate::info::{model_label, parameter_count, quantization};
 use crate::memory;
 use crate::model_args::ModelArgs;
@@ -36,6 +38,9 @@ pub struct BenchArgs {
     pub profile: bool,
     #[arg(long)]
     pub json: bool,
+    /// Also measure a constraint's mask cost per token over `-n` constrained tokens.
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
 }
 
 /// Mean and sample standard deviation.
@@ -99,6 +104,7 @@ async fn layers_only_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f6
 }
 
 pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
     // One warm-up of each test compiles every pipeline before timing.
     if args.prompt > 0 {
@@ -138,6 +144,10 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         (true, p) if p > 0 => Some(profile_prefill(&mut engine, p).await?),
         _ => None,
     };
+    let mask = match (&constraint, args.n) {
+        (Some(spec), n) if n > 0 => Some(mask_cost(&mut engine, spec, n, args.repetitions).await?),
+        _ => None,
+    };
     let caps = &engine.stage.gpu.caps;
     let variant = engine.stage.gpu.variant();
     let resident = memory::resident_peak().unwrap_or(0);
@@ -163,6 +173,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             "profile": profile.as_ref().map(DecodeProfile::to_json),
             "prefill_profile": prefill_profile.as_ref().map(KernelTable::to_json),
             "prefill_grids": prefill_profile.as_ref().map(KernelTable::grids_json),
+            "mask": mask.map(MaskCost::to_json),
         });
         println!("{value}");
         return Ok(());
@@ -183,6 +194,15 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             let share = 1.0 - full / layers;
             println!("output head + argmax: {:.1}% of decode time", share * 100.0);
         }
+    }
+    if let Some(mask) = mask {
+        println!(
+            "constraint mask: {:.0} us/token, {:.1}% of a {:.1} ms constrained decode step ({} tokens)",
+            mask.mask_us,
+            mask.fraction() * 100.0,
+            mask.step_ms,
+            mask.tokens
+        );
     }
     if let Some(profile) = &profile {
         profile.print();

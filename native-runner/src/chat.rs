@@ -11,9 +11,10 @@ use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 use webshard::engine::Engine;
 use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt};
-use webshard::sample::SamplerConfig;
+use webshard::sample::{ConstraintSpec, SamplerConfig};
 use webshard::tokenizer::ChatMessage;
 
+use crate::constraint_args::ConstraintArgs;
 use crate::generate::timings;
 use crate::model_args::ModelArgs;
 use crate::progress;
@@ -31,6 +32,9 @@ pub struct ChatArgs {
     /// A system message to start the conversation with (`/system TEXT` changes it).
     #[arg(long)]
     pub system: Option<String>,
+    /// Every reply is constrained.
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
 }
 
 const HELP: &str = "\
@@ -111,6 +115,7 @@ pub fn announce_format(engine: &Engine, model: &str) {
 /// An interactive conversation; the KV cache keeps the conversation so far, so each turn only
 /// prefills what is new.
 pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
+    let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
     announce_format(&engine, &args.model.model);
     if let Some(bar) = progress::prefill_bar(args.model.quiet) {
@@ -163,6 +168,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
                 let turn = Turn {
                     max_tokens: args.n,
                     sampler: &sampler,
+                    constraint: &constraint,
                     interrupted: &interrupted,
                 };
                 match reply(&mut engine, &conversation.messages(), &turn).await? {
@@ -180,6 +186,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
 struct Turn<'a> {
     max_tokens: u32,
     sampler: &'a SamplerConfig,
+    constraint: &'a Option<ConstraintSpec>,
     interrupted: &'a AtomicBool,
 }
 
@@ -204,6 +211,7 @@ async fn reply(
         max_tokens: turn.max_tokens.min(room as u32),
         sampler: turn.sampler.clone(),
         stop: Vec::new(),
+        constraint: turn.constraint.clone(),
     };
     let request = GenerateRequest::new(Prompt::Ids(prompt_ids), options.clone());
     let out = engine

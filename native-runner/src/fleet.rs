@@ -194,6 +194,7 @@ pub async fn run_coordinator<T: Transport>(
         max_tokens: args.n,
         sampler: sampler.clone(),
         stop: args.stop.clone(),
+        constraint: None,
     };
     let requests: Vec<GenerateRequest> = args
         .prompt

@@ -10,6 +10,7 @@ use webshard::sample::SamplerConfig;
 use webshard::tokenizer::ChatMessage;
 
 use crate::chat::announce_format;
+use crate::constraint_args::ConstraintArgs;
 use crate::model_args::ModelArgs;
 use crate::progress;
 use crate::sampling_args::{parse_max_tokens, SamplerArgs};
@@ -32,12 +33,15 @@ pub struct GenerateArgs {
     /// Stop when this text is produced (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
-    /// Print `{"prompt_ids", "ids", "text"}` instead of streaming text.
+    /// Print `{"prompt_ids", "ids", "text", "finish_reason"}` instead of streaming text.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
 }
 
 pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
+    let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
     let prompt = match args.chat {
         true => {
@@ -57,6 +61,7 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         max_tokens: args.n,
         sampler: args.sampler.config(),
         stop: args.stop.clone(),
+        constraint,
     };
     let stream = !args.json;
     let request = GenerateRequest::new(Prompt::Ids(prompt_ids), options.clone());
@@ -69,7 +74,10 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         })
         .await?;
     if args.json {
-        let value = json!({ "prompt_ids": out.prompt_ids, "ids": out.ids, "text": out.text });
+        let value = json!({
+            "prompt_ids": out.prompt_ids, "ids": out.ids, "text": out.text,
+            "finish_reason": out.finish_reason,
+        });
         println!("{value}");
     } else {
         println!();
@@ -103,6 +111,10 @@ pub(crate) fn timings(
     ));
     if !sampler.is_greedy() {
         line.push_str(&format!(" | seed {}", sampler.seed));
+    }
+    if out.timings.mask_seconds > 0.0 {
+        let per_token = out.timings.mask_seconds * 1e6 / out.ids.len().max(1) as f64;
+        line.push_str(&format!(" | mask {per_token:.0} us/token"));
     }
     line
 }

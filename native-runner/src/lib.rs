@@ -2,7 +2,9 @@
 //! integration tests and later commands (shard donors, `/signal`) can reuse them.
 
 pub mod bench;
+pub mod bench_mask;
 pub mod chat;
+pub mod constraint_args;
 pub mod fleet;
 pub mod generate;
 pub mod info;

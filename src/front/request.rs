@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 
 use serde::Serialize;
 
-use crate::sample::SamplerConfig;
+use crate::sample::{ConstraintSpec, SamplerConfig};
 use crate::tokenizer::{ChatMessage, TokenizerError};
 
 /// What to continue.
@@ -29,6 +29,9 @@ pub struct GenerateOptions {
     pub sampler: SamplerConfig,
     /// Generation stops when the text contains one of these; it is not part of the text.
     pub stop: Vec<String>,
+    /// What the output must be (JSON, a JSON Schema, a regex, a Lark grammar); `None` is
+    /// free text. The API maps `response_format` and forced tool calls onto it.
+    pub constraint: Option<ConstraintSpec>,
 }
 
 /// One generation to run.
@@ -64,7 +67,7 @@ pub type OnEvent<'a> = dyn FnMut(TokenEvent<'_>) -> ControlFlow<()> + 'a;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FinishReason {
-    /// An end-of-generation token or a stop string.
+    /// An end-of-generation token, a stop string, or a complete constrained output.
     Stop,
     /// `max_tokens` reached.
     #[default]
@@ -80,6 +83,8 @@ pub struct Timings {
     pub prefill_seconds: f64,
     /// From then to the last token.
     pub decode_seconds: f64,
+    /// CPU seconds spent computing constraint masks, overlapped with the GPU's steps.
+    pub mask_seconds: f64,
 }
 
 /// Token counts, as an OpenAI-style `usage` reports them.
@@ -131,4 +136,6 @@ pub enum RequestError {
     ContextLength { needed: u64, max: u32 },
     #[error(transparent)]
     Template(#[from] TokenizerError),
+    #[error("{0} is not supported here")]
+    Unsupported(&'static str),
 }

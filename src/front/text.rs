@@ -156,6 +156,11 @@ impl Decoding {
         self.finish
     }
 
+    /// Ends the request after the token just accepted (a constraint that is complete).
+    pub fn stop(&mut self) {
+        self.finish.get_or_insert(FinishReason::Stop);
+    }
+
     /// The result, with `cached_tokens` of the prompt reused and the request's timings.
     pub fn into_generated(mut self, cached_tokens: u32, timings: Timings) -> Generated {
         self.text.push_str(&self.stops.flush());

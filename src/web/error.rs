@@ -8,6 +8,7 @@ use crate::front::RequestError;
 use crate::gguf::{GgufError, SourceError};
 use crate::gpu::GpuError;
 use crate::model::{ConfigError, ModelError};
+use crate::sample::ConstraintError;
 use crate::shard::roles::RoleError;
 
 #[derive(Debug, thiserror::Error)]
@@ -116,6 +117,8 @@ fn engine_kind(e: &EngineError) -> &'static str {
         EngineError::Request(RequestError::Template(_)) => "unsupported",
         EngineError::Request(_) | EngineError::ContextTooSmall { .. } => "options",
         EngineError::DoesNotFit(_) => "does-not-fit",
+        EngineError::Constraint(ConstraintError::Compile(_)) => "options",
+        EngineError::Constraint(_) => "other",
     }
 }
 

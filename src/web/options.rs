@@ -128,6 +128,7 @@ impl GenerateSettings {
                 seed: self.seed,
             },
             stop: self.stop.clone(),
+            constraint: None,
         })
     }
 }

@@ -52,6 +52,7 @@ pub fn single_device_ids(
                 max_tokens,
                 sampler: SamplerConfig::greedy(),
                 stop: Vec::new(),
+                constraint: None,
             };
             engine.reset();
             let request = GenerateRequest::new(Prompt::Ids(ids.clone()), options);

@@ -31,6 +31,7 @@ pub fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerateRequest {
         max_tokens,
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
+        constraint: None,
     };
     GenerateRequest::new(Prompt::Ids(prompt_ids.to_vec()), options)
 }

@@ -189,6 +189,10 @@ impl<T: Transport> Coordinator<T> {
 
     /// The request's prompt ids, if the chain can hold them and the whole generation.
     fn check_request(&self, request: &GenerateRequest) -> Result<Vec<u32>, RoleError> {
+        if request.options.constraint.is_some() {
+            // The fleet's last stage does not send logits back for masking yet.
+            return Err(RequestError::Unsupported("constrained output on a fleet").into());
+        }
         let ids = self.prompt_ids(&request.prompt)?;
         let needed = ids.len() as u64 + u64::from(request.options.max_tokens);
         let max = self.config.runtime.max_context;
@@ -450,6 +454,7 @@ impl<T: Transport> Coordinator<T> {
         let timings = Timings {
             prefill_seconds: (first_token_at - active.started_at).as_secs_f64(),
             decode_seconds: first_token_at.elapsed().as_secs_f64(),
+            mask_seconds: 0.0,
         };
         let index = active.decoding.request();
         session.outputs[index] = Some(active.decoding.into_generated(0, timings));
