@@ -10,7 +10,7 @@ use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
     self, LoadOptions, LoadProgress, ModelConfig, ModelError, Stage, StageInput, StageSpec,
 };
-use crate::sample::{Sampler, SamplerConfig, StopChecker};
+use crate::sample::{Sampler, SamplerConfig, StopChecker, StopReason};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +60,8 @@ pub struct Generated {
     pub prefill_tokens: u32,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
+    /// Why generation ended early: `None` when it ran to `max_tokens` or `on_text` stopped it.
+    pub stop: Option<StopReason>,
 }
 
 /// Called with each piece of text as it becomes printable; return false to stop.
@@ -185,6 +187,7 @@ impl Engine {
             let step = stops.push_token(&self.tokenizer, next);
             out.text.push_str(&step.text);
             if step.stop.is_some() {
+                out.stop = step.stop;
                 if !self.tokenizer.is_eog(next) {
                     out.ids.push(next);
                 }
@@ -232,6 +235,11 @@ impl Engine {
         self.check_ids(ids)?;
         self.cached.clear();
         self.prefill(ids).await
+    }
+
+    /// How many tokens' keys and values the cache holds.
+    pub fn cached_len(&self) -> usize {
+        self.cached.len()
     }
 
     /// Forgets the cached conversation.

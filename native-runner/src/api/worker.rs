@@ -1,0 +1,377 @@
+//! The model worker: the one place the API drives `webshard::engine::Engine`.
+//!
+//! Each served model gets a thread that owns its engine (the engine is not `Send` on wasm and
+//! is driven from one thread natively too) and runs queued jobs one at a time. Handlers talk
+//! to it through a bounded queue (full: 503) and get each job's text back on a channel; a
+//! dropped receiver (the client went away) stops that job at its next token. Once loaded, the
+//! worker also hands out a `TextFront` (tokenizer and chat template) so that prompts are
+//! rendered, counted and checked against the context before they are queued.
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::mpsc::UnboundedSender;
+use webshard::engine::{Engine, EngineError, GenerateOptions, Generated};
+use webshard::model::StageInput;
+use webshard::sample::{SamplerConfig, StopReason};
+use webshard::tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+
+use super::errors::ApiError;
+use super::metrics::ModelMetrics;
+use crate::model_args::ModelArgs;
+
+/// How a job ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// An end-of-generation token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl Finish {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
+/// One generated token's log-probability and its most likely alternatives.
+#[derive(Debug, Clone)]
+pub struct TokenChoice {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// Best first.
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// The end of a job.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub text: String,
+    pub completion_tokens: u32,
+    pub prompt_tokens: u32,
+    /// Prompt tokens whose keys and values were already in the cache.
+    pub cached_tokens: u32,
+    pub finish: Finish,
+    pub logprobs: Option<Vec<TokenChoice>>,
+}
+
+/// What a job sends back, in order: text pieces, then `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    Text(String),
+    Done(Finished),
+    Failed(ApiError),
+}
+
+/// A validated request, ready to run.
+pub struct Job {
+    pub prompt_ids: Vec<u32>,
+    pub max_tokens: u32,
+    pub sampler: SamplerConfig,
+    pub stop: Vec<String>,
+    /// `Some(n)`: report each token's log-probability and its `n` best alternatives.
+    pub logprobs: Option<u32>,
+    pub events: UnboundedSender<Event>,
+}
+
+/// The tokenizer and chat template, shared with the handlers.
+pub struct TextFront {
+    tokenizer: Tokenizer,
+    template: ChatTemplate,
+    /// Tokens the KV cache holds: prompt plus completion must fit.
+    pub context: u32,
+}
+
+impl TextFront {
+    /// The prompt ids of a conversation, rendered with the model's template.
+    pub fn chat_ids(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, ApiError> {
+        let prompt = self
+            .template
+            .render_prompt(messages, true)
+            .map_err(|err| ApiError::bad_field("messages", err.to_string()))?;
+        Ok(self.text_ids(&prompt))
+    }
+
+    /// Ids of a raw prompt, as `runner generate` tokenizes it.
+    pub fn text_ids(&self, text: &str) -> Vec<u32> {
+        self.tokenizer.encode(text, true, true)
+    }
+
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.vocab_size()
+    }
+}
+
+/// A served model as the handlers see it.
+pub struct ModelHandle {
+    pub name: String,
+    pub metrics: Arc<ModelMetrics>,
+    front: Arc<OnceLock<TextFront>>,
+    jobs: SyncSender<Job>,
+}
+
+impl ModelHandle {
+    /// Starts the worker thread; it loads the model, then serves `queue` waiting jobs at most.
+    /// A load failure is sent on `failed`.
+    pub fn start(
+        name: String,
+        load: ModelArgs,
+        queue: usize,
+        failed: tokio::sync::mpsc::UnboundedSender<String>,
+    ) -> std::io::Result<ModelHandle> {
+        let (jobs, queued) = sync_channel(queue);
+        let front = Arc::new(OnceLock::new());
+        let metrics = Arc::new(ModelMetrics::default());
+        let worker = Worker {
+            front: Arc::clone(&front),
+            metrics: Arc::clone(&metrics),
+        };
+        let thread_name = format!("model {name}");
+        let label = name.clone();
+        std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || {
+                if let Err(err) = worker.run(&load, queued) {
+                    let _ = failed.send(format!("model {label}: {err:#}"));
+                }
+            })?;
+        Ok(ModelHandle {
+            name,
+            metrics,
+            front,
+            jobs,
+        })
+    }
+
+    /// The text front once the model is loaded; 503 before.
+    pub fn front(&self) -> Result<&TextFront, ApiError> {
+        self.front.get().ok_or_else(|| {
+            ApiError::unavailable(
+                "model_loading",
+                format!("The model `{}` is still loading", self.name),
+            )
+        })
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.front.get().is_some()
+    }
+
+    /// Queues a job; 503 when the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.metrics.queued.fetch_add(1, Ordering::SeqCst);
+        let refused = match self.jobs.try_send(job) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(_)) => ApiError::unavailable(
+                "queue_full",
+                format!(
+                    "The queue of `{}` is full; retry later (raise --queue to wait longer)",
+                    self.name
+                ),
+            ),
+            Err(TrySendError::Disconnected(_)) => ApiError::unavailable(
+                "worker_stopped",
+                format!("The worker of `{}` has stopped", self.name),
+            ),
+        };
+        self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+        Err(refused)
+    }
+}
+
+/// The thread's side of a model.
+struct Worker {
+    front: Arc<OnceLock<TextFront>>,
+    metrics: Arc<ModelMetrics>,
+}
+
+impl Worker {
+    fn run(self, load: &ModelArgs, queued: Receiver<Job>) -> anyhow::Result<()> {
+        // A current-thread runtime polls the engine's futures; loading from a URL needs a
+        // Tokio reactor, so plain `pollster` would not do.
+        let runtime = runtime()?;
+        let (mut engine, _) = runtime.block_on(load.load())?;
+        let front = TextFront {
+            tokenizer: Tokenizer::from_metadata(&engine.header.metadata)?,
+            template: ChatTemplate::new(&engine.tokenizer)?,
+            context: engine.stage.spec.max_context,
+        };
+        self.metrics
+            .kv_capacity
+            .store(u64::from(front.context), Ordering::SeqCst);
+        let _ = self.front.set(front);
+        self.metrics.ready.store(1, Ordering::SeqCst);
+        let mut runtime = runtime;
+        for job in queued {
+            self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+            if job.events.is_closed() {
+                continue; // the client left while the job waited
+            }
+            self.metrics.running.store(1, Ordering::SeqCst);
+            let result = guarded(|| runtime.block_on(run_job(&mut engine, &job)));
+            let event = match result {
+                Ok(Ok(finished)) => {
+                    self.metrics.record(&finished);
+                    Event::Done(finished)
+                }
+                Ok(Err(err)) => {
+                    Event::Failed(ApiError::internal(format!("Generation failed: {err}")))
+                }
+                Err(panic) => {
+                    // The engine's cache bookkeeping may be half-updated: start afresh.
+                    engine.reset();
+                    runtime = self::runtime()?;
+                    Event::Failed(panic)
+                }
+            };
+            self.metrics.running.store(0, Ordering::SeqCst);
+            self.metrics
+                .kv_used
+                .store(engine.cached_len() as u64, Ordering::SeqCst);
+            let _ = job.events.send(event);
+        }
+        Ok(())
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Runs `work`, turning a panic into a 500 so the worker keeps serving.
+pub fn guarded<T>(work: impl FnOnce() -> T) -> Result<T, ApiError> {
+    catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        tracing::error!(%what, "a generation panicked");
+        ApiError::internal(format!("Internal error while generating: {what}"))
+    })
+}
+
+async fn run_job(engine: &mut Engine, job: &Job) -> Result<Finished, EngineError> {
+    let options = GenerateOptions {
+        max_tokens: job.max_tokens,
+        sampler: job.sampler.clone(),
+        stop: job.stop.clone(),
+    };
+    let out = engine
+        .generate(&job.prompt_ids, &options, &mut |text| {
+            if text.is_empty() {
+                return !job.events.is_closed();
+            }
+            job.events.send(Event::Text(text.to_string())).is_ok()
+        })
+        .await?;
+    let logprobs = match job.logprobs {
+        Some(top) if !out.ids.is_empty() => {
+            Some(token_choices(engine, &job.prompt_ids, &out.ids, top).await?)
+        }
+        Some(_) => Some(Vec::new()),
+        None => None,
+    };
+    Ok(finished(job, &out, logprobs))
+}
+
+fn finished(job: &Job, out: &Generated, logprobs: Option<Vec<TokenChoice>>) -> Finished {
+    let finish = match out.stop {
+        Some(StopReason::EndOfGeneration(_) | StopReason::StopString(_)) => Finish::Stop,
+        None if out.ids.len() as u32 >= job.max_tokens => Finish::Length,
+        // Cancelled: the client is gone, nobody reads this.
+        None => Finish::Stop,
+    };
+    Finished {
+        text: out.text.clone(),
+        completion_tokens: out.ids.len() as u32,
+        prompt_tokens: job.prompt_ids.len() as u32,
+        cached_tokens: (job.prompt_ids.len() as u32).saturating_sub(out.prefill_tokens),
+        finish,
+        logprobs,
+    }
+}
+
+/// Log-probabilities of `ids` after `prompt`, from one teacher-forced pass: the engine does
+/// not hand out the logits it sampled from. The pass overwrites the cache, so it is reset.
+async fn token_choices(
+    engine: &mut Engine,
+    prompt: &[u32],
+    ids: &[u32],
+    top: u32,
+) -> Result<Vec<TokenChoice>, EngineError> {
+    engine.reset();
+    let all: Vec<u32> = prompt.iter().chain(ids).copied().collect();
+    // Logits at position p predict token p + 1: those of positions prompt-1 .. all-2.
+    let first = prompt.len() - 1;
+    let max_batch = engine.stage.spec.max_batch as usize;
+    for (index, chunk) in all[..first].chunks(max_batch).enumerate() {
+        let start = (index * max_batch) as u32;
+        engine.stage.forward(&StageInput::Tokens(chunk), start)?;
+    }
+    let mut choices = Vec::with_capacity(ids.len());
+    let scored = &all[first..all.len() - 1];
+    for (index, chunk) in scored.chunks(max_batch).enumerate() {
+        let start = first + index * max_batch;
+        let input = StageInput::Tokens(chunk);
+        let rows = engine
+            .stage
+            .forward_logits(&input, start as u32, chunk.len() as u32)
+            .await?;
+        for (offset, row) in rows.iter().enumerate() {
+            let id = all[start + offset + 1];
+            choices.push(choice_of(&engine.tokenizer, row, id, top as usize));
+        }
+    }
+    engine.reset();
+    Ok(choices)
+}
+
+fn choice_of(tokenizer: &Tokenizer, logits: &[f32], id: u32, top: usize) -> TokenChoice {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_total = logits
+        .iter()
+        .map(|&l| f64::from(l - max).exp())
+        .sum::<f64>()
+        .ln() as f32;
+    let logprob = |l: f32| l - max - log_total;
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let top = top.min(order.len());
+    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
+    if top > 0 && top < order.len() {
+        order.select_nth_unstable_by(top - 1, by_logit);
+    }
+    order.truncate(top);
+    order.sort_unstable_by(by_logit);
+    TokenChoice {
+        bytes: tokenizer.token_bytes(id),
+        logprob: logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        top: order
+            .into_iter()
+            .map(|t| (tokenizer.token_bytes(t), logprob(logits[t as usize])))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_a_500_and_the_caller_goes_on() {
+        let err = guarded(|| -> u32 { panic!("boom") }).unwrap_err();
+        assert_eq!(err.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(err.message.contains("boom"), "{}", err.message);
+        assert_eq!(guarded(|| 7).unwrap(), 7);
+    }
+}
