@@ -37,6 +37,14 @@ impl ModelMetrics {
     }
 }
 
+/// One per-model row of `/metrics`: name, type, help, and where its value lives.
+type Row = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ModelMetrics) -> &AtomicU64,
+);
+
 /// API responses by status code, across models.
 #[derive(Debug, Default)]
 pub struct Responses(Mutex<BTreeMap<u16, u64>>);
@@ -52,7 +60,7 @@ impl Responses {
 /// The exposition text for all models.
 pub fn render(models: &[ModelHandle], responses: &Responses) -> String {
     let mut out = String::new();
-    let per_model: [(&str, &str, &str, fn(&ModelMetrics) -> &AtomicU64); 9] = [
+    let per_model: [Row; 9] = [
         (
             "webshard_requests_total",
             "counter",
