@@ -143,10 +143,10 @@ fn run(command: Command) -> anyhow::Result<()> {
                 request_log,
                 fleet_token: fleet,
             };
-            if api.model.is_empty() {
-                runtime.block_on(serve(&opts))?;
-            } else {
+            if api.wanted()? {
                 runtime.block_on(api::serve(&opts, &api))?;
+            } else {
+                runtime.block_on(serve(&opts))?;
             }
         }
         Command::Info { source, json } => {

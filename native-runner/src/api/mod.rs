@@ -76,6 +76,14 @@ impl ApiArgs {
         }
     }
 
+    /// Whether the API is asked for: some `-m`; API flags without one are an error.
+    pub fn wanted(&self) -> anyhow::Result<bool> {
+        if self.model.is_empty() && (self.api_key.is_some() || !self.alias.is_empty()) {
+            bail!("--api-key and --alias apply to the API, which needs at least one -m MODEL");
+        }
+        Ok(!self.model.is_empty())
+    }
+
     /// Each model's API name: its alias, else its file stem; names must be unique.
     pub fn names(&self) -> anyhow::Result<Vec<String>> {
         if self.alias.len() > self.model.len() {
@@ -186,5 +194,10 @@ mod tests {
         assert_eq!(args.names().unwrap(), ["first", "one"]);
         args.alias = vec!["a".into(), "b".into(), "c".into()];
         assert!(args.names().is_err());
+        assert!(args.wanted().unwrap());
+        args.model.clear();
+        assert!(args.wanted().is_err(), "an alias without a model");
+        args.alias.clear();
+        assert!(!args.wanted().unwrap());
     }
 }
