@@ -86,8 +86,18 @@ install_node_modules() {
   echo "$want" >"$stamp"
 }
 
+# The official OpenAI Python client, pinned, for the API client tests (api_clients.rs).
+OPENAI_PYTHON_VERSION=3.51.0
+install_openai_python() {
+  local have
+  have=$(python3 -c 'import openai; print(openai.__version__)' 2>/dev/null || true)
+  [ "$have" = "$OPENAI_PYTHON_VERSION" ] && return
+  python3 -m pip install --user --quiet "openai==$OPENAI_PYTHON_VERSION"
+}
+
 timed "apt packages" install_apt_packages
 timed "wasm target" add_wasm_target
 timed "wasm-bindgen-cli" install_wasm_bindgen_cli
 timed "e2e node modules" install_node_modules
+timed "openai python client" install_openai_python
 timed "models" python3 .ci/fetch_models.py

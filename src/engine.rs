@@ -348,6 +348,11 @@ impl Engine {
         self.prefill(ids).await
     }
 
+    /// How many tokens' keys and values the cache holds (the API's KV-usage gauge).
+    pub fn cached_len(&self) -> usize {
+        self.cached.len()
+    }
+
     /// Forgets the cached conversation.
     pub fn reset(&mut self) {
         self.cached.clear();

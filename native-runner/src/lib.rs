@@ -1,6 +1,7 @@
 //! The native side of webshard: the pieces behind the `runner` commands, kept in a library so
 //! integration tests and later commands (shard donors, `/signal`) can reuse them.
 
+pub mod api;
 pub mod bench;
 pub mod bench_mask;
 pub mod chat;

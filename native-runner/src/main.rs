@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use native_runner::api::{self, ApiArgs};
 use native_runner::bench::{bench, BenchArgs};
 use native_runner::chat::{chat, ChatArgs};
 use native_runner::fleet::{coordinate, donor, CoordinateArgs, DonorArgs};
@@ -28,7 +29,8 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Serve web/ at /, models/ at /models/ and pkg/ at /pkg/ with Range and COOP/COEP support,
-    /// and WebRTC signaling for shard fleets at ws://HOST:PORT/signal/ROOM.
+    /// and WebRTC signaling for shard fleets at ws://HOST:PORT/signal/ROOM; with -m, also an
+    /// OpenAI-compatible API at /v1/ (and /health, /metrics).
     Serve {
         /// Repository root holding web/, pkg/ and models/.
         #[arg(long, default_value = ".")]
@@ -47,6 +49,8 @@ enum Command {
         /// Admit only this fleet's signaling room (derived from the token) at /signal.
         #[arg(long, value_name = "TOKEN")]
         fleet: Option<String>,
+        #[command(flatten)]
+        api: ApiArgs,
     },
     /// Describe a GGUF model (path or http(s) URL), reading only its header.
     Info {
@@ -135,6 +139,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             port,
             request_log,
             fleet,
+            api,
         } => {
             let opts = ServeOptions {
                 root,
@@ -144,7 +149,11 @@ fn run(command: Command) -> anyhow::Result<()> {
                 request_log,
                 fleet_token: fleet,
             };
-            runtime.block_on(serve(&opts))?;
+            if api.wanted()? {
+                runtime.block_on(api::serve(&opts, &api))?;
+            } else {
+                runtime.block_on(serve(&opts))?;
+            }
         }
         Command::Info {
             source,

@@ -22,7 +22,7 @@ use axum::middleware::{self, Next};
 use axum::Router;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
-use tower_http::cors::{Any, CorsLayer};
+use tower_http::cors::{AllowHeaders, Any, CorsLayer};
 use tower_http::services::fs::ServeFileSystemResponseBody;
 use tower_http::services::ServeDir;
 use tower_http::set_header::SetResponseHeaderLayer;
@@ -156,7 +156,7 @@ pub async fn serve(opts: &ServeOptions) -> io::Result<()> {
 
 /// One string, written at once: a reader that takes only the first line and closes the pipe
 /// must not make later lines fail.
-fn banner(base: &str, opts: &ServeOptions) -> String {
+pub fn banner(base: &str, opts: &ServeOptions) -> String {
     let web = opts.root.join("web");
     let pkg = opts.root.join("pkg");
     let signal = base.replacen("http://", "ws://", 1) + SIGNAL_PATH.trim_start_matches('/');
@@ -223,8 +223,9 @@ fn with_headers(app: Router) -> Router {
     let expose = [CONTENT_RANGE, CONTENT_LENGTH, ETAG, ACCEPT_RANGES];
     let cors = CorsLayer::new()
         .allow_origin(Any)
-        .allow_methods([Method::GET, Method::HEAD, Method::OPTIONS])
-        .allow_headers(Any)
+        .allow_methods([Method::GET, Method::HEAD, Method::OPTIONS, Method::POST])
+        // Mirrored rather than `*`: a wildcard does not cover `Authorization` (API keys).
+        .allow_headers(AllowHeaders::mirror_request())
         .expose_headers(expose);
     app.layer(isolation_header(
         "cross-origin-resource-policy",

@@ -1,0 +1,145 @@
+//! Counters and gauges for `GET /metrics`, in Prometheus' text exposition format.
+//!
+//! Written out by hand: a handful of atomics printed as `name{labels} value` lines needs no
+//! registry, and a metrics crate would add a global recorder for a dozen lines of output.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use super::worker::{Finished, ModelHandle};
+
+/// One model's numbers; the worker and the handlers update them.
+#[derive(Debug, Default)]
+pub struct ModelMetrics {
+    pub requests: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    pub cached_tokens: AtomicU64,
+    /// Jobs waiting in the queue.
+    pub queued: AtomicU64,
+    /// Sequences decoding now (the worker runs one at a time).
+    pub running: AtomicU64,
+    /// Tokens whose keys and values the cache holds, and how many it can.
+    pub kv_used: AtomicU64,
+    pub kv_capacity: AtomicU64,
+    /// 1 once the model is loaded.
+    pub ready: AtomicU64,
+}
+
+impl ModelMetrics {
+    pub fn record(&self, finished: &Finished) {
+        let add = |counter: &AtomicU64, n: u32| counter.fetch_add(u64::from(n), Ordering::SeqCst);
+        add(&self.prompt_tokens, finished.usage.prompt_tokens);
+        add(&self.completion_tokens, finished.usage.completion_tokens);
+        add(&self.cached_tokens, finished.usage.cached_tokens);
+    }
+}
+
+/// One per-model row of `/metrics`: name, type, help, and where its value lives.
+type Row = (
+    &'static str,
+    &'static str,
+    &'static str,
+    fn(&ModelMetrics) -> &AtomicU64,
+);
+
+/// API responses by status code, across models.
+#[derive(Debug, Default)]
+pub struct Responses(Mutex<BTreeMap<u16, u64>>);
+
+impl Responses {
+    pub fn count(&self, status: u16) {
+        if let Ok(mut counts) = self.0.lock() {
+            *counts.entry(status).or_default() += 1;
+        }
+    }
+}
+
+/// The exposition text for all models.
+pub fn render(models: &[ModelHandle], responses: &Responses) -> String {
+    let mut out = String::new();
+    let per_model: [Row; 9] = [
+        (
+            "webshard_requests_total",
+            "counter",
+            "Generation requests accepted.",
+            |m| &m.requests,
+        ),
+        (
+            "webshard_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished requests.",
+            |m| &m.prompt_tokens,
+        ),
+        (
+            "webshard_completion_tokens_total",
+            "counter",
+            "Generated tokens.",
+            |m| &m.completion_tokens,
+        ),
+        (
+            "webshard_cached_tokens_total",
+            "counter",
+            "Prompt tokens reused from the KV cache.",
+            |m| &m.cached_tokens,
+        ),
+        (
+            "webshard_queue_depth",
+            "gauge",
+            "Requests waiting for the model.",
+            |m| &m.queued,
+        ),
+        (
+            "webshard_batch_size",
+            "gauge",
+            "Sequences decoding in the current step.",
+            |m| &m.running,
+        ),
+        (
+            "webshard_kv_used_tokens",
+            "gauge",
+            "Tokens held in the KV cache.",
+            |m| &m.kv_used,
+        ),
+        (
+            "webshard_kv_capacity_tokens",
+            "gauge",
+            "Tokens the KV cache can hold.",
+            |m| &m.kv_capacity,
+        ),
+        (
+            "webshard_model_ready",
+            "gauge",
+            "1 once the model is loaded.",
+            |m| &m.ready,
+        ),
+    ];
+    for (name, kind, help, field) in per_model {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for model in models {
+            let value = field(&model.metrics).load(Ordering::SeqCst);
+            let _ = writeln!(out, "{name}{{model=\"{}\"}} {value}", escape(&model.name));
+        }
+    }
+    let name = "webshard_http_responses_total";
+    let _ = writeln!(
+        out,
+        "# HELP {name} API responses by status.\n# TYPE {name} counter"
+    );
+    if let Ok(counts) = responses.0.lock() {
+        for (status, count) in counts.iter() {
+            let _ = writeln!(out, "{name}{{status=\"{status}\"}} {count}");
+        }
+    }
+    out
+}
+
+/// A label value with `\`, `"` and newlines escaped.
+fn escape(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}

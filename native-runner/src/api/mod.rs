@@ -1,0 +1,205 @@
+//! An OpenAI-compatible HTTP API next to `runner serve`'s pages, models and signaling:
+//! `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`, `GET /health`,
+//! `GET /metrics`.
+//!
+//! - `types`: strict request and response bodies;
+//! - `validate`: a request's fields checked and its prompt rendered into a job;
+//! - `worker`: the thread per model that owns its engine and runs queued jobs in turn;
+//! - `reply` and `sse`: the answer, whole or streamed;
+//! - `errors`, `metrics`, `routes`: OpenAI-shaped errors, `/metrics`, the axum routes.
+
+pub mod errors;
+pub mod metrics;
+pub mod reply;
+pub mod routes;
+pub mod sse;
+pub mod types;
+pub mod validate;
+pub mod worker;
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+
+use crate::model_args::ModelArgs;
+use crate::serve::{banner, ServeOptions, Server};
+use metrics::Responses;
+use routes::ApiState;
+use worker::ModelHandle;
+
+/// Largest request body accepted (413 beyond): far more than any prompt a context holds.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct ApiArgs {
+    /// Serve this GGUF model (path or http(s) URL) through the OpenAI-compatible API at /v1/;
+    /// repeatable. A model is named by its file stem unless `--alias` names it.
+    #[arg(short = 'm', long = "model", value_name = "MODEL")]
+    pub model: Vec<String>,
+    /// The API name of the `-m` model in the same position (repeatable).
+    #[arg(long, value_name = "NAME")]
+    pub alias: Vec<String>,
+    /// Require `Authorization: Bearer KEY` on /v1/.
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Requests that may wait per model while one runs (more get 503).
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
+    pub queue: u32,
+    /// Longest context (prompt plus completion) each model's KV cache holds.
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: u32,
+    /// GPU backend for the models: auto, vulkan, gl, metal, dx12.
+    #[arg(long, default_value = "auto")]
+    pub backend: String,
+    /// Use the f32 kernels even where the device has shader-f16.
+    #[arg(long)]
+    pub no_f16: bool,
+    /// Do not use subgroup operations.
+    #[arg(long)]
+    pub no_subgroups: bool,
+}
+
+impl ApiArgs {
+    fn model_args(&self, source: &str) -> ModelArgs {
+        ModelArgs {
+            model: source.to_string(),
+            backend: self.backend.clone(),
+            no_f16: self.no_f16,
+            no_subgroups: self.no_subgroups,
+            ctx: self.ctx,
+            max_binding: None,
+            matvec_split: None,
+            matmul_tile: None,
+            per_token_prefill_below: None,
+            quiet: true,
+            gpu_mem_mib: None,
+        }
+    }
+
+    /// Whether the API is asked for: some `-m`; API flags without one are an error.
+    pub fn wanted(&self) -> anyhow::Result<bool> {
+        if self.model.is_empty() && (self.api_key.is_some() || !self.alias.is_empty()) {
+            bail!("--api-key and --alias apply to the API, which needs at least one -m MODEL");
+        }
+        Ok(!self.model.is_empty())
+    }
+
+    /// Each model's API name: its alias, else its file stem; names must be unique.
+    pub fn names(&self) -> anyhow::Result<Vec<String>> {
+        if self.alias.len() > self.model.len() {
+            bail!(
+                "{} --alias for {} -m models: each alias names the -m in its position",
+                self.alias.len(),
+                self.model.len()
+            );
+        }
+        let names: Vec<String> = self
+            .model
+            .iter()
+            .enumerate()
+            .map(|(index, source)| {
+                self.alias
+                    .get(index)
+                    .cloned()
+                    .unwrap_or_else(|| file_stem(source))
+            })
+            .collect();
+        for (index, name) in names.iter().enumerate() {
+            if names[..index].contains(name) {
+                bail!("two models are named `{name}`: give one an --alias");
+            }
+        }
+        Ok(names)
+    }
+}
+
+/// `path/to/Model.Q4.gguf` or `https://host/Model.Q4.gguf?x` → `Model.Q4`.
+fn file_stem(source: &str) -> String {
+    let path = source.split(['?', '#']).next().unwrap_or(source);
+    let file = path.rsplit('/').next().unwrap_or(path);
+    Path::new(file).file_stem().map_or_else(
+        || file.to_string(),
+        |stem| stem.to_string_lossy().into_owned(),
+    )
+}
+
+/// `runner serve -m ...`: the files and signaling plus the API; the models load in the
+/// background (`/health` answers 503 until they are ready). Ends with an error when a model
+/// fails to load.
+pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
+    let names = args.names()?;
+    let (failed, mut failures) = tokio::sync::mpsc::unbounded_channel();
+    let models = names
+        .iter()
+        .zip(&args.model)
+        .map(|(name, source)| {
+            ModelHandle::start(
+                name.clone(),
+                args.model_args(source),
+                args.queue as usize,
+                failed.clone(),
+            )
+        })
+        .collect::<std::io::Result<Vec<_>>>()
+        .context("starting the model workers")?;
+    drop(failed);
+    let state = Arc::new(ApiState {
+        models,
+        api_key: args.api_key.clone(),
+        responses: Responses::default(),
+        started: unix_seconds(),
+    });
+    let server = Server::bind(opts).await?.merge(routes::router(state));
+    let base = server.base_url();
+    let mut text = banner(&base, opts);
+    for name in &names {
+        text.push_str(&format!("  api     {base}v1/  model `{name}`\n"));
+    }
+    let mut stdout = std::io::stdout().lock();
+    stdout.write_all(text.as_bytes())?;
+    stdout.flush()?;
+    drop(stdout);
+    tokio::select! {
+        served = server.run() => Ok(served?),
+        Some(why) = failures.recv() => bail!("{why}"),
+    }
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn models_are_named_by_stem_or_alias() {
+        assert_eq!(file_stem("/m/SmolLM2.Q4_1.gguf"), "SmolLM2.Q4_1");
+        assert_eq!(file_stem("https://h/x/Qwen.gguf?dl=1"), "Qwen");
+        let mut args = ApiArgs {
+            model: vec!["/a/one.gguf".into(), "/b/one.gguf".into()],
+            alias: vec![],
+            api_key: None,
+            queue: 1,
+            ctx: 64,
+            backend: "auto".into(),
+            no_f16: false,
+            no_subgroups: false,
+        };
+        assert!(args.names().unwrap_err().to_string().contains("`one`"));
+        args.alias = vec!["first".into()];
+        assert_eq!(args.names().unwrap(), ["first", "one"]);
+        args.alias = vec!["a".into(), "b".into(), "c".into()];
+        assert!(args.names().is_err());
+        assert!(args.wanted().unwrap());
+        args.model.clear();
+        assert!(args.wanted().is_err(), "an alias without a model");
+        args.alias.clear();
+        assert!(!args.wanted().unwrap());
+    }
+}

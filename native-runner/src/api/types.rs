@@ -1,0 +1,342 @@
+//! Request and response bodies of the OpenAI-compatible API.
+//!
+//! Requests are parsed strictly: an unknown field or a wrongly typed one is a 400 that names
+//! it (see `errors::parse_body`). The fields listed are the ones OpenAI documents; those this
+//! server cannot honour are still parsed so that `validate` can refuse them by name instead
+//! of a generic "unknown field".
+
+use std::collections::HashMap;
+
+use serde::{Deserialize, Serialize};
+
+/// `stop`: one string or a list of them.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Stop {
+    pub fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(stop) => vec![stop],
+            Stop::Many(stops) => stops,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StreamOptions {
+    #[serde(default)]
+    pub include_usage: Option<bool>,
+    #[serde(default)]
+    pub include_obfuscation: Option<bool>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseFormat {
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+}
+
+impl Role {
+    /// The role name templates know (`developer` is OpenAI's newer name for `system`).
+    pub fn template_name(self) -> &'static str {
+        match self {
+            Role::System | Role::Developer => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// One part of an array-valued message content; only text parts exist for a text model.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContentPart {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub text: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Message {
+    pub role: Role,
+    /// `null` is allowed for assistant turns, as OpenAI allows it.
+    pub content: Option<Content>,
+    #[serde(default)]
+    pub name: Option<String>,
+}
+
+/// What both endpoints share: how to sample and when to stop.
+#[derive(Debug, Clone, Default)]
+pub struct Sampling {
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    /// llama-server's extensions.
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub n: Option<u32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub user: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChatRequest {
+    pub model: String,
+    pub messages: Vec<Message>,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<u32>,
+    pub max_completion_tokens: Option<u32>,
+    pub logprobs: Option<bool>,
+    pub top_logprobs: Option<u32>,
+    pub response_format: Option<ResponseFormat>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub n: Option<u32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub user: Option<String>,
+}
+
+/// `prompt`: text or token ids; a list of one of either is accepted too.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    Text(String),
+    Ids(Vec<u32>),
+    Texts(Vec<String>),
+    IdLists(Vec<Vec<u32>>),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompletionRequest {
+    pub model: String,
+    pub prompt: Prompt,
+    pub stream: Option<bool>,
+    pub stream_options: Option<StreamOptions>,
+    pub max_tokens: Option<u32>,
+    /// The legacy API's count of top alternatives per token (0..=5).
+    pub logprobs: Option<u32>,
+    pub echo: Option<bool>,
+    pub suffix: Option<String>,
+    pub best_of: Option<u32>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub seed: Option<i64>,
+    pub stop: Option<Stop>,
+    pub frequency_penalty: Option<f32>,
+    pub presence_penalty: Option<f32>,
+    pub top_k: Option<u32>,
+    pub min_p: Option<f32>,
+    pub repeat_penalty: Option<f32>,
+    pub n: Option<u32>,
+    pub logit_bias: Option<HashMap<String, f32>>,
+    pub user: Option<String>,
+}
+
+impl ChatRequest {
+    pub fn sampling(&self) -> Sampling {
+        Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            n: self.n,
+            logit_bias: self.logit_bias.clone(),
+            user: self.user.clone(),
+        }
+    }
+}
+
+impl CompletionRequest {
+    pub fn sampling(&self) -> Sampling {
+        Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            n: self.n,
+            logit_bias: self.logit_bias.clone(),
+            user: self.user.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PromptTokensDetails {
+    pub cached_tokens: u32,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Usage {
+    pub prompt_tokens: u32,
+    pub completion_tokens: u32,
+    pub total_tokens: u32,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    pub top_logprobs: Vec<TopLogprob>,
+}
+
+/// Chat's `logprobs`: one entry per generated token.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatLogprobs {
+    pub content: Vec<TokenLogprob>,
+    pub refusal: Option<Vec<TokenLogprob>>,
+}
+
+/// The legacy completions' `logprobs`: parallel lists.
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<HashMap<String, f32>>,
+    pub text_offset: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AssistantMessage {
+    pub role: &'static str,
+    pub content: String,
+    pub refusal: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChoice {
+    pub index: u32,
+    pub message: AssistantMessage,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatCompletion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChoice>,
+    pub usage: Usage,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Delta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    pub logprobs: Option<ChatLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChatChunkChoice>,
+    /// Present (as `null` until the last chunk) only with `stream_options.include_usage`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionChoice {
+    pub index: u32,
+    pub text: String,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<&'static str>,
+}
+
+/// Both the whole completion and, with `usage` absent or null, one streamed chunk.
+#[derive(Debug, Clone, Serialize)]
+pub struct Completion {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Option<Usage>>,
+    pub system_fingerprint: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelCard {
+    pub id: String,
+    pub object: &'static str,
+    pub created: u64,
+    pub owned_by: &'static str,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ModelList {
+    pub object: &'static str,
+    pub data: Vec<ModelCard>,
+}

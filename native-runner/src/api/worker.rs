@@ -1,0 +1,342 @@
+//! The model worker: the one place the API drives a generator, through the front door
+//! (`webshard::front::Generator`).
+//!
+//! Each served model gets a thread that owns its engine (the front door asks for no `Send`)
+//! and runs queued jobs one at a time. Handlers talk to it through a bounded queue (full: 503)
+//! and get each job's text back on a channel; a dropped receiver (the client went away)
+//! cancels that job at its next token (`ControlFlow::Break`). Once loaded, the worker also
+//! hands out a `PromptFront` (the generator's `TextFront`, vocabulary and context) so that
+//! prompts are rendered, counted and checked against the context before they are queued.
+
+use std::ops::ControlFlow;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::mpsc::UnboundedSender;
+use webshard::engine::{Engine, EngineError};
+use webshard::front::{
+    FinishReason, GenerateRequest, Generated, Generator, Prompt, RequestError, TextFront,
+    TokenEvent, Usage,
+};
+use webshard::model::StageInput;
+use webshard::tokenizer::Tokenizer;
+
+use super::errors::ApiError;
+use super::metrics::ModelMetrics;
+use crate::model_args::ModelArgs;
+
+/// One generated token's log-probability and its most likely alternatives.
+#[derive(Debug, Clone)]
+pub struct TokenChoice {
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    /// Best first.
+    pub top: Vec<(Vec<u8>, f32)>,
+}
+
+/// The end of a job.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub text: String,
+    /// Prompt, completion and cached prompt tokens, as the generator counted them.
+    pub usage: Usage,
+    pub finish: FinishReason,
+    pub logprobs: Option<Vec<TokenChoice>>,
+}
+
+/// What a job sends back, in order: text pieces, then `Done` or `Failed`.
+#[derive(Debug)]
+pub enum Event {
+    Text(String),
+    Done(Finished),
+    Failed(ApiError),
+}
+
+/// A validated request, ready to run.
+pub struct Job {
+    /// Prompt and options, checked against the context before queueing.
+    pub request: GenerateRequest,
+    /// `Some(n)`: report each token's log-probability and its `n` best alternatives.
+    pub logprobs: Option<u32>,
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the handlers need of a loaded generator to check a prompt before queueing it.
+pub struct PromptFront {
+    text: TextFront,
+    vocab: u32,
+    /// Positions one request can use: prompt plus completion must fit.
+    pub max_context: u32,
+}
+
+impl PromptFront {
+    /// The checked ids of `prompt`, as the generator will see them (`Generator::prompt_ids`).
+    pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, RequestError> {
+        self.text.prompt_ids(prompt, self.vocab)
+    }
+}
+
+/// A served model as the handlers see it.
+pub struct ModelHandle {
+    pub name: String,
+    pub metrics: Arc<ModelMetrics>,
+    front: Arc<OnceLock<PromptFront>>,
+    jobs: SyncSender<Job>,
+}
+
+impl ModelHandle {
+    /// Starts the worker thread; it loads the model, then serves `queue` waiting jobs at most.
+    /// A load failure is sent on `failed`.
+    pub fn start(
+        name: String,
+        load: ModelArgs,
+        queue: usize,
+        failed: tokio::sync::mpsc::UnboundedSender<String>,
+    ) -> std::io::Result<ModelHandle> {
+        let (jobs, queued) = sync_channel(queue);
+        let front = Arc::new(OnceLock::new());
+        let metrics = Arc::new(ModelMetrics::default());
+        let worker = Worker {
+            front: Arc::clone(&front),
+            metrics: Arc::clone(&metrics),
+        };
+        let thread_name = format!("model {name}");
+        let label = name.clone();
+        std::thread::Builder::new()
+            .name(thread_name)
+            .spawn(move || {
+                if let Err(err) = worker.run(&load, queued) {
+                    let _ = failed.send(format!("model {label}: {err:#}"));
+                }
+            })?;
+        Ok(ModelHandle {
+            name,
+            metrics,
+            front,
+            jobs,
+        })
+    }
+
+    /// The text front once the model is loaded; 503 before.
+    pub fn front(&self) -> Result<&PromptFront, ApiError> {
+        self.front.get().ok_or_else(|| {
+            ApiError::unavailable(
+                "model_loading",
+                format!("The model `{}` is still loading", self.name),
+            )
+        })
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.front.get().is_some()
+    }
+
+    /// Queues a job; 503 when the queue is full.
+    pub fn submit(&self, job: Job) -> Result<(), ApiError> {
+        self.metrics.queued.fetch_add(1, Ordering::SeqCst);
+        let refused = match self.jobs.try_send(job) {
+            Ok(()) => return Ok(()),
+            Err(TrySendError::Full(_)) => ApiError::unavailable(
+                "queue_full",
+                format!(
+                    "The queue of `{}` is full; retry later (raise --queue to wait longer)",
+                    self.name
+                ),
+            ),
+            Err(TrySendError::Disconnected(_)) => ApiError::unavailable(
+                "worker_stopped",
+                format!("The worker of `{}` has stopped", self.name),
+            ),
+        };
+        self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+        Err(refused)
+    }
+}
+
+/// The thread's side of a model.
+struct Worker {
+    front: Arc<OnceLock<PromptFront>>,
+    metrics: Arc<ModelMetrics>,
+}
+
+impl Worker {
+    fn run(self, load: &ModelArgs, queued: Receiver<Job>) -> anyhow::Result<()> {
+        // A current-thread runtime polls the engine's futures; loading from a URL needs a
+        // Tokio reactor, so plain `pollster` would not do.
+        let runtime = runtime()?;
+        let (mut engine, _) = runtime.block_on(load.load())?;
+        // The handlers' own copy: the engine stays on this thread.
+        let front = PromptFront {
+            text: TextFront::from_header(&engine.model.header)?,
+            vocab: engine.vocab(),
+            max_context: engine.max_context(),
+        };
+        self.metrics
+            .kv_capacity
+            .store(u64::from(front.max_context), Ordering::SeqCst);
+        let _ = self.front.set(front);
+        self.metrics.ready.store(1, Ordering::SeqCst);
+        let mut runtime = runtime;
+        for job in queued {
+            self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+            if job.events.is_closed() {
+                continue; // the client left while the job waited
+            }
+            self.metrics.running.store(1, Ordering::SeqCst);
+            let result = guarded(|| runtime.block_on(run_job(&mut engine, &job)));
+            let event = match result {
+                Ok(Ok(finished)) => {
+                    self.metrics.record(&finished);
+                    Event::Done(finished)
+                }
+                Ok(Err(err)) => {
+                    Event::Failed(ApiError::internal(format!("Generation failed: {err}")))
+                }
+                Err(panic) => {
+                    // The engine's cache bookkeeping may be half-updated: start afresh.
+                    engine.reset();
+                    runtime = self::runtime()?;
+                    Event::Failed(panic)
+                }
+            };
+            self.metrics.running.store(0, Ordering::SeqCst);
+            self.metrics
+                .kv_used
+                .store(engine.cached_len() as u64, Ordering::SeqCst);
+            let _ = job.events.send(event);
+        }
+        Ok(())
+    }
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Runs `work`, turning a panic into a 500 so the worker keeps serving.
+pub fn guarded<T>(work: impl FnOnce() -> T) -> Result<T, ApiError> {
+    catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
+        let what = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".to_string());
+        tracing::error!(%what, "a generation panicked");
+        ApiError::internal(format!("Internal error while generating: {what}"))
+    })
+}
+
+async fn run_job(engine: &mut Engine, job: &Job) -> Result<Finished, EngineError> {
+    let out = engine
+        .generate_one(&job.request, &mut |event| stream_event(job, event))
+        .await?;
+    let logprobs = match job.logprobs {
+        Some(top) if !out.ids.is_empty() => {
+            Some(token_choices(engine, &out.prompt_ids, &out.ids, top).await?)
+        }
+        Some(_) => Some(Vec::new()),
+        None => None,
+    };
+    Ok(finished(out, logprobs))
+}
+
+/// Sends a token's text to the client; a closed channel (the client left) cancels the job.
+fn stream_event(job: &Job, event: TokenEvent<'_>) -> ControlFlow<()> {
+    let delivered = match event.text {
+        "" => !job.events.is_closed(),
+        text => job.events.send(Event::Text(text.to_string())).is_ok(),
+    };
+    match delivered {
+        true => ControlFlow::Continue(()),
+        false => ControlFlow::Break(()),
+    }
+}
+
+fn finished(out: Generated, logprobs: Option<Vec<TokenChoice>>) -> Finished {
+    Finished {
+        usage: out.usage(),
+        text: out.text,
+        finish: out.finish_reason,
+        logprobs,
+    }
+}
+
+/// Log-probabilities of `ids` after `prompt`, from one teacher-forced pass: the engine does
+/// not hand out the logits it sampled from. The pass overwrites the cache, so it is reset.
+async fn token_choices(
+    engine: &mut Engine,
+    prompt: &[u32],
+    ids: &[u32],
+    top: u32,
+) -> Result<Vec<TokenChoice>, EngineError> {
+    engine.reset();
+    let all: Vec<u32> = prompt.iter().chain(ids).copied().collect();
+    // Logits at position p predict token p + 1: those of positions prompt-1 .. all-2.
+    let first = prompt.len() - 1;
+    let max_batch = engine.stage.spec.max_batch as usize;
+    for (index, chunk) in all[..first].chunks(max_batch).enumerate() {
+        let start = (index * max_batch) as u32;
+        engine.stage.forward(&StageInput::Tokens(chunk), start)?;
+    }
+    let mut choices = Vec::with_capacity(ids.len());
+    let scored = &all[first..all.len() - 1];
+    for (index, chunk) in scored.chunks(max_batch).enumerate() {
+        let start = first + index * max_batch;
+        let input = StageInput::Tokens(chunk);
+        let rows = engine
+            .stage
+            .forward_logits(&input, start as u32, chunk.len() as u32)
+            .await?;
+        for (offset, row) in rows.iter().enumerate() {
+            let id = all[start + offset + 1];
+            choices.push(choice_of(&engine.text.tokenizer, row, id, top as usize));
+        }
+    }
+    engine.reset();
+    Ok(choices)
+}
+
+fn choice_of(tokenizer: &Tokenizer, logits: &[f32], id: u32, top: usize) -> TokenChoice {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let log_total = logits
+        .iter()
+        .map(|&l| f64::from(l - max).exp())
+        .sum::<f64>()
+        .ln() as f32;
+    let logprob = |l: f32| l - max - log_total;
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let top = top.min(order.len());
+    let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);
+    if top > 0 && top < order.len() {
+        order.select_nth_unstable_by(top - 1, by_logit);
+    }
+    order.truncate(top);
+    order.sort_unstable_by(by_logit);
+    TokenChoice {
+        bytes: tokenizer.token_bytes(id),
+        logprob: logits
+            .get(id as usize)
+            .map_or(f32::NEG_INFINITY, |&l| logprob(l)),
+        top: order
+            .into_iter()
+            .map(|t| (tokenizer.token_bytes(t), logprob(logits[t as usize])))
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_becomes_a_500_and_the_caller_goes_on() {
+        let err = guarded(|| -> u32 { panic!("boom") }).unwrap_err();
+        assert_eq!(err.status, axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(err.message.contains("boom"), "{}", err.message);
+        assert_eq!(guarded(|| 7).unwrap(), 7);
+    }
+}
