@@ -2,6 +2,7 @@
 //! integration tests and later commands (shard donors, `/signal`) can reuse them.
 
 pub mod bench;
+pub mod embed;
 pub mod fleet;
 pub mod generate;
 pub mod info;

@@ -1,6 +1,7 @@
 //! Model architectures: one file per architecture, each a forward over one block; `Stage` runs
 //! a range of blocks on one device, with the embedding and head where it holds them.
 
+pub mod bert;
 mod block;
 pub mod config;
 pub mod decode;
