@@ -87,7 +87,7 @@ fn check_model((name, file): (&str, &str)) {
                 worst = worst.min(cosine);
             }
             println!(
-                "{name} {backend:?} normalize={normalize}: worst cosine {worst:.6} over {} inputs",
+                "{name} {backend:?} normalize={normalize}: worst cosine {worst:.7} over {} inputs",
                 got.len()
             );
         }
