@@ -71,6 +71,8 @@ pub enum EmbedError {
         tokens: usize,
         max: u32,
     },
+    #[error("input {index} has no tokens")]
+    Empty { index: usize },
     #[error(
         "the model's pooling type {0} is not one of mean (1), CLS (2) or last (3); choose one"
     )]
@@ -160,16 +162,17 @@ impl Embedder {
             None => self.default_pooling()?,
         };
         let max = self.context_length();
-        if let Some((index, ids)) = inputs
-            .iter()
-            .enumerate()
-            .find(|(_, ids)| ids.is_empty() || ids.len() > max as usize)
-        {
-            return Err(EmbedError::TooLong {
-                index,
-                tokens: ids.len(),
-                max,
-            });
+        for (index, ids) in inputs.iter().enumerate() {
+            if ids.is_empty() {
+                return Err(EmbedError::Empty { index });
+            }
+            if ids.len() > max as usize {
+                return Err(EmbedError::TooLong {
+                    index,
+                    tokens: ids.len(),
+                    max,
+                });
+            }
         }
         let mut out = Vec::with_capacity(inputs.len());
         for ids in inputs {

@@ -213,13 +213,18 @@ impl BertEncoder {
 
     /// The hidden state of every token of one sequence, `[ids.len(), d_model]` row-major.
     pub async fn hidden_states(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
-        let tokens = ids.len() as u32;
-        if tokens == 0 || tokens > self.cfg.context_length {
+        if ids.is_empty() {
+            return Err(ModelError::Plan(
+                "an empty token sequence has no hidden states".into(),
+            ));
+        }
+        if ids.len() > self.cfg.context_length as usize {
             return Err(ModelError::ContextFull {
-                needed: tokens,
+                needed: u32::try_from(ids.len()).unwrap_or(u32::MAX),
                 max: self.cfg.context_length,
             });
         }
+        let tokens = ids.len() as u32;
         if let Some(bad) = ids.iter().find(|&&id| id >= self.cfg.vocab) {
             return Err(ModelError::Plan(format!(
                 "token id {bad} outside the vocabulary of {}",
