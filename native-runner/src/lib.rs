@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_mask;
 pub mod chat;
 pub mod constraint_args;
+pub mod embed;
 pub mod fleet;
 pub mod generate;
 pub mod info;

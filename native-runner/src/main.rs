@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 use native_runner::api::{self, ApiArgs};
 use native_runner::bench::{bench, BenchArgs};
 use native_runner::chat::{chat, ChatArgs};
+use native_runner::embed::{embed, EmbedArgs};
 use native_runner::fleet::{coordinate, donor, CoordinateArgs, DonorArgs};
 use native_runner::generate::{generate, GenerateArgs};
 use native_runner::info::{inspect, render_text};
@@ -71,6 +72,8 @@ enum Command {
     Tokenize(TokenizeArgs),
     /// Teacher-forced top-k logits after every prefix of the given ids.
     Score(ScoreArgs),
+    /// Embeddings of texts from an embedding model (BERT family), one line (or JSON) each.
+    Embed(EmbedArgs),
     /// Prompt-processing and generation throughput, load time, peak host memory.
     Bench(BenchArgs),
     /// Split a model over donors in a fleet room and generate through the chain.
@@ -173,6 +176,7 @@ fn run(command: Command) -> anyhow::Result<()> {
         Command::Chat(args) => runtime.block_on(chat(&args))?,
         Command::Tokenize(args) => runtime.block_on(tokenize(&args))?,
         Command::Score(args) => runtime.block_on(score(&args))?,
+        Command::Embed(args) => runtime.block_on(embed(&args))?,
         Command::Bench(args) => runtime.block_on(bench(&args))?,
         Command::Coordinate(args) => runtime.block_on(coordinate(&args))?,
         Command::Donor(args) => runtime.block_on(donor(&args))?,

@@ -3,6 +3,7 @@
 //! `Stage` runs a range of blocks on one device, with the embedding and head where it holds them.
 
 pub mod arch;
+pub mod bert;
 mod block;
 pub mod config;
 pub mod decode;

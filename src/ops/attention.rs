@@ -1,6 +1,7 @@
 //! Attention over a KV cache in GPU memory: decode split over the keys (flash-decoding),
 //! tiled causal prefill, both with grouped-query heads, an optional sliding window and an
-//! optional logit soft-cap; plus the KV cache itself, a standalone softmax, and CPU references.
+//! optional logit soft-cap; bidirectional attention for encoders through the prefill kernel
+//! without its causal mask; plus the KV cache itself, a standalone softmax, and CPU references.
 //!
 //! Decode has two kernels: `attention_decode.wgsl` for CPU adapters (`Caps::cpu_work_split`),
 //! whose lanes walk whole tiles serially, and `attention_decode_gpu.wgsl` (see `decode_gpu`)
@@ -19,7 +20,7 @@ mod softmax;
 pub use decode_gpu::attention_decode_gpu;
 pub use decode_rope::{rope_attention_decode, rope_attention_supported};
 pub use kv_cache::{kv_write, KvCache};
-pub use reference::attention_reference;
+pub use reference::{attention_reference, bidirectional_attention_reference};
 pub use softmax::{softmax, softmax_reference};
 
 use crate::gpu::{Gpu, Kernel, Lib, Recorder, Variant};
@@ -262,6 +263,42 @@ pub fn attention_prefill(
     tokens: u32,
     p: &AttentionParams,
 ) {
+    prefill_masked(rec, q, cache, layer, out, start_pos, tokens, p, true);
+}
+
+/// out[t, h*hd..] = softmax(q·K^T * scale) V over keys 0..tokens of `layer`, with no causal
+/// mask: every query sees every key of the sequence (BERT-style encoders). Shapes as
+/// `attention`, at start_pos 0; the cache must hold the keys and values of positions
+/// 0..tokens. A sliding window has no meaning here and is refused.
+pub fn bidirectional_attention(
+    rec: &mut Recorder,
+    q: &wgpu::Buffer,
+    cache: &KvCache,
+    layer: u32,
+    out: &wgpu::Buffer,
+    tokens: u32,
+    p: &AttentionParams,
+) {
+    assert!(
+        p.window.is_none(),
+        "bidirectional attention has no sliding window"
+    );
+    prefill_masked(rec, q, cache, layer, out, 0, tokens, p, false);
+}
+
+/// The prefill kernel, with or without its causal mask.
+#[allow(clippy::too_many_arguments)]
+fn prefill_masked(
+    rec: &mut Recorder,
+    q: &wgpu::Buffer,
+    cache: &KvCache,
+    layer: u32,
+    out: &wgpu::Buffer,
+    start_pos: u32,
+    tokens: u32,
+    p: &AttentionParams,
+    causal: bool,
+) {
     check_call(cache, layer, q, out, start_pos, tokens, p);
     if tokens == 0 {
         return;
@@ -271,7 +308,12 @@ pub fn attention_prefill(
     let splits = prefill_splits(rec.gpu(), p, start_pos, tokens, tile);
     let pipeline = rec.pipeline(
         &PREFILL,
-        &[("WG", PREFILL_WG), ("HD", p.head_dim), ("BK", tile)],
+        &[
+            ("WG", PREFILL_WG),
+            ("HD", p.head_dim),
+            ("BK", tile),
+            ("CAUSAL", u32::from(causal)),
+        ],
     );
     let call = SplitCall {
         q,

@@ -1,4 +1,5 @@
-//! Element-wise operators: residual adds, bias broadcast, gated activations (SwiGLU, GeGLU).
+//! Element-wise operators: residual adds, bias broadcast, activations alone (BERT's GELU) and
+//! gated (SwiGLU, GeGLU).
 //!
 //! All stay f32 in every variant (each element is touched once; f16 would only lose accuracy).
 
@@ -25,6 +26,12 @@ const ADD_BIAS: Kernel = Kernel {
     entry: "add_bias",
     libs: &[Lib::Activation],
 };
+const ACTIVATE: Kernel = Kernel {
+    name: "activate",
+    source: SOURCE,
+    entry: "activate",
+    libs: &[Lib::Activation],
+};
 const GATED_ACTIVATION: Kernel = Kernel {
     name: "gated_activation",
     source: SOURCE,
@@ -37,7 +44,7 @@ const GATED_ACTIVATION: Kernel = Kernel {
 pub enum Activation {
     /// x * sigmoid(x) (llama, qwen2: SwiGLU).
     Silu,
-    /// ggml's `gelu`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (gemma3: GeGLU).
+    /// ggml's `gelu`: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (gemma3: GeGLU; bert).
     GeluTanh,
 }
 
@@ -111,6 +118,11 @@ pub fn add_bias(rec: &mut Recorder, x: &wgpu::Buffer, bias: &wgpu::Buffer, rows:
         .checked_mul(cols)
         .expect("add_bias: rows * cols overflows u32");
     dispatch_flat(rec, &ADD_BIAS, n, cols, 0, &[x, bias]);
+}
+
+/// x[i] = act(x[i]) for i < n, in place.
+pub fn activate(rec: &mut Recorder, x: &wgpu::Buffer, n: u32, act: Activation) {
+    dispatch_flat(rec, &ACTIVATE, n, 1, act.code(), &[x]);
 }
 
 /// out[i] = act(gate[i]) * up[i] for i < n. `out` must differ from `gate` and `up`.

@@ -1,5 +1,6 @@
 //! RMSNorm over rows, with the weight as stored in the GGUF (multiplied as is: the converters
-//! already folded Gemma's `1 + w` into the stored tensor).
+//! already folded Gemma's `1 + w` into the stored tensor); LayerNorm with weight and bias
+//! (BERT).
 
 use crate::gpu::{Kernel, Lib, Recorder};
 use crate::ops::elementwise::workgroup_grid;
@@ -8,6 +9,13 @@ const RMS_NORM: Kernel = Kernel {
     name: "rms_norm",
     source: include_str!("../../wgsl/norm.wgsl"),
     entry: "rms_norm",
+    libs: &[Lib::Reduce],
+};
+
+const LAYER_NORM: Kernel = Kernel {
+    name: "layer_norm",
+    source: include_str!("../../wgsl/norm.wgsl"),
+    entry: "layer_norm",
     libs: &[Lib::Reduce],
 };
 
@@ -56,6 +64,52 @@ pub fn rms_norm_add(
     dispatch_norm(rec, x, weight, out, [rows, cols], eps, true);
 }
 
+/// out[r, :] = (x[r, :] - mean) / sqrt(var + eps) * weight[:] + bias[:] for r < rows, with the
+/// mean and (biased) variance of row r. `out` must be a different buffer from `x`.
+#[allow(clippy::too_many_arguments)]
+pub fn layer_norm(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    bias: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    rows: u32,
+    cols: u32,
+    eps: f32,
+) {
+    assert!(cols > 0, "layer_norm needs at least one column");
+    if rows == 0 {
+        return;
+    }
+    let pipeline = rec.pipeline(&LAYER_NORM, &[("WG", workgroup_size(rec)), ("ADD", 0)]);
+    let grid = workgroup_grid(rec.gpu(), rows);
+    let params = NormParams {
+        rows,
+        cols,
+        eps,
+        groups_x: grid[0],
+    };
+    rec.dispatch(
+        &pipeline,
+        &params,
+        &[
+            x.as_entire_binding(),
+            weight.as_entire_binding(),
+            bias.as_entire_binding(),
+            out.as_entire_binding(),
+        ],
+        grid,
+    );
+}
+
+fn workgroup_size(rec: &Recorder) -> u32 {
+    if rec.gpu().caps.cpu_work_split {
+        CPU_WG
+    } else {
+        GPU_WG
+    }
+}
+
 fn dispatch_norm(
     rec: &mut Recorder,
     x: &wgpu::Buffer,
@@ -69,12 +123,10 @@ fn dispatch_norm(
     if rows == 0 {
         return;
     }
-    let wg = if rec.gpu().caps.cpu_work_split {
-        CPU_WG
-    } else {
-        GPU_WG
-    };
-    let pipeline = rec.pipeline(&RMS_NORM, &[("WG", wg), ("ADD", u32::from(add))]);
+    let pipeline = rec.pipeline(
+        &RMS_NORM,
+        &[("WG", workgroup_size(rec)), ("ADD", u32::from(add))],
+    );
     let grid = workgroup_grid(rec.gpu(), rows);
     let params = NormParams {
         rows,
@@ -103,6 +155,25 @@ pub fn rms_norm_reference(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
             let mean = (squares / cols as f64) as f32;
             let scale = 1.0 / (mean + eps).sqrt();
             row.iter().zip(weight).map(move |(&v, &w)| (v * scale) * w)
+        })
+        .collect()
+}
+
+/// ggml's norm followed by mul and add: sums in f64, the rest in f32.
+pub fn layer_norm_reference(x: &[f32], weight: &[f32], bias: &[f32], eps: f32) -> Vec<f32> {
+    let cols = weight.len();
+    x.chunks(cols)
+        .flat_map(|row| {
+            let sum: f64 = row.iter().map(|&v| f64::from(v)).sum();
+            let mean = (sum / cols as f64) as f32;
+            let squares: f64 = row
+                .iter()
+                .map(|&v| f64::from(v - mean) * f64::from(v - mean))
+                .sum();
+            let scale = 1.0 / ((squares / cols as f64) as f32 + eps).sqrt();
+            row.iter()
+                .zip(weight.iter().zip(bias))
+                .map(move |(&v, (&w, &b))| ((v - mean) * scale) * w + b)
         })
         .collect()
 }

@@ -95,9 +95,12 @@ impl Vocab {
             eom_id: md.opt_u32("tokenizer.ggml.eom_token_id")?,
             unk_id: md.opt_u32("tokenizer.ggml.unknown_token_id")?,
             pad_id: md.opt_u32("tokenizer.ggml.padding_token_id")?,
+            sep_id: md.opt_u32("tokenizer.ggml.seperator_token_id")?,
             add_bos: md.opt_bool("tokenizer.ggml.add_bos_token")?,
             add_eos: md.opt_bool("tokenizer.ggml.add_eos_token")?,
             add_space_prefix: md.opt_bool("tokenizer.ggml.add_space_prefix")?,
+            normalizer_lowercase: md.opt_bool("tokenizer.ggml.normalizer.lowercase")?,
+            normalizer_strip_accents: md.opt_bool("tokenizer.ggml.normalizer.strip_accents")?,
             chat_template: md.opt_str("tokenizer.chat_template")?.map(str::to_owned),
             architecture: md.opt_str("general.architecture")?.map(str::to_owned),
         })

@@ -1,4 +1,5 @@
-//! Tokenizers built from GGUF metadata alone: byte-level BPE and SentencePiece; chat templates.
+//! Tokenizers built from GGUF metadata alone: byte-level BPE, SentencePiece and WordPiece;
+//! chat templates.
 //!
 //! Behaviour follows llama.cpp (`llama-vocab.cpp`), the reference the goldens come from:
 //! special-token splitting, pre-tokenizer regexes, merge order, BOS/EOS rules, the
@@ -14,6 +15,7 @@ mod spm;
 pub mod stream;
 mod unicode;
 pub mod vocab;
+mod wpm;
 
 use std::collections::BTreeSet;
 
@@ -27,6 +29,7 @@ use index::TokenIndex;
 use special::{Fragment, SpecialTokens};
 use spm::{SpmModel, SPACE_MARK};
 use vocab::{ATTR_BYTE, ATTR_CONTROL, ATTR_NORMAL, ATTR_UNKNOWN, ATTR_USER_DEFINED};
+use wpm::{Normalizer, WpmModel};
 
 /// What can go wrong building a tokenizer or rendering a chat template.
 #[derive(Debug, thiserror::Error)]
@@ -34,7 +37,7 @@ pub enum TokenizerError {
     #[error("tokenizer metadata: {0}")]
     Metadata(String),
     #[error(
-        "unsupported tokenizer model {0:?} (tokenizer.ggml.model); expected \"gpt2\" or \"llama\""
+        "unsupported tokenizer model {0:?} (tokenizer.ggml.model); expected \"gpt2\", \"llama\" or \"bert\""
     )]
     UnsupportedModel(String),
     #[error("tokenizer.ggml.tokens is empty")]
@@ -68,6 +71,7 @@ pub enum TokenizerError {
 enum Model {
     Bpe(BpeModel),
     Spm(SpmModel),
+    Wpm(WpmModel),
 }
 
 /// A tokenizer for one model's vocabulary.
@@ -82,8 +86,10 @@ pub struct Tokenizer {
     eos: Option<u32>,
     eot: Option<u32>,
     pad: Option<u32>,
+    sep: Option<u32>,
     add_bos: bool,
     add_eos: bool,
+    add_sep: bool,
     add_space_prefix: bool,
     eog: BTreeSet<u32>,
     chat_template: Option<String>,
@@ -118,6 +124,14 @@ impl Tokenizer {
                 Model::Bpe(BpeModel::new(&tokens, &vocab.merges, pre)?)
             }
             TokenizerKind::Spm => Model::Spm(SpmModel::new(&tokens, resolved.unk)),
+            TokenizerKind::Wpm => {
+                let lowercase = vocab.normalizer_lowercase.unwrap_or(false);
+                let normalizer = Normalizer {
+                    lowercase,
+                    strip_accents: vocab.normalizer_strip_accents.unwrap_or(lowercase),
+                };
+                Model::Wpm(WpmModel::new(&tokens, resolved.unk, normalizer))
+            }
         };
         let special = SpecialTokens::new(tokens.texts(), &resolved.attrs);
         let mut scores = std::mem::take(&mut vocab.scores);
@@ -133,8 +147,10 @@ impl Tokenizer {
             eos: resolved.eos,
             eot: resolved.eot,
             pad: resolved.pad,
+            sep: resolved.sep,
             add_bos: resolved.add_bos,
             add_eos: resolved.add_eos,
+            add_sep: resolved.add_sep,
             add_space_prefix: resolved.add_space_prefix,
             eog: resolved.eog,
             chat_template: vocab.chat_template,
@@ -167,12 +183,16 @@ impl Tokenizer {
         if add_special && self.add_eos {
             out.extend(self.eos);
         }
+        if add_special && self.add_sep {
+            out.extend(self.sep);
+        }
         out
     }
 
     fn encode_text(&self, piece: &str, after_special: bool, out: &mut Vec<u32>) {
         match &self.model {
             Model::Bpe(bpe) => bpe.encode(&self.tokens, piece, out),
+            Model::Wpm(wpm) => wpm.encode(&self.tokens, piece, out),
             Model::Spm(spm) => {
                 let prefix = if self.add_space_prefix && after_special {
                     " "
@@ -215,7 +235,9 @@ impl Tokenizer {
         if attr & ATTR_NORMAL != 0 {
             return match self.kind {
                 TokenizerKind::Bpe => decode_byte_level(text),
-                TokenizerKind::Spm => text.replace(SPACE_MARK, " ").into_bytes(),
+                TokenizerKind::Spm | TokenizerKind::Wpm => {
+                    text.replace(SPACE_MARK, " ").into_bytes()
+                }
             };
         }
         if attr & ATTR_BYTE != 0 {
@@ -248,6 +270,11 @@ impl Tokenizer {
 
     pub fn pad_id(&self) -> Option<u32> {
         self.pad
+    }
+
+    /// WordPiece's `[SEP]`, appended by `encode(.., add_special = true, ..)`.
+    pub fn sep_id(&self) -> Option<u32> {
+        self.sep
     }
 
     /// Whether `encode(.., add_special = true, ..)` prepends BOS.
@@ -347,6 +374,29 @@ mod tests {
         assert_eq!(t.token_bytes(3), b" a", "normal");
         assert_eq!(t.token_bytes(99), b"", "out of range");
         assert_eq!(t.decode(&[1, 3, 5, 2]), " a\n");
+    }
+
+    #[test]
+    fn wordpiece_wraps_in_cls_and_sep_and_decodes_phantom_spaces() {
+        let tokens = [
+            "[PAD]", "[UNK]", "[CLS]", "[SEP]", "▁hello", "▁world", "s", "▁!",
+        ];
+        let t = Tokenizer::from_vocab(Vocab {
+            model: "bert".into(),
+            tokens: tokens.iter().map(|t| t.to_string()).collect(),
+            token_types: vec![3, 3, 3, 3, 1, 1, 1, 1],
+            bos_id: Some(2),
+            sep_id: Some(3),
+            normalizer_lowercase: Some(true),
+            ..Vocab::default()
+        })
+        .expect("tokenizer");
+        assert_eq!(
+            t.encode("Hello worlds!", true, false),
+            vec![2, 4, 5, 6, 7, 3]
+        );
+        assert_eq!(t.encode("hello zzz", false, false), vec![4, 1]);
+        assert_eq!(t.decode(&[2, 4, 5, 6, 3]), " hello worlds");
     }
 
     #[test]

@@ -15,6 +15,12 @@ impl CpFlags {
     const LETTER: u8 = 1;
     const NUMBER: u8 = 2;
     const WHITESPACE: u8 = 4;
+    const PUNCTUATION: u8 = 8;
+    const SYMBOL: u8 = 16;
+    /// General category C: control, format, unassigned, private use, surrogate.
+    const CONTROL: u8 = 32;
+    /// Nonspacing marks (Mn), which BERT's accent stripping drops.
+    const ACCENT_MARK: u8 = 64;
     /// Set for every codepoint inside the text; unset for positions past a fragment's end.
     const IN_RANGE: u8 = 128;
 
@@ -30,12 +36,24 @@ impl CpFlags {
     pub(crate) fn is_whitespace(self) -> bool {
         self.0 & Self::WHITESPACE != 0
     }
+    pub(crate) fn is_punctuation(self) -> bool {
+        self.0 & Self::PUNCTUATION != 0
+    }
+    pub(crate) fn is_symbol(self) -> bool {
+        self.0 & Self::SYMBOL != 0
+    }
+    pub(crate) fn is_control(self) -> bool {
+        self.0 & Self::CONTROL != 0
+    }
+    pub(crate) fn is_accent_mark(self) -> bool {
+        self.0 & Self::ACCENT_MARK != 0
+    }
     pub(crate) fn in_range(self) -> bool {
         self.0 & Self::IN_RANGE != 0
     }
 }
 
-/// Letter / number / whitespace bits per codepoint.
+/// Category bits per codepoint.
 struct FlagTable {
     /// Flags for the Basic Multilingual Plane, indexed directly (64 KiB).
     bmp: Vec<u8>,
@@ -63,6 +81,10 @@ fn build_table() -> FlagTable {
         (r"\p{L}", CpFlags::LETTER),
         (r"\p{N}", CpFlags::NUMBER),
         (r"\s", CpFlags::WHITESPACE),
+        (r"\p{P}", CpFlags::PUNCTUATION),
+        (r"\p{S}", CpFlags::SYMBOL),
+        (r"\p{C}", CpFlags::CONTROL),
+        (r"\p{Mn}", CpFlags::ACCENT_MARK),
     ];
     let mut bmp = vec![0u8; 0x10000];
     let mut astral = Vec::new();
@@ -161,6 +183,18 @@ mod tests {
         assert!(!flags_of('😀').is_letter());
         assert!(flags_of('😀').in_range());
         assert!(!CpFlags::OUT_OF_RANGE.in_range());
+    }
+
+    #[test]
+    fn bert_categories_match_unicode() {
+        assert!(flags_of('!').is_punctuation());
+        assert!(flags_of('「').is_punctuation());
+        assert!(flags_of('$').is_symbol());
+        assert!(flags_of('😀').is_symbol());
+        assert!(flags_of('\u{7}').is_control());
+        assert!(flags_of('\u{200b}').is_control(), "format character");
+        assert!(flags_of('\u{301}').is_accent_mark());
+        assert!(!flags_of('a').is_punctuation() && !flags_of('a').is_control());
     }
 
     #[test]

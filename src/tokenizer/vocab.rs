@@ -19,7 +19,8 @@ pub const MAX_VOCAB: usize = 4 << 20;
 /// The tokenizer part of a GGUF file's metadata, as plain data.
 #[derive(Clone, Debug, Default)]
 pub struct Vocab {
-    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE) or `llama` (SentencePiece).
+    /// `tokenizer.ggml.model`: `gpt2` (byte-level BPE), `llama` (SentencePiece) or `bert`
+    /// (WordPiece).
     pub model: String,
     /// `tokenizer.ggml.pre`: the BPE pre-tokenizer name.
     pub pre: Option<String>,
@@ -37,9 +38,15 @@ pub struct Vocab {
     pub eom_id: Option<u32>,
     pub unk_id: Option<u32>,
     pub pad_id: Option<u32>,
+    /// `tokenizer.ggml.seperator_token_id` (sic): WordPiece's `[SEP]`.
+    pub sep_id: Option<u32>,
     pub add_bos: Option<bool>,
     pub add_eos: Option<bool>,
     pub add_space_prefix: Option<bool>,
+    /// `tokenizer.ggml.normalizer.lowercase` (WordPiece; default false, as llama.cpp).
+    pub normalizer_lowercase: Option<bool>,
+    /// `tokenizer.ggml.normalizer.strip_accents` (WordPiece; default: as lowercase).
+    pub normalizer_strip_accents: Option<bool>,
     /// `tokenizer.chat_template`.
     pub chat_template: Option<String>,
     /// `general.architecture`, which picks the built-in chat format when no template ships.
@@ -53,6 +60,8 @@ pub enum TokenizerKind {
     Bpe,
     /// SentencePiece with scores and byte fallback (`tokenizer.ggml.model = llama`).
     Spm,
+    /// WordPiece, BERT's (`tokenizer.ggml.model = bert`).
+    Wpm,
 }
 
 /// Special ids and flags resolved with llama.cpp's defaults.
@@ -65,8 +74,11 @@ pub(crate) struct Resolved {
     pub eom: Option<u32>,
     pub unk: Option<u32>,
     pub pad: Option<u32>,
+    pub sep: Option<u32>,
     pub add_bos: bool,
     pub add_eos: bool,
+    /// Whether `encode(.., add_special = true, ..)` appends `sep` (WordPiece's `[SEP]`).
+    pub add_sep: bool,
     pub add_space_prefix: bool,
     pub eog: BTreeSet<u32>,
 }
@@ -136,6 +148,7 @@ impl Vocab {
         match self.model.as_str() {
             "gpt2" => Ok(TokenizerKind::Bpe),
             "llama" => Ok(TokenizerKind::Spm),
+            "bert" => Ok(TokenizerKind::Wpm),
             other => Err(TokenizerError::UnsupportedModel(other.to_owned())),
         }
     }
@@ -181,7 +194,9 @@ impl Vocab {
         let (bos_default, eos_default, unk_default) = match kind {
             TokenizerKind::Spm => (Some(1), Some(2), Some(0)),
             TokenizerKind::Bpe => (Some(11), Some(11), None),
+            TokenizerKind::Wpm => (Some(101), None, Some(100)),
         };
+        let wpm = kind == TokenizerKind::Wpm;
         let pick = |given: Option<u32>, default: Option<u32>| in_range(given).or(in_range(default));
         let mut attrs: Vec<u32> = if self.token_types.is_empty() {
             vec![ATTR_NORMAL; n]
@@ -210,20 +225,30 @@ impl Vocab {
             eot: in_range(self.eot_id),
             eom: in_range(self.eom_id),
             unk: pick(self.unk_id, unk_default),
-            pad: in_range(self.pad_id),
-            add_bos: self
-                .add_bos
-                .unwrap_or(kind == TokenizerKind::Spm || pre_adds_bos),
-            add_eos: self.add_eos.unwrap_or(false),
+            pad: pick(self.pad_id, wpm.then_some(0)),
+            sep: pick(self.sep_id, wpm.then_some(102)),
+            // llama.cpp's WordPiece always wraps text in [CLS] .. [SEP] when asked for
+            // special tokens, whatever the add_* keys say.
+            add_bos: wpm
+                || self
+                    .add_bos
+                    .unwrap_or(kind == TokenizerKind::Spm || pre_adds_bos),
+            add_eos: !wpm && self.add_eos.unwrap_or(false),
+            add_sep: wpm,
             add_space_prefix: match kind {
                 TokenizerKind::Spm => self.add_space_prefix.unwrap_or(true),
-                TokenizerKind::Bpe => false,
+                TokenizerKind::Bpe | TokenizerKind::Wpm => false,
             },
             eog: BTreeSet::new(),
         };
         if resolved.add_bos && resolved.bos.is_none() {
             return Err(TokenizerError::MissingSpecial(
                 "add_bos_token is true but bos_token_id is not set",
+            ));
+        }
+        if resolved.add_sep && resolved.sep.is_none() {
+            return Err(TokenizerError::MissingSpecial(
+                "a WordPiece vocabulary needs a [SEP] token (seperator_token_id)",
             ));
         }
         if resolved.add_eos && resolved.eos.is_none() {

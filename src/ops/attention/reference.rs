@@ -14,19 +14,49 @@ pub fn attention_reference(
     tokens: u32,
     p: &AttentionParams,
 ) -> Vec<f32> {
+    masked_reference(q, k_cache, v_cache, start_pos, tokens, p, true)
+}
+
+/// As `attention_reference` at start_pos 0 without the causal mask: every query sees keys
+/// 0..tokens (the window is ignored).
+pub fn bidirectional_attention_reference(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    tokens: u32,
+    p: &AttentionParams,
+) -> Vec<f32> {
+    masked_reference(q, k_cache, v_cache, 0, tokens, p, false)
+}
+
+fn masked_reference(
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    start_pos: u32,
+    tokens: u32,
+    p: &AttentionParams,
+    causal: bool,
+) -> Vec<f32> {
     let (heads, kv_heads, head_dim) = (p.heads as usize, p.kv_heads as usize, p.head_dim as usize);
     let group = heads / kv_heads;
     let mut out = vec![0.0f32; tokens as usize * heads * head_dim];
     for t in 0..tokens as usize {
         let pos = start_pos as usize + t;
-        let first = p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+        let (first, last) = match causal {
+            true => (
+                p.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize)),
+                pos,
+            ),
+            false => (0, tokens as usize - 1),
+        };
         for h in 0..heads {
             let query = &q[(t * heads + h) * head_dim..][..head_dim];
             let kv = h / group;
             let row = |cache: &'_ [f32], j: usize| -> Vec<f32> {
                 cache[(j * kv_heads + kv) * head_dim..][..head_dim].to_vec()
             };
-            let mut weights: Vec<f32> = (first..=pos)
+            let mut weights: Vec<f32> = (first..=last)
                 .map(|j| {
                     let key = row(k_cache, j);
                     let score = query.iter().zip(&key).map(|(a, b)| a * b).sum::<f32>() * p.scale;
@@ -35,7 +65,7 @@ pub fn attention_reference(
                 .collect();
             softmax_in_place(&mut weights);
             let target = &mut out[(t * heads + h) * head_dim..][..head_dim];
-            for (j, weight) in (first..=pos).zip(&weights) {
+            for (j, weight) in (first..=last).zip(&weights) {
                 for (o, v) in target.iter_mut().zip(row(v_cache, j)) {
                     *o += weight * v;
                 }

@@ -1,0 +1,271 @@
+//! Embeddings: tokenizer + encoder + pooling, as llama.cpp computes them (`llama-embedding`,
+//! llama-cpp-python's `Llama.embed`): each text is tokenized with its special tokens
+//! (`[CLS] .. [SEP]` for WordPiece), run through the encoder on its own, pooled the way the
+//! GGUF's `*.pooling_type` says (or the caller asks), and optionally L2-normalised.
+//!
+//! `Embedder::embed(texts)` is the entry point the CLI and the HTTP API share.
+
+use std::sync::Arc;
+
+use crate::gguf::{read_header, GgufError, RangeSource, SourceError};
+use crate::gpu::Gpu;
+use crate::model::bert::BertEncoder;
+use crate::model::{LoadProgress, ModelError};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// How per-token hidden states become one vector (llama.cpp's `llama_pooling_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    /// The average over every token, special tokens included.
+    Mean,
+    /// The first token's state (`[CLS]`).
+    Cls,
+    /// The last token's state.
+    Last,
+}
+
+impl Pooling {
+    /// llama.cpp's number for a pooling type: 1 mean, 2 CLS, 3 last; `None` for the others
+    /// (0 none: per-token output; 4 rank: a reranker's score), which this engine does not make.
+    pub fn from_llama(code: u32) -> Option<Pooling> {
+        match code {
+            1 => Some(Pooling::Mean),
+            2 => Some(Pooling::Cls),
+            3 => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+
+    /// `mean`, `cls` or `last`, as the CLI and the API spell them.
+    pub fn parse(name: &str) -> Option<Pooling> {
+        match name {
+            "mean" => Some(Pooling::Mean),
+            "cls" => Some(Pooling::Cls),
+            "last" => Some(Pooling::Last),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Last => "last",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EmbedError {
+    #[error(transparent)]
+    Gguf(#[from] GgufError),
+    #[error(transparent)]
+    Source(#[from] SourceError),
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("input {index} has {tokens} tokens, more than the model's context of {max}")]
+    TooLong {
+        index: usize,
+        tokens: usize,
+        max: u32,
+    },
+    #[error("input {index} has no tokens")]
+    Empty { index: usize },
+    #[error(
+        "the model's pooling type {0} is not one of mean (1), CLS (2) or last (3); choose one"
+    )]
+    UnsupportedPooling(u32),
+}
+
+/// Per-call choices; `None` pooling means the model's own.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EmbedOptions {
+    pub pooling: Option<Pooling>,
+    /// Divide each vector by its Euclidean norm (llama.cpp's `embd_normalize = 2`).
+    pub normalize: bool,
+}
+
+/// An embedding model loaded on one device.
+pub struct Embedder {
+    tokenizer: Tokenizer,
+    encoder: BertEncoder,
+    /// From `bert.pooling_type`; `None` when the file names none usable.
+    model_pooling: Option<u32>,
+}
+
+impl Embedder {
+    /// Reads the header, builds the tokenizer and loads the encoder.
+    pub async fn load(
+        gpu: Arc<Gpu>,
+        source: &dyn RangeSource,
+        progress: &mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<Embedder, EmbedError> {
+        let header = read_header(source).await?;
+        let tokenizer = Tokenizer::from_metadata(&header.metadata)?;
+        let encoder = BertEncoder::load(gpu, source, &header, progress).await?;
+        let model_pooling = encoder.cfg.pooling_type;
+        Ok(Embedder {
+            tokenizer,
+            encoder,
+            model_pooling,
+        })
+    }
+
+    /// Length of each embedding.
+    pub fn dimensions(&self) -> usize {
+        self.encoder.cfg.d_model as usize
+    }
+
+    /// The most tokens one input may have, special tokens included.
+    pub fn context_length(&self) -> u32 {
+        self.encoder.cfg.context_length
+    }
+
+    /// The pooling used when a call names none: the file's, else mean.
+    pub fn default_pooling(&self) -> Result<Pooling, EmbedError> {
+        match self.model_pooling {
+            None => Ok(Pooling::Mean),
+            Some(code) => Pooling::from_llama(code).ok_or(EmbedError::UnsupportedPooling(code)),
+        }
+    }
+
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The ids llama.cpp feeds the model for `text` (special tokens added, none parsed).
+    pub fn tokenize(&self, text: &str) -> Vec<u32> {
+        self.tokenizer.encode(text, true, false)
+    }
+
+    /// One embedding per text, in order.
+    pub async fn embed<S: AsRef<str>>(
+        &self,
+        texts: &[S],
+        options: EmbedOptions,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let inputs: Vec<Vec<u32>> = texts.iter().map(|t| self.tokenize(t.as_ref())).collect();
+        self.embed_ids(&inputs, options).await
+    }
+
+    /// One embedding per token sequence, in order. Every sequence is checked against the
+    /// context before any runs, so an error names the first input that cannot fit.
+    pub async fn embed_ids(
+        &self,
+        inputs: &[Vec<u32>],
+        options: EmbedOptions,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
+        let pooling = match options.pooling {
+            Some(p) => p,
+            None => self.default_pooling()?,
+        };
+        let max = self.context_length();
+        for (index, ids) in inputs.iter().enumerate() {
+            if ids.is_empty() {
+                return Err(EmbedError::Empty { index });
+            }
+            if ids.len() > max as usize {
+                return Err(EmbedError::TooLong {
+                    index,
+                    tokens: ids.len(),
+                    max,
+                });
+            }
+        }
+        let mut out = Vec::with_capacity(inputs.len());
+        for ids in inputs {
+            let hidden = self.encoder.hidden_states(ids).await?;
+            let mut vector = pool(&hidden, self.dimensions(), pooling);
+            if options.normalize {
+                l2_normalize(&mut vector);
+            }
+            out.push(vector);
+        }
+        Ok(out)
+    }
+}
+
+/// Pools `hidden` (`[tokens, dims]` row-major, at least one token) into one vector.
+pub fn pool(hidden: &[f32], dims: usize, pooling: Pooling) -> Vec<f32> {
+    let tokens = hidden.len() / dims;
+    assert!(
+        tokens > 0 && hidden.len() == tokens * dims,
+        "pool: hidden is not [tokens, dims]"
+    );
+    match pooling {
+        Pooling::Cls => hidden[..dims].to_vec(),
+        Pooling::Last => hidden[(tokens - 1) * dims..].to_vec(),
+        Pooling::Mean => {
+            let mut sum = vec![0.0f64; dims];
+            for row in hidden.chunks_exact(dims) {
+                for (s, &v) in sum.iter_mut().zip(row) {
+                    *s += f64::from(v);
+                }
+            }
+            sum.iter().map(|&s| (s / tokens as f64) as f32).collect()
+        }
+    }
+}
+
+/// Divides `v` by its Euclidean norm, computed in f64; a zero vector stays zero (as
+/// llama.cpp's `common_embd_normalize`).
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v
+        .iter()
+        .map(|&x| f64::from(x) * f64::from(x))
+        .sum::<f64>()
+        .sqrt();
+    if norm > 0.0 {
+        for x in v.iter_mut() {
+            *x = (f64::from(*x) / norm) as f32;
+        }
+    }
+}
+
+/// Cosine similarity of two vectors of one length, in f64.
+pub fn cosine_similarity(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len(), "cosine_similarity of different lengths");
+    let dot: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(&x, &y)| f64::from(x) * f64::from(y))
+        .sum();
+    let norm = |v: &[f32]| v.iter().map(|&x| f64::from(x).powi(2)).sum::<f64>().sqrt();
+    dot / (norm(a) * norm(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pooling_picks_mean_first_and_last_rows() {
+        let hidden = [1.0, 2.0, 3.0, 4.0, 8.0, 0.0];
+        assert_eq!(pool(&hidden, 2, Pooling::Mean), vec![4.0, 2.0]);
+        assert_eq!(pool(&hidden, 2, Pooling::Cls), vec![1.0, 2.0]);
+        assert_eq!(pool(&hidden, 2, Pooling::Last), vec![8.0, 0.0]);
+    }
+
+    #[test]
+    fn normalisation_gives_unit_length_and_keeps_zero() {
+        let mut v = vec![3.0, 4.0];
+        l2_normalize(&mut v);
+        assert_eq!(v, vec![0.6, 0.8]);
+        let mut zero = vec![0.0; 3];
+        l2_normalize(&mut zero);
+        assert_eq!(zero, vec![0.0; 3]);
+        assert!((cosine_similarity(&[1.0, 0.0], &[2.0, 0.0]) - 1.0).abs() < 1e-12);
+    }
+
+    #[test]
+    fn pooling_names_and_llama_codes() {
+        for p in [Pooling::Mean, Pooling::Cls, Pooling::Last] {
+            assert_eq!(Pooling::parse(p.name()), Some(p));
+        }
+        assert_eq!(Pooling::from_llama(2), Some(Pooling::Cls));
+        assert_eq!(Pooling::from_llama(0), None);
+        assert_eq!(Pooling::parse("max"), None);
+    }
+}

@@ -1,0 +1,393 @@
+//! The BERT encoder as llama.cpp's `bert` architecture (MiniLM, BGE, E5): learned absolute
+//! positions, token-type row 0 added to every token, LayerNorms with bias after each sublayer,
+//! bidirectional attention and a GELU feed-forward, every projection with a bias.
+//!
+//! ```text
+//! x = layer_norm(tok[id] + type[0] + pos[p])
+//! x = layer_norm(x + Wo · attention(Wq·x + bq, Wk·x + bk, Wv·x + bv) + bo)   (no causal mask)
+//! x = layer_norm(x + Wdown · gelu(Wup·x + bup) + bdown)
+//! ```
+//!
+//! The output is the hidden state of every token; pooling (`crate::embed`) makes embeddings.
+//! The encoder runs one sequence per call: its keys and values go through a `KvCache` of the
+//! model's context so the attention kernels are the decoders' own.
+
+use std::sync::Arc;
+
+use crate::gguf::{Header, Metadata, RangeSource};
+use crate::gpu::{self, Gpu, Recorder};
+use crate::ops::attention::{bidirectional_attention, kv_write, AttentionParams, KvCache};
+use crate::ops::elementwise::{activate, add_bias, add_in_place, Activation};
+use crate::ops::norm::layer_norm;
+use crate::ops::quant::{embed, matmul};
+
+use super::loader::{LoadOptions, LoadProgress, Loader, Matrix, Vector};
+use super::ModelError;
+
+/// `general.architecture` of the files this module runs.
+pub const ARCHITECTURE: &str = "bert";
+/// Upper bound on the context an encoder may declare (BERT's is 512; long-context ones 8192).
+const MAX_CONTEXT: u32 = 1 << 16;
+
+/// The shape of a BERT encoder, from `bert.*` metadata.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BertConfig {
+    pub n_layers: u32,
+    pub d_model: u32,
+    pub n_heads: u32,
+    pub head_dim: u32,
+    pub ff_dim: u32,
+    pub vocab: u32,
+    pub context_length: u32,
+    pub norm_eps: f32,
+    /// `bert.pooling_type` as llama.cpp numbers it (0 none, 1 mean, 2 CLS, 3 last, 4 rank).
+    pub pooling_type: Option<u32>,
+}
+
+fn positive(meta: &Metadata, key: &str) -> Result<u32, ModelError> {
+    match meta.get_u32(key)? {
+        0 => Err(ModelError::Plan(format!("{key} is 0"))),
+        v => Ok(v),
+    }
+}
+
+impl BertConfig {
+    pub fn from_header(header: &Header) -> Result<BertConfig, ModelError> {
+        let arch = header.architecture()?;
+        if arch != ARCHITECTURE {
+            return Err(ModelError::Plan(format!(
+                "general.architecture is {arch:?}, not an encoder this engine runs ({ARCHITECTURE:?})"
+            )));
+        }
+        let meta = &header.metadata;
+        let key = |suffix: &str| format!("{ARCHITECTURE}.{suffix}");
+        let d_model = positive(meta, &key("embedding_length"))?;
+        let n_heads = positive(meta, &key("attention.head_count"))?;
+        let vocab = header
+            .tensor("token_embd.weight")
+            .and_then(|t| t.shape.get(1).copied())
+            .ok_or_else(|| ModelError::Tensor {
+                tensor: "token_embd.weight".into(),
+                message: "missing or not a matrix".into(),
+            })?;
+        let cfg = BertConfig {
+            n_layers: positive(meta, &key("block_count"))?,
+            d_model,
+            n_heads,
+            head_dim: d_model / n_heads,
+            ff_dim: positive(meta, &key("feed_forward_length"))?,
+            vocab: u32::try_from(vocab)
+                .map_err(|_| ModelError::Plan("vocabulary too large".into()))?,
+            context_length: positive(meta, &key("context_length"))?,
+            norm_eps: meta.get_f32(&key("attention.layer_norm_epsilon"))?,
+            pooling_type: meta.opt_u32(&key("pooling_type"))?,
+        };
+        cfg.validate()
+    }
+
+    fn validate(self) -> Result<BertConfig, ModelError> {
+        let fail = |why: String| Err(ModelError::Plan(why));
+        if self.d_model % self.n_heads != 0 || self.head_dim % 16 != 0 {
+            return fail(format!(
+                "{} heads do not split {} dimensions into heads of a multiple of 16",
+                self.n_heads, self.d_model
+            ));
+        }
+        if self.context_length > MAX_CONTEXT {
+            return fail(format!(
+                "context length {} beyond the limit of {MAX_CONTEXT}",
+                self.context_length
+            ));
+        }
+        if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
+            return fail(format!("layer_norm_epsilon {} is not valid", self.norm_eps));
+        }
+        Ok(self)
+    }
+}
+
+/// A LayerNorm's weight and bias.
+#[derive(Debug)]
+struct Norm {
+    weight: Vector,
+    bias: Vector,
+}
+
+/// A projection and its bias.
+#[derive(Debug)]
+struct Linear {
+    weight: Matrix,
+    bias: Vector,
+}
+
+#[derive(Debug)]
+struct BertLayer {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    out: Linear,
+    attn_norm: Norm,
+    up: Linear,
+    down: Linear,
+    out_norm: Norm,
+}
+
+/// Activations of one call, for at most `context_length` tokens.
+#[derive(Debug)]
+struct Buffers {
+    ids: wgpu::Buffer,
+    positions: wgpu::Buffer,
+    zeros: wgpu::Buffer,
+    x: wgpu::Buffer,
+    tmp: wgpu::Buffer,
+    q: wgpu::Buffer,
+    k: wgpu::Buffer,
+    v: wgpu::Buffer,
+    attn: wgpu::Buffer,
+    ff: wgpu::Buffer,
+}
+
+/// A loaded encoder on one device.
+pub struct BertEncoder {
+    gpu: Arc<Gpu>,
+    pub cfg: BertConfig,
+    token_embd: Matrix,
+    position_embd: Matrix,
+    token_types: Option<Matrix>,
+    embd_norm: Norm,
+    layers: Vec<BertLayer>,
+    cache: KvCache,
+    buffers: Buffers,
+}
+
+impl BertEncoder {
+    /// Loads every tensor of the encoder from `source`.
+    pub async fn load(
+        gpu: Arc<Gpu>,
+        source: &dyn RangeSource,
+        header: &Header,
+        progress: &mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<BertEncoder, ModelError> {
+        let cfg = BertConfig::from_header(header)?;
+        let total = header.tensors.iter().map(|t| t.bytes).sum();
+        let options = LoadOptions::default();
+        let mut loader = Loader::new(&gpu, source, header, options, total, progress);
+        let d = cfg.d_model;
+        let token_embd = loader.matrix("token_embd.weight", d, cfg.vocab).await?;
+        let position_embd = loader
+            .matrix("position_embd.weight", d, cfg.context_length)
+            .await?;
+        let token_types = match header.tensor("token_types.weight") {
+            Some(info) => {
+                let rows = info.shape.get(1).copied().unwrap_or(0).clamp(1, 16) as u32;
+                Some(loader.matrix("token_types.weight", d, rows).await?)
+            }
+            None => None,
+        };
+        let embd_norm = norm(&mut loader, "token_embd_norm", d).await?;
+        let mut layers = Vec::with_capacity(cfg.n_layers as usize);
+        for layer in 0..cfg.n_layers {
+            layers.push(load_layer(&mut loader, &cfg, layer).await?);
+        }
+        loader.flush();
+        let cache = KvCache::new(
+            &gpu,
+            cfg.n_layers,
+            cfg.context_length,
+            cfg.n_heads,
+            cfg.head_dim,
+        )?;
+        let buffers = Buffers::new(&gpu, &cfg);
+        Ok(BertEncoder {
+            gpu,
+            cfg,
+            token_embd,
+            position_embd,
+            token_types,
+            embd_norm,
+            layers,
+            cache,
+            buffers,
+        })
+    }
+
+    /// The hidden state of every token of one sequence, `[ids.len(), d_model]` row-major.
+    pub async fn hidden_states(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        if ids.is_empty() {
+            return Err(ModelError::Plan(
+                "an empty token sequence has no hidden states".into(),
+            ));
+        }
+        if ids.len() > self.cfg.context_length as usize {
+            return Err(ModelError::ContextFull {
+                needed: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+                max: self.cfg.context_length,
+            });
+        }
+        let tokens = ids.len() as u32;
+        if let Some(bad) = ids.iter().find(|&&id| id >= self.cfg.vocab) {
+            return Err(ModelError::Plan(format!(
+                "token id {bad} outside the vocabulary of {}",
+                self.cfg.vocab
+            )));
+        }
+        let gpu = &self.gpu;
+        gpu.queue
+            .write_buffer(&self.buffers.ids, 0, bytemuck::cast_slice(ids));
+        let mut rec = Recorder::new(gpu);
+        self.record_embeddings(&mut rec, tokens);
+        for (index, layer) in self.layers.iter().enumerate() {
+            self.record_layer(&mut rec, layer, index as u32, tokens);
+        }
+        let bytes = u64::from(tokens) * u64::from(self.cfg.d_model) * 4;
+        let data = rec.submit_and_read(&self.buffers.x, 0, bytes).await?;
+        Ok(bytemuck::pod_collect_to_vec(&data))
+    }
+
+    fn record_embeddings(&self, rec: &mut Recorder, tokens: u32) {
+        let b = &self.buffers;
+        let (d, eps) = (self.cfg.d_model, self.cfg.norm_eps);
+        embed(rec, &self.token_embd.view(), &b.ids, &b.tmp, tokens, 1.0);
+        embed(
+            rec,
+            &self.position_embd.view(),
+            &b.positions,
+            &b.attn,
+            tokens,
+            1.0,
+        );
+        add_in_place(rec, &b.tmp, &b.attn, tokens * d);
+        if let Some(types) = &self.token_types {
+            // llama.cpp gives every token type 0 ("sentence A").
+            embed(rec, &types.view(), &b.zeros, &b.attn, tokens, 1.0);
+            add_in_place(rec, &b.tmp, &b.attn, tokens * d);
+        }
+        let n = &self.embd_norm;
+        layer_norm(
+            rec,
+            &b.tmp,
+            &n.weight.buffer,
+            &n.bias.buffer,
+            &b.x,
+            tokens,
+            d,
+            eps,
+        );
+    }
+
+    fn record_layer(&self, rec: &mut Recorder, layer: &BertLayer, index: u32, tokens: u32) {
+        let b = &self.buffers;
+        let cfg = &self.cfg;
+        let d = cfg.d_model;
+        linear(rec, &layer.q, &b.x, &b.q, tokens);
+        linear(rec, &layer.k, &b.x, &b.k, tokens);
+        linear(rec, &layer.v, &b.x, &b.v, tokens);
+        kv_write(rec, &self.cache, index, &b.k, &b.v, 0, tokens);
+        let params = AttentionParams {
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_heads,
+            head_dim: cfg.head_dim,
+            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        bidirectional_attention(rec, &b.q, &self.cache, index, &b.attn, tokens, &params);
+        linear(rec, &layer.out, &b.attn, &b.tmp, tokens);
+        add_in_place(rec, &b.tmp, &b.x, tokens * d);
+        let n = &layer.attn_norm;
+        layer_norm(
+            rec,
+            &b.tmp,
+            &n.weight.buffer,
+            &n.bias.buffer,
+            &b.x,
+            tokens,
+            d,
+            cfg.norm_eps,
+        );
+        linear(rec, &layer.up, &b.x, &b.ff, tokens);
+        activate(rec, &b.ff, tokens * cfg.ff_dim, Activation::GeluTanh);
+        linear(rec, &layer.down, &b.ff, &b.tmp, tokens);
+        add_in_place(rec, &b.tmp, &b.x, tokens * d);
+        let n = &layer.out_norm;
+        layer_norm(
+            rec,
+            &b.tmp,
+            &n.weight.buffer,
+            &n.bias.buffer,
+            &b.x,
+            tokens,
+            d,
+            cfg.norm_eps,
+        );
+    }
+}
+
+/// out = W·x + b for `tokens` rows.
+fn linear(rec: &mut Recorder, l: &Linear, x: &wgpu::Buffer, out: &wgpu::Buffer, tokens: u32) {
+    matmul(rec, &l.weight.view(), x, out, tokens);
+    add_bias(rec, out, &l.bias.buffer, tokens, l.weight.rows);
+}
+
+async fn norm(loader: &mut Loader<'_>, name: &str, len: u32) -> Result<Norm, ModelError> {
+    Ok(Norm {
+        weight: loader.vector(&format!("{name}.weight"), len).await?,
+        bias: loader.vector(&format!("{name}.bias"), len).await?,
+    })
+}
+
+async fn linear_weights(
+    loader: &mut Loader<'_>,
+    name: &str,
+    cols: u32,
+    rows: u32,
+) -> Result<Linear, ModelError> {
+    let weight = loader.matrix(&format!("{name}.weight"), cols, rows).await?;
+    let bias_name = format!("{name}.bias");
+    // llama.cpp treats the projection biases as optional; a missing one is zero.
+    let bias = match loader.has(&bias_name) {
+        true => loader.vector(&bias_name, rows).await?,
+        false => loader.upload_vector(&bias_name, &vec![0.0; rows as usize]),
+    };
+    Ok(Linear { weight, bias })
+}
+
+async fn load_layer(
+    loader: &mut Loader<'_>,
+    cfg: &BertConfig,
+    layer: u32,
+) -> Result<BertLayer, ModelError> {
+    let (d, ff) = (cfg.d_model, cfg.ff_dim);
+    let name = |n: &str| format!("blk.{layer}.{n}");
+    Ok(BertLayer {
+        q: linear_weights(loader, &name("attn_q"), d, d).await?,
+        k: linear_weights(loader, &name("attn_k"), d, d).await?,
+        v: linear_weights(loader, &name("attn_v"), d, d).await?,
+        out: linear_weights(loader, &name("attn_output"), d, d).await?,
+        attn_norm: norm(loader, &name("attn_output_norm"), d).await?,
+        up: linear_weights(loader, &name("ffn_up"), d, ff).await?,
+        down: linear_weights(loader, &name("ffn_down"), ff, d).await?,
+        out_norm: norm(loader, &name("layer_output_norm"), d).await?,
+    })
+}
+
+impl Buffers {
+    fn new(gpu: &Gpu, cfg: &BertConfig) -> Buffers {
+        let ctx = cfg.context_length;
+        let rows = |cols: u32| u64::from(ctx) * u64::from(cols) * 4;
+        let activations = |label: &str, cols: u32| gpu::storage_buffer(gpu, label, rows(cols));
+        let positions: Vec<u32> = (0..ctx).collect();
+        Buffers {
+            ids: gpu::upload_u32(gpu, "bert ids", &vec![0; ctx as usize]),
+            positions: gpu::upload_u32(gpu, "bert positions", &positions),
+            zeros: gpu::upload_u32(gpu, "bert token types", &vec![0; ctx as usize]),
+            x: activations("bert x", cfg.d_model),
+            tmp: activations("bert tmp", cfg.d_model),
+            q: activations("bert q", cfg.d_model),
+            k: activations("bert k", cfg.d_model),
+            v: activations("bert v", cfg.d_model),
+            attn: activations("bert attn", cfg.d_model),
+            ff: activations("bert ff", cfg.ff_dim),
+        }
+    }
+}
