@@ -36,12 +36,22 @@ fn type_slowly(session: &mut PtySession, keys: &[&str]) {
     }
 }
 
+/// One terminal at a time: the tests drive their pseudo-terminals by timing (keys typed after
+/// a prompt appears), which sessions competing for two cores make unreliable.
+static ONE_TERMINAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_terminal() -> std::sync::MutexGuard<'static, ()> {
+    ONE_TERMINAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn chat_session(tokens: &str) -> PtySession {
     let model = common::model_path(common::SMOLLM2).display().to_string();
     let mut chat = on_terminal(&["chat", "-m", &model, "-n", tokens, "--temp", "0", "--quiet"]);
     chat.exp_string("/help lists commands")
         .expect("the greeting");
     chat.exp_string("> ").expect("the prompt");
+    // The prompt is drawn just before the editor reads keys; let it settle into raw mode.
+    std::thread::sleep(Duration::from_millis(500));
     chat
 }
 
@@ -62,6 +72,7 @@ fn quit(mut chat: PtySession) {
 
 #[test]
 fn chat_commands_editing_history_and_the_limit_marker() {
+    let _terminal = one_terminal();
     let mut chat = chat_session("6");
     chat.send_line("/help").unwrap();
     chat.exp_string("/system TEXT")
@@ -95,6 +106,7 @@ fn chat_commands_editing_history_and_the_limit_marker() {
 
 #[test]
 fn ctrl_c_at_the_prompt_does_not_quit_and_ctrl_d_does() {
+    let _terminal = one_terminal();
     let mut chat = chat_session("4");
     chat.send_control('c').unwrap();
     chat.exp_string("/exit quits")
@@ -107,6 +119,7 @@ fn ctrl_c_at_the_prompt_does_not_quit_and_ctrl_d_does() {
 
 #[test]
 fn prefill_shows_progress_on_a_terminal() {
+    let _terminal = one_terminal();
     let model = common::model_path(common::SMOLLM2).display().to_string();
     let prompt = "the quick brown fox jumps over the lazy dog ".repeat(30);
     let mut run = on_terminal(&[
