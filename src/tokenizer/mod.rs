@@ -387,6 +387,8 @@ mod tests {
             token_types: vec![3, 3, 3, 3, 1, 1, 1, 1],
             bos_id: Some(2),
             sep_id: Some(3),
+            // BERT's default [UNK] is id 100, outside this small vocabulary.
+            unk_id: Some(1),
             normalizer_lowercase: Some(true),
             ..Vocab::default()
         })
