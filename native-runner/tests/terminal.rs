@@ -36,6 +36,18 @@ fn type_slowly(session: &mut PtySession, keys: &[&str]) {
     }
 }
 
+/// Types a line a character at a time, then Enter. A whole line written at once to the
+/// pseudo-terminal was once seen to lose all but its first character in rustyline's reader
+/// on a loaded machine (CI, 2026-12-01); a person never types that fast.
+fn type_line(session: &mut PtySession, line: &str) {
+    for c in line.chars() {
+        session.send(&c.to_string()).unwrap();
+        session.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(40));
+    }
+    type_slowly(session, &["\r"]);
+}
+
 /// One terminal at a time: the tests drive their pseudo-terminals by timing (keys typed after
 /// a prompt appears), which sessions competing for two cores make unreliable.
 static ONE_TERMINAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
@@ -65,7 +77,7 @@ fn assert_exited_cleanly(session: &PtySession) {
 }
 
 fn quit(mut chat: PtySession) {
-    chat.send_line("/exit").unwrap();
+    type_line(&mut chat, "/exit");
     chat.exp_eof().expect("/exit ends the program");
     assert_exited_cleanly(&chat);
 }
@@ -74,11 +86,11 @@ fn quit(mut chat: PtySession) {
 fn chat_commands_editing_history_and_the_limit_marker() {
     let _terminal = one_terminal();
     let mut chat = chat_session("6");
-    chat.send_line("/help").unwrap();
+    type_line(&mut chat, "/help");
     chat.exp_string("/system TEXT")
         .expect("/help lists the commands");
     chat.exp_string("> ").unwrap();
-    chat.send_line("Tell me a story about a dragon.").unwrap();
+    type_line(&mut chat, "Tell me a story about a dragon.");
     let reply = chat
         .exp_string("[reply cut off at the limit of 6 tokens (-n)]")
         .expect("a reply cut at -n is marked");
@@ -94,10 +106,10 @@ fn chat_commands_editing_history_and_the_limit_marker() {
     chat.exp_string("/system TEXT")
         .expect("/help again from the history");
     chat.exp_string("> ").unwrap();
-    chat.send_line("/system Answer in French.").unwrap();
+    type_line(&mut chat, "/system Answer in French.");
     chat.exp_string("(system message set").unwrap();
     chat.exp_string("> ").unwrap();
-    chat.send_line("/nonsense").unwrap();
+    type_line(&mut chat, "/nonsense");
     chat.exp_string("unknown command /nonsense")
         .expect("not sent to the model");
     chat.exp_string("> ").unwrap();
