@@ -130,6 +130,31 @@ fn ctrl_c_at_the_prompt_does_not_quit_and_ctrl_d_does() {
 }
 
 #[test]
+fn ctrl_c_while_a_reply_streams_stops_the_reply_and_keeps_the_chat() {
+    let _terminal = one_terminal();
+    let mut chat = chat_session("200");
+    type_line(&mut chat, "Tell me a long story about a dragon.");
+    // Some of the reply, then Ctrl-C: the reply stops well before its 200 tokens.
+    chat.exp_regex(r"\w+ \w+ \w+").expect("the reply streams");
+    chat.send_control('c').unwrap();
+    let (reply, _) = chat
+        .exp_regex(r"\[stopped\]")
+        .expect("Ctrl-C stops the reply");
+    assert!(
+        !reply.contains("cut off"),
+        "stopped, not cut at -n: {reply}"
+    );
+    let (_, timings) = chat.exp_regex(r"decode \d+ tokens").unwrap();
+    let decoded: u32 = timings[7..timings.len() - 7].parse().unwrap();
+    assert!(decoded < 200, "{timings}");
+    chat.exp_string("> ").expect("the chat goes on");
+    type_line(&mut chat, "/help");
+    chat.exp_string("/system TEXT").expect("and takes commands");
+    chat.exp_string("> ").unwrap();
+    quit(chat);
+}
+
+#[test]
 fn prefill_shows_progress_on_a_terminal() {
     let _terminal = one_terminal();
     let model = common::model_path(common::SMOLLM2).display().to_string();
