@@ -8,7 +8,14 @@ RUSTC_BOOTSTRAP set for their own process alone, which lets libtest's `--report-
 each test's duration. Output per binary is libtest's own; at the end come the slowest tests
 and binaries and one `N passed, N failed` line.
 
-Usage: run_tests.py [--profile release] [--timings FILE] [-- CARGO_TEST_ARGS...]
+Two cores are only kept busy by running two binaries at once: a cold machine spends most of
+the kernel tests compiling shaders for GL, one pipeline at a time on one thread, so a binary
+with one long test leaves the other core idle. `--jobs N` runs the CPU-bound kernel and model
+binaries (PAIRABLE, heaviest first) N at a time, their output printed whole as each ends; the
+rest (processes talking over sockets and pseudo-terminals, heartbeats, timeouts) then run one
+at a time, as before, so nothing timing-sensitive shares the cores with another binary.
+
+Usage: run_tests.py [--jobs N] [--timings FILE] [-- CARGO_TEST_ARGS...]
 """
 
 import argparse
@@ -17,11 +24,23 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 RESULT = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
 TIMED = re.compile(r"^test (\S+) \.\.\. (\w+) <([\d.]+)s>")
+# Binaries that only compute (GPU kernels on lavapipe/GL, model loads, parsers): safe to run
+# beside another. Listed heaviest first, the order they start in.
+PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attention",
+            "webshard::ops_select", "webshard::ops_matvec", "webshard::embed_fidelity",
+            "webshard::big_model", "webshard::ops_row_views", "webshard::ops_.*",
+            "webshard::gpu_core", "webshard::model_.*", "webshard::gguf_.*",
+            "webshard::quant_reference", "webshard::tokenizer_goldens", "webshard::sampler",
+            "webshard::chat_template", "webshard::constraint",
+            "webshard::shard_(chunk|frame|plan|validate|vocab)"]
+PRINT_LOCK = threading.Lock()
 
 
 def package_name(package_id, package_dir):
@@ -52,25 +71,45 @@ def build(cargo_args):
     return binaries
 
 
-def run(label, executable, package_dir, test_args):
-    """Runs one test binary as cargo would (from its package's directory); returns its record."""
+def pairable_rank(label):
+    """Where a binary starts among the pairable ones, or None if it must run alone."""
+    for rank, pattern in enumerate(PAIRABLE):
+        if re.fullmatch(pattern, label):
+            return rank
+    return None
+
+
+def run(label, executable, package_dir, test_args, buffered=False):
+    """Runs one test binary as cargo would (from its package's directory); returns its record.
+    Buffered output is printed in one piece when the binary ends."""
     env = dict(os.environ, RUSTC_BOOTSTRAP="1", CARGO_MANIFEST_DIR=str(package_dir))
     command = [executable, "-Z", "unstable-options", "--report-time", *test_args]
-    print(f"     Running {label} ({executable})", flush=True)
+    header = f"     Running {label} ({executable})\n"
+    lines = [header]
+    if not buffered:
+        print(header, end="", flush=True)
     started = time.monotonic()
     process = subprocess.Popen(command, cwd=package_dir, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
     passed = failed = 0
     tests = []
     for line in process.stdout:
-        sys.stdout.write(line)
-        sys.stdout.flush()
+        if buffered:
+            lines.append(line)
+        else:
+            sys.stdout.write(line)
+            sys.stdout.flush()
         if match := TIMED.match(line):
             tests.append((float(match[3]), f"{label}::{match[1]}"))
         if match := RESULT.match(line):
             passed, failed = int(match[1]), int(match[2])
+    process.stdout.close()
     status = process.wait()
     seconds = time.monotonic() - started
+    if buffered:
+        with PRINT_LOCK:
+            sys.stdout.write("".join(lines) + f"     ({label}: {seconds:.1f} s)\n")
+            sys.stdout.flush()
     if status != 0 and failed == 0:
         failed = 1  # a crash or abort before libtest's summary
     return {"binary": label, "seconds": round(seconds, 1), "passed": passed, "failed": failed,
@@ -93,16 +132,34 @@ def report(records, timings_file):
     return failed
 
 
+def run_all(binaries, test_args, jobs):
+    """The pairable binaries `jobs` at a time, heaviest first, then the others one by one."""
+    alone = [b for b in binaries if jobs <= 1 or pairable_rank(b[0]) is None]
+    paired = sorted((b for b in binaries if b not in alone), key=lambda b: pairable_rank(b[0]))
+    records = []
+    if paired:
+        started = time.monotonic()
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            records += pool.map(lambda b: run(*b, test_args, buffered=True), paired)
+        print(f"     ({len(paired)} binaries, {jobs} at a time: "
+              f"{time.monotonic() - started:.1f} s)", flush=True)
+    records += [run(*b, test_args) for b in alone]
+    return records
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--timings", help="write per-binary and per-test seconds here (JSON)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="pairable binaries to run at once (default 1: all one at a time)")
     parser.add_argument("cargo_args", nargs="*", help="arguments for `cargo test` (after --)")
     args = parser.parse_args()
     cargo_args, test_args = args.cargo_args, []
     if "--" in cargo_args:
         split = cargo_args.index("--")
         cargo_args, test_args = cargo_args[:split], cargo_args[split + 1:]
-    records = [run(*binary, test_args) for binary in build(cargo_args)]
+    binaries = build(cargo_args)
+    records = run_all(binaries, test_args, args.jobs)
     failed_binaries = [r["binary"] for r in records if r["status"] != 0]
     if report(records, args.timings) or failed_binaries:
         sys.exit(f"run_tests: failed: {', '.join(failed_binaries)}")

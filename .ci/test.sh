@@ -70,7 +70,7 @@ step "fetch script tests" python3 -m unittest discover -s .ci -p 'test_*.py'
 step "build (workspace tests and runner, release)" \
   cargo test --workspace --release --no-run
 step "cargo test (workspace, release)" \
-  python3 .ci/run_tests.py --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --release
+  python3 .ci/run_tests.py --jobs 2 --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --release
 step "wasm build" bash .ci/build-wasm.sh
 if [ -n "$(wasm_test_targets)" ]; then step "wasm tests (headless Chromium)" wasm_tests; fi
 if has_e2e_specs; then step "e2e (Playwright)" e2e_tests; fi
