@@ -368,12 +368,21 @@ impl FleetResult {
 impl Run {
     async fn generate(self, prompt: Prompt) -> Result<JsValue, WebError> {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
-        let options = settings.options()?;
+        let mut options = settings.options()?;
+        if options.constraint.is_some() {
+            // Refused here, not by the chain, which would dismiss the fleet over it.
+            return Err(WebError::Options(
+                "constraint: constrained output is not supported on a fleet yet".into(),
+            ));
+        }
         let mut coordinator = self.take()?;
         let prompt_ids = coordinator
             .prompt_ids(&prompt)
             .map_err(request_error)
-            .and_then(|ids| check_fits(&ids, options.max_tokens, self.max_context).map(|()| ids));
+            .and_then(|ids| {
+                options.max_tokens = settings.max_tokens(ids.len(), self.max_context);
+                check_fits(&ids, options.max_tokens, self.max_context).map(|()| ids)
+            });
         let prompt_ids = match prompt_ids {
             Ok(ids) => ids,
             Err(error) => {
