@@ -151,11 +151,11 @@ impl GenerateSettings {
     }
 
     /// The most tokens to generate after a prompt of `prompt_len` in a context of `context`:
-    /// `n`, or with `fit_context` no more than the context leaves (the check that the prompt
-    /// and `n` fit stays the generator's).
+    /// `n`, or with `fit_context` no more than the context leaves but at least one, so a
+    /// prompt that fills the context still fails the generator's check that prompt and `n` fit.
     pub fn max_tokens(&self, prompt_len: usize, context: u32) -> u32 {
         match self.fit_context {
-            true => self.n.min(context.saturating_sub(prompt_len as u32)),
+            true => self.n.min(context.saturating_sub(prompt_len as u32)).max(1),
             false => self.n,
         }
     }
