@@ -7,12 +7,26 @@ const { test, expect } = require('@playwright/test');
 const { execFileSync } = require('node:child_process');
 const path = require('node:path');
 const Ajv = require('ajv');
-const { SMOLLM2, MODEL_URL, PROMPT, TOKENS, nativeResult } = require('./shared.js');
+const fs = require('node:fs');
+const { SMOLLM2, MODEL_URL, PROMPT, goldenRecord, stepsBeforeNearTie } = require('./shared.js');
 
 test.describe.configure({ mode: 'serial' });
 
-const QUESTION = 'What is the capital of France?';
-const MESSAGES = [{ role: 'user', content: QUESTION }];
+/** The goldens' chat record: its single user message is what the native runner's --chat sends. */
+function chatGolden() {
+  const dir = process.env.WEBSHARD_GOLDENS || path.join(__dirname, '..', '..', '..', 'shared', 'goldens');
+  const file = path.join(dir, 'smollm2-135m-instruct-q4_1.generate.json');
+  const record = JSON.parse(fs.readFileSync(file, 'utf8')).records.find((r) => r.kind === 'chat');
+  if (!record || record.messages.length !== 1) throw new Error(`no one-message chat record in ${file}`);
+  return record;
+}
+
+const CHAT = chatGolden();
+const MESSAGES = CHAT.messages;
+// Free-running greedy output is only fixed up to the first near-tie of the reference, so the
+// comparisons generate exactly that many tokens (../shared/goldens/README.md).
+const CHAT_TOKENS = stepsBeforeNearTie(CHAT);
+const TEXT_TOKENS = stepsBeforeNearTie(goldenRecord());
 const MODEL_NAME = SMOLLM2.replace(/\.gguf$/, '');
 // SwiftShader decodes a few tokens per second: short completions, a handful of schemas.
 const SCHEMAS = 4;
@@ -21,13 +35,14 @@ const SCHEMA_MAX_TOKENS = 40;
 
 let page;
 let native;
+let nativeText;
 
-/** `runner generate --chat --temp 0 --json` for one user message. */
-function nativeChat(content, n) {
+/** `runner generate [--chat] --temp 0 --json`. */
+function nativeGenerate(prompt, n, chat) {
   const model = path.join(process.env.WEBSHARD_MODELS, SMOLLM2);
   const out = execFileSync(
     process.env.WEBSHARD_RUNNER,
-    ['generate', '-m', model, '-p', content, '--chat', '-n', String(n), '--temp', '0', '--json', '--quiet'],
+    ['generate', '-m', model, '-p', prompt, ...(chat ? ['--chat'] : []), '-n', String(n), '--temp', '0', '--json', '--quiet'],
     { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], timeout: 10 * 60 * 1000 },
   );
   return JSON.parse(out.trim().split('\n').pop());
@@ -54,7 +69,10 @@ function create(body, endpoint = 'chat') {
 }
 
 test.beforeAll(async ({ browser }) => {
-  native = nativeChat(QUESTION, TOKENS);
+  expect(CHAT_TOKENS).toBeGreaterThan(1);
+  expect(TEXT_TOKENS).toBeGreaterThan(1);
+  native = nativeGenerate(MESSAGES[0].content, CHAT_TOKENS, true);
+  nativeText = nativeGenerate(PROMPT, TEXT_TOKENS, false);
   page = await browser.newPage();
   page.on('console', (message) => console.log(`[page ${message.type()}] ${message.text()}`));
   await page.goto('/');
@@ -68,7 +86,7 @@ test.beforeAll(async ({ browser }) => {
 test.afterAll(async () => page?.close());
 
 test('chat.completions.create equals runner generate --chat --temp 0, with its usage', async () => {
-  const { out, error } = await create({ model: MODEL_NAME, messages: MESSAGES, max_tokens: TOKENS, temperature: 0 });
+  const { out, error } = await create({ model: MODEL_NAME, messages: MESSAGES, max_tokens: CHAT_TOKENS, temperature: 0 });
   expect(error).toBeUndefined();
   console.log(`page: ${JSON.stringify(out.choices[0].message.content)}; native: ${JSON.stringify(native.text)}`);
   expect(out.id).toMatch(/^chatcmpl-/);
@@ -79,6 +97,8 @@ test('chat.completions.create equals runner generate --chat --temp 0, with its u
     { index: 0, message: { role: 'assistant', content: native.text }, finish_reason: native.finish_reason, logprobs: null },
   ]);
   expect(out.usage.prompt_tokens).toBe(native.prompt_ids.length);
+  expect(native.prompt_ids).toEqual(CHAT.prompt_ids);
+  expect(native.ids).toEqual(CHAT.steps.slice(0, CHAT_TOKENS).map((step) => step.id));
   expect(out.usage.completion_tokens).toBe(native.ids.length);
   expect(out.usage.total_tokens).toBe(native.prompt_ids.length + native.ids.length);
 });
@@ -86,7 +106,7 @@ test('chat.completions.create equals runner generate --chat --temp 0, with its u
 test('stream: true gives chat.completion.chunk objects adding up to the same text, then usage', async () => {
   const { chunks, error } = await create({
     messages: MESSAGES,
-    max_tokens: TOKENS,
+    max_tokens: CHAT_TOKENS,
     temperature: 0,
     stream: true,
     stream_options: { include_usage: true },
@@ -112,15 +132,15 @@ test('stream: true gives chat.completion.chunk objects adding up to the same tex
 });
 
 test('completions.create continues a prompt as runner generate --temp 0 does', async () => {
-  const expected = nativeResult();
-  const { out, error } = await create({ prompt: PROMPT, max_tokens: TOKENS, temperature: 0 }, 'completions');
+  const expected = nativeText;
+  const { out, error } = await create({ prompt: PROMPT, max_tokens: TEXT_TOKENS, temperature: 0 }, 'completions');
   expect(error).toBeUndefined();
   expect(out.object).toBe('text_completion');
   expect(out.id).toMatch(/^cmpl-/);
   expect(out.choices[0].text).toBe(expected.text);
   expect(out.choices[0].finish_reason).toBe('length');
   expect(out.usage.prompt_tokens).toBe(expected.prompt_ids.length);
-  expect(out.usage.completion_tokens).toBe(TOKENS);
+  expect(out.usage.completion_tokens).toBe(TEXT_TOKENS);
 });
 
 test('a bad request throws an error naming its field, and the engine serves on', async () => {
