@@ -39,11 +39,13 @@ function onlyKnown(object, known, where) {
   }
 }
 
-function typed(body, param, type) {
+/** `body[param]` if present, checked to be of `type`; errors name it as `where.param`. */
+function typed(body, param, type, where) {
   const value = body[param];
   if (!present(value)) return undefined;
   const ok = type === 'integer' ? Number.isSafeInteger(value) : typeof value === type && (type !== 'number' || Number.isFinite(value));
-  if (!ok) throw new BadRequestError(param, `must be ${type === 'integer' ? 'an integer' : `a ${type}`}, got ${JSON.stringify(value)}`);
+  const name = where ? `${where}.${param}` : param;
+  if (!ok) throw new BadRequestError(name, `must be ${type === 'integer' ? 'an integer' : `a ${type}`}, got ${JSON.stringify(value)}`);
   return value;
 }
 
@@ -113,7 +115,7 @@ function streaming(body) {
   if (!stream) throw new BadRequestError('stream_options', 'only allowed with `stream: true`');
   if (!isObject(options)) throw new BadRequestError('stream_options', 'must be an object');
   onlyKnown(options, new Set(['include_usage', 'include_obfuscation']), 'stream_options');
-  return { stream, includeUsage: typed(options, 'include_usage', 'boolean') ?? false };
+  return { stream, includeUsage: typed(options, 'include_usage', 'boolean', 'stream_options') ?? false };
 }
 
 /** `n` for the engine: the asked maximum, or (OpenAI's default) the rest of the context. */
@@ -134,7 +136,7 @@ function messageText(content, index) {
       if (part.type !== 'text') {
         throw new BadRequestError(`${where}.type`, `content parts of type \`${part.type}\` are not supported (text only)`);
       }
-      return typed(part, 'text', 'string') ?? '';
+      return typed(part, 'text', 'string', where) ?? '';
     })
     .join('');
 }
