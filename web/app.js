@@ -361,6 +361,8 @@ async function onSend(event) {
   try {
     const options = samplerOptions();
     const request = $('use-chat').checked ? chatRequest(options) : undefined;
+    const format = request ? undefined : responseFormat();
+    if (format) options.constraint = { type: 'json_schema', schema: format.json_schema.schema };
     $('prompt').value = '';
     showSpeed(await runTurn(text, options, request));
   } catch (err) {

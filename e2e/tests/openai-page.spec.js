@@ -265,6 +265,21 @@ test('response_format json_schema: greedy output parses and validates (schemas f
   console.log(`${SCHEMAS} schemas took ${((Date.now() - started) / 1000).toFixed(0)} s`);
 });
 
+test('response_format json_object gives a JSON object', async () => {
+  const { out, error } = await create({
+    messages: [{ role: 'user', content: 'Give a JSON object with a name and an age.' }],
+    max_tokens: SCHEMA_MAX_TOKENS,
+    temperature: 0,
+    response_format: { type: 'json_object' },
+  });
+  expect(error).toBeUndefined();
+  const [choice] = out.choices;
+  console.log(`json_object -> ${choice.finish_reason} ${choice.message.content}`);
+  expect(choice.finish_reason).toBe('stop');
+  const value = JSON.parse(choice.message.content);
+  expect(typeof value === 'object' && value !== null && !Array.isArray(value)).toBe(true);
+});
+
 test('the demo JSON schema box constrains the reply and reports a bad schema', async () => {
   await page.click('#settings summary');
   await page.fill('#n', '16');
