@@ -131,7 +131,7 @@ test('stream: true gives chat.completion.chunk objects adding up to the same tex
   expect(usageChunk.usage.prompt_tokens_details.cached_tokens).toBeGreaterThan(0);
 });
 
-test('completions.create continues a prompt as runner generate --temp 0 does', async () => {
+test('completions.create continues a prompt as runner generate --temp 0 does, whole and streamed', async () => {
   const expected = nativeText;
   const { out, error } = await create({ prompt: PROMPT, max_tokens: TEXT_TOKENS, temperature: 0 }, 'completions');
   expect(error).toBeUndefined();
@@ -141,6 +141,13 @@ test('completions.create continues a prompt as runner generate --temp 0 does', a
   expect(out.choices[0].finish_reason).toBe('length');
   expect(out.usage.prompt_tokens).toBe(expected.prompt_ids.length);
   expect(out.usage.completion_tokens).toBe(TEXT_TOKENS);
+
+  const { chunks } = await create({ prompt: PROMPT, max_tokens: TEXT_TOKENS, temperature: 0, stream: true }, 'completions');
+  expect(chunks.every((c) => c.object === 'text_completion' && c.choices.length === 1)).toBe(true);
+  expect(chunks.map((c) => c.choices[0].text).join('')).toBe(expected.text);
+  expect(chunks.slice(0, -1).every((c) => c.choices[0].finish_reason === null)).toBe(true);
+  expect(chunks[chunks.length - 1].choices[0].finish_reason).toBe('length');
+  expect(chunks.some((c) => c.usage)).toBe(false); // no include_usage
 });
 
 test('a bad request throws an error naming its field, and the engine serves on', async () => {
