@@ -1,10 +1,13 @@
 // The chat demo's page thread: it renders and forwards; the engine runs in the worker, or,
 // in fleet mode, on donors' GPUs with this page as the coordinator (fleet-client.js).
+// Chat turns go through the OpenAI-shaped API (openai.js), streamed, with the JSON schema box
+// as `response_format`; turns without the chat template call the engine's `generate`.
 // URL parameters for automation: model, prompt, n, temp, seed (and top_k, top_p, min_p,
 // repeat_penalty, cache=0), autorun=1; for fleet mode fleet (the token), signal, donors, ctx,
 // join_timeout and heartbeat_timeout (seconds). An autorun sets window.__webshard_last and
 // document.body.dataset.done = "1" when it ends.
 import { WorkerEngine, EngineError } from './engine-client.js';
+import { createEngine, wrapEngine } from './openai.js';
 import { FleetEngine } from './fleet-client.js';
 import { FleetPanel } from './fleet-panel.js';
 
@@ -12,11 +15,20 @@ const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const SAMPLER_FIELDS = ['n', 'temp', 'top_k', 'top_p', 'min_p', 'repeat_penalty', 'seed'];
 
-const state = { engine: null, loadController: null, fleetController: null, messages: [], generating: false, noWebGpu: false };
+const state = {
+  engine: null,
+  api: null, // the OpenAI-shaped API over `engine`
+  turnController: null,
+  loadController: null,
+  fleetController: null,
+  messages: [],
+  generating: false,
+  noWebGpu: false,
+};
 const fleetPanel = new FleetPanel();
 window.__webshard_progress = [];
 window.__webshard_reinits = 0;
-window.__webshard = { state, load: loadModel, generate: (p, o) => state.engine.generate(p, o) };
+window.__webshard = { state, load: loadModel, generate: (p, o) => state.engine.generate(p, o), api: () => state.api };
 
 const NO_WEBGPU_HELP =
   'This demo needs WebGPU. It works in Chrome or Edge 113+ (Windows, macOS, ChromeOS), Chrome 121+ on Android, ' +
@@ -103,7 +115,8 @@ window.__webshard_reinits = 0;
   state.loadController = new AbortController();
   setLoading(true);
   try {
-    const engine = await WorkerEngine.load(url, {
+    const api = await createEngine({
+      model: url,
       ...settings,
       signal: state.loadController.signal,
       onProgress: (event) => {
@@ -119,8 +132,10 @@ window.__webshard_reinits = 0;
       },
       onReinitFailed: showError,
     });
+    const { engine } = api;
     await dropEngine();
     state.engine = engine;
+    state.api = api;
     state.messages = [];
     window.__webshard_info = engine.info;
     renderInfo(engine.info);
@@ -135,6 +150,7 @@ window.__webshard_reinits = 0;
 async function dropEngine() {
   const engine = state.engine;
   state.engine = null;
+  state.api = null;
   if (!(engine instanceof FleetEngine)) {
     engine?.channel.worker.terminate();
     return;
@@ -177,6 +193,7 @@ async function connectFleet(overrides = {}) {
     });
     await dropEngine();
     state.engine = engine;
+    state.api = wrapEngine(engine);
     state.messages = [];
     const { arch, nLayers, stages } = engine.info;
     fleetPanel.status(`connected: ${arch}, ${nLayers} layers on ${stages} stage(s)`, 'connected');
@@ -196,6 +213,7 @@ async function connectFleet(overrides = {}) {
 function noteFleetClosed() {
   if (!(state.engine instanceof FleetEngine) || !state.engine.closed) return;
   state.engine = null;
+  state.api = null;
   fleetPanel.status('dismissed: connect again', 'closed');
   $('fleet-disconnect').disabled = true;
   $('send').disabled = true;
@@ -234,35 +252,96 @@ function setGenerating(generating) {
   $('stop').disabled = !generating;
 }
 
-/** Streams a reply into the transcript; resolves to the engine's result. */
-async function runTurn(promptText, options, useChat) {
-  addTurn('user', promptText);
-  const reply = addTurn('assistant', '');
-  let tokens = 0;
-  let firstAt = 0;
+/** The JSON schema box as a `response_format`, or undefined when it is empty. */
+function responseFormat() {
+  const text = $('json-schema').value.trim();
+  if (!text) return undefined;
+  try {
+    return { type: 'json_schema', json_schema: { name: 'reply', schema: JSON.parse(text) } };
+  } catch (err) {
+    throw new EngineError(`JSON schema: the box does not hold JSON (${err.message})`, 'options');
+  }
+}
+
+/** The sampler settings and the schema box as a streamed chat.completions request's fields. */
+function chatRequest(options) {
+  const { n, temp, ...rest } = options;
+  const request = { ...rest, stream: true, stream_options: { include_usage: true } };
+  if (n !== undefined) request.max_tokens = n;
+  if (temp !== undefined) request.temperature = temp;
+  const format = responseFormat();
+  if (format) request.response_format = format;
+  return request;
+}
+
+/** Appends streamed text to `reply` and shows the speed so far. */
+function tokenCounter(reply, maxTokens) {
+  const counter = { tokens: 0, firstAt: 0 };
   const fleet = state.engine instanceof FleetEngine;
-  const onToken = (text) => {
-    tokens += 1;
-    if (fleet) fleetPanel.onToken(tokens, options.n ?? 128);
-    firstAt ||= performance.now();
+  counter.onToken = (text) => {
+    counter.tokens += 1;
+    if (fleet) fleetPanel.onToken(counter.tokens, maxTokens ?? 128);
+    counter.firstAt ||= performance.now();
     reply.textContent += text;
-    const seconds = (performance.now() - firstAt) / 1000;
-    if (seconds > 0) $('speed').textContent = `${(tokens / seconds).toFixed(1)} tokens/s`;
+    const seconds = (performance.now() - counter.firstAt) / 1000;
+    if (seconds > 0) $('speed').textContent = `${(counter.tokens / seconds).toFixed(1)} tokens/s`;
   };
+  return counter;
+}
+
+/** Streams a reply into the transcript: a chat turn when `request` is given (through the
+ * OpenAI-shaped API), else a plain continuation of the text. Resolves to what showSpeed shows. */
+async function runTurn(promptText, options, request) {
+  addTurn('user', promptText);
+  const counter = tokenCounter(addTurn('assistant', ''), options.n);
   setGenerating(true);
   try {
-    if (!useChat) return await state.engine.generate(promptText, options, onToken);
-    state.messages.push({ role: 'user', content: promptText });
-    const out = await state.engine.chat(state.messages, options, onToken);
-    state.messages.push({ role: 'assistant', content: out.text });
-    return out;
+    if (!request) return await state.engine.generate(promptText, options, counter.onToken);
+    return await chatTurn(promptText, request, counter);
   } finally {
     setGenerating(false);
     noteFleetClosed();
   }
 }
 
+async function chatTurn(promptText, request, counter) {
+  const messages = [...state.messages, { role: 'user', content: promptText }];
+  const controller = new AbortController();
+  state.turnController = controller;
+  const started = performance.now();
+  const turn = { chat: true, text: '', aborted: false };
+  try {
+    const chunks = await state.api.chat.completions.create({ ...request, messages }, { signal: controller.signal });
+    for await (const chunk of chunks) {
+      const [choice] = chunk.choices;
+      if (choice?.delta.content) {
+        turn.text += choice.delta.content;
+        counter.onToken(choice.delta.content);
+      }
+      if (choice?.finish_reason) turn.finishReason = choice.finish_reason;
+      if (chunk.usage) turn.usage = chunk.usage;
+    }
+  } catch (err) {
+    if (err.name !== 'AbortError') throw err;
+    turn.aborted = true;
+  } finally {
+    state.turnController = null;
+  }
+  // A stopped reply stays in the conversation as far as it got, as the cache holds it.
+  state.messages = [...messages, { role: 'assistant', content: turn.text }];
+  turn.tokens = turn.usage?.completion_tokens ?? counter.tokens;
+  turn.seconds = (performance.now() - (counter.firstAt || started)) / 1000;
+  return turn;
+}
+
 function showSpeed(out) {
+  if (out.chat) {
+    const rate = out.seconds > 0 ? ` · ${(out.tokens / out.seconds).toFixed(2)} tokens/s` : '';
+    const prompt = out.usage ? ` · prompt ${out.usage.prompt_tokens} tokens` : '';
+    const end = out.aborted ? ' · stopped' : out.finishReason === 'length' ? ' · cut off at max tokens' : '';
+    $('speed').textContent = `${out.tokens} tokens${rate}${prompt}${end}`;
+    return;
+  }
   if (out.report) {
     $('speed').textContent =
       `${out.ids.length} tokens · ${out.decodeTokS.toFixed(2)} tokens/s decode through the fleet · ` +
@@ -279,9 +358,13 @@ async function onSend(event) {
   const text = $('prompt').value;
   if (!text.trim() || !state.engine || state.generating) return;
   clearError();
-  $('prompt').value = '';
   try {
-    showSpeed(await runTurn(text, samplerOptions(), $('use-chat').checked));
+    const options = samplerOptions();
+    const request = $('use-chat').checked ? chatRequest(options) : undefined;
+    const format = request ? undefined : responseFormat();
+    if (format) options.constraint = { type: 'json_schema', schema: format.json_schema.schema };
+    $('prompt').value = '';
+    showSpeed(await runTurn(text, options, request));
   } catch (err) {
     showError(err);
   }
@@ -309,7 +392,7 @@ async function autorun() {
     if (params.has('fleet')) await connectFleet(fleetParams());
     else await loadModel(model, params.get('cache') === '0' ? { cache: false } : {});
     const info = state.engine.info;
-    const out = await runTurn(prompt, options, false);
+    const out = await runTurn(prompt, options);
     showSpeed(out);
     window.__webshard_last = {
       prompt_ids: out.promptIds,
@@ -342,7 +425,7 @@ function wireControls() {
   $('fleet-connect').addEventListener('click', () => connectFleet().catch(showError));
   $('fleet-disconnect').addEventListener('click', () => disconnectFleet().catch(showError));
   $('prompt-form').addEventListener('submit', onSend);
-  $('stop').addEventListener('click', () => state.engine?.abort());
+  $('stop').addEventListener('click', () => (state.turnController ? state.turnController.abort() : state.engine?.abort()));
   $('new-chat').addEventListener('click', () => {
     state.messages = [];
     $('transcript').textContent = '';

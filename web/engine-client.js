@@ -3,9 +3,13 @@
 //   const engine = await WorkerEngine.load(url, { onProgress, signal, onDeviceLost,
 //                                                 onReinitialised, ...settings });
 //   const out = await engine.generate(prompt, { n, temp, top_k, top_p, min_p,
-//                                               repeat_penalty, seed, stop }, onToken);
+//                                               repeat_penalty, seed, stop, constraint,
+//                                               fit_context }, onToken);
+//   // out: { text, ids, promptIds, finishReason, usage, aborted, prefillTokens, prefillSeconds,
+//   //        decodeSeconds, decodeTokS }
 //   const out = await engine.chat([{ role, content }], options, onToken);
 //   engine.abort();
+// openai.js puts the OpenAI-shaped API (chat.completions.create...) over this.
 
 /** An Error carrying the engine's error class (`not-found`, `not-gguf`, `no-webgpu`...). */
 export class EngineError extends Error {

@@ -37,7 +37,9 @@ use super::error::WebError;
 use super::fleet_watch::Watched;
 use super::options::{self, to_js, GenerateSettings};
 use super::stop::{aborted, race};
-use crate::front::{GenerateRequest, Generated, Generator, Prompt, RequestError, TokenEvent};
+use crate::front::{
+    FinishReason, GenerateRequest, Generated, Generator, Prompt, RequestError, TokenEvent, Usage,
+};
 use crate::shard::roles::coordinator::RunReport;
 use crate::shard::roles::{Coordinator, CoordinatorConfig, RoleError};
 use crate::shard::transport::TransportError;
@@ -345,6 +347,8 @@ struct FleetResult {
     step_ms_mean: f64,
     recoveries: u32,
     report: RunReport,
+    finish_reason: FinishReason,
+    usage: Usage,
 }
 
 /// How a generation ended: stopped (`Err`), or the coordinator's own result.
@@ -352,7 +356,18 @@ type Outcome = Result<Result<Vec<Generated>, RoleError>, WebError>;
 
 impl FleetResult {
     fn new(prompt_ids: Vec<u32>, output: Generated, aborted: bool, report: RunReport) -> Self {
+        let finish_reason = match aborted {
+            true => FinishReason::Cancelled,
+            false => output.finish_reason,
+        };
+        let usage = Usage {
+            prompt_tokens: prompt_ids.len() as u32,
+            completion_tokens: output.ids.len() as u32,
+            cached_tokens: output.cached_tokens,
+        };
         FleetResult {
+            finish_reason,
+            usage,
             prompt_ids,
             ids: output.ids,
             text: output.text,
@@ -368,12 +383,21 @@ impl FleetResult {
 impl Run {
     async fn generate(self, prompt: Prompt) -> Result<JsValue, WebError> {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
-        let options = settings.options()?;
+        let mut options = settings.options()?;
+        if options.constraint.is_some() {
+            // Refused here, not by the chain, which would dismiss the fleet over it.
+            return Err(WebError::Options(
+                "constraint: constrained output is not supported on a fleet yet".into(),
+            ));
+        }
         let mut coordinator = self.take()?;
         let prompt_ids = coordinator
             .prompt_ids(&prompt)
             .map_err(request_error)
-            .and_then(|ids| check_fits(&ids, options.max_tokens, self.max_context).map(|()| ids));
+            .and_then(|ids| {
+                options.max_tokens = settings.max_tokens(ids.len(), self.max_context);
+                check_fits(&ids, options.max_tokens, self.max_context).map(|()| ids)
+            });
         let prompt_ids = match prompt_ids {
             Ok(ids) => ids,
             Err(error) => {

@@ -15,7 +15,9 @@ use super::error::WebError;
 use super::options::{self, GenerateSettings, LoadSettings};
 use super::source::{open_model_source, Abortable, ModelSource};
 use crate::engine::{Engine, EngineOptions};
-use crate::front::{GenerateRequest, Generated, Generator, Prompt, TokenEvent};
+use crate::front::{
+    FinishReason, GenerateRequest, Generated, Generator, Prompt, TokenEvent, Usage,
+};
 use crate::gpu::{BackendChoice, Gpu, GpuError, GpuOptions};
 use crate::model::LoadProgress;
 use crate::tokenizer::ChatMessage;
@@ -253,7 +255,7 @@ impl WebEngine {
 
     /// Generates after `prompt`; `onToken(text)` gets each printable piece. Resolves to
     /// `{ promptIds, ids, text, prefillTokens, prefillSeconds, decodeSeconds, decodeTokS,
-    /// aborted }`.
+    /// aborted, finishReason, usage }`.
     pub fn generate(
         &self,
         prompt: String,
@@ -330,8 +332,16 @@ struct Run {
 impl Run {
     async fn generate(self, prompt: Prompt) -> Result<JsValue, JsValue> {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
-        let request = GenerateRequest::new(prompt, settings.options()?);
+        let mut options = settings.options()?;
         let mut engine = self.engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
+        let prompt_ids = engine
+            .prompt_ids(&prompt)
+            .map_err(|e| WebError::Engine(e.into()))?;
+        options.max_tokens = settings.max_tokens(prompt_ids.len(), engine.context_length());
+        engine
+            .check_fits(prompt_ids.len(), options.max_tokens)
+            .map_err(WebError::from)?;
+        let request = GenerateRequest::new(Prompt::Ids(prompt_ids), options);
         let stop = self.stop.clone();
         let on_token = self.on_token.clone();
         let errors = self.gpu_errors.clone();
@@ -364,6 +374,10 @@ struct GenerateResult {
     decode_seconds: f64,
     decode_tok_s: f64,
     aborted: bool,
+    /// `stop`, `length` or `cancelled` (see `FinishReason`).
+    finish_reason: FinishReason,
+    /// `{ prompt_tokens, completion_tokens, cached_tokens }`, as OpenAI's `usage` counts.
+    usage: Usage,
 }
 
 impl GenerateResult {
@@ -374,6 +388,8 @@ impl GenerateResult {
             0.0
         };
         GenerateResult {
+            finish_reason: out.finish_reason,
+            usage: out.usage(),
             prefill_tokens: out.prefill_tokens(),
             prefill_seconds: out.timings.prefill_seconds,
             decode_seconds: out.timings.decode_seconds,

@@ -7,7 +7,7 @@ use wasm_bindgen::JsValue;
 use super::error::WebError;
 use crate::front::GenerateOptions;
 use crate::model::LoadOptions;
-use crate::sample::SamplerConfig;
+use crate::sample::{ConstraintSpec, SamplerConfig};
 
 /// Longest generation one call may ask for.
 const MAX_TOKENS: u32 = 1 << 16;
@@ -82,6 +82,12 @@ pub struct GenerateSettings {
     pub repeat_last_n: usize,
     pub seed: u64,
     pub stop: Vec<String>,
+    /// What the output must be: `{ type: "json" }`, `{ type: "json_schema", schema }`,
+    /// `{ type: "regex", pattern }` or `{ type: "lark", grammar }` (`ConstraintSpec`).
+    pub constraint: Option<ConstraintSpec>,
+    /// `n` is a ceiling: generate at most what the context leaves after the prompt (what
+    /// OpenAI's API does when `max_tokens` is absent).
+    pub fit_context: bool,
 }
 
 impl Default for GenerateSettings {
@@ -98,6 +104,8 @@ impl Default for GenerateSettings {
             repeat_last_n: sampler.repeat_last_n,
             seed: sampler.seed,
             stop: Vec::new(),
+            constraint: None,
+            fit_context: false,
         }
     }
 }
@@ -128,8 +136,28 @@ impl GenerateSettings {
                 seed: self.seed,
             },
             stop: self.stop.clone(),
-            constraint: None,
+            constraint: self.checked_constraint()?,
         })
+    }
+
+    /// The constraint, compiled once over bytes so a bad schema, regex or grammar is an
+    /// options error before any work.
+    fn checked_constraint(&self) -> Result<Option<ConstraintSpec>, WebError> {
+        if let Some(spec) = &self.constraint {
+            spec.check()
+                .map_err(|e| WebError::Options(format!("constraint: {e}")))?;
+        }
+        Ok(self.constraint.clone())
+    }
+
+    /// The most tokens to generate after a prompt of `prompt_len` in a context of `context`:
+    /// `n`, or with `fit_context` no more than the context leaves but at least one, so a
+    /// prompt that fills the context still fails the generator's check that prompt and `n` fit.
+    pub fn max_tokens(&self, prompt_len: usize, context: u32) -> u32 {
+        match self.fit_context {
+            true => self.n.min(context.saturating_sub(prompt_len as u32)).max(1),
+            false => self.n,
+        }
     }
 }
 
