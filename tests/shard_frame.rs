@@ -6,7 +6,7 @@ mod shard_support;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shard_support::*;
-use webshard::shard::frame::{Assign, FRAME_HEADER_LEN, MAX_FRAME_BYTES};
+use webshard::shard::frame::{Assign, FRAME_HEADER_LEN, MAX_FRAME_BYTES, PROTOCOL_VERSION};
 use webshard::shard::{
     decode_frame, encode_frame, f16_round_trip_error, Activations, Encoding, FrameError, Kind,
     Message,
@@ -17,7 +17,7 @@ fn every_kind_round_trips_and_passes_checks() {
     for message in every_kind() {
         let frame = encode_frame(&message).unwrap();
         assert_eq!(&frame[..2], b"WS");
-        assert_eq!(frame[2], 1, "protocol version");
+        assert_eq!(frame[2], PROTOCOL_VERSION, "protocol version");
         assert_eq!(frame[3], message.kind() as u8);
         let body_len = u32::from_le_bytes(frame[4..8].try_into().unwrap()) as usize;
         assert_eq!(body_len, frame.len() - FRAME_HEADER_LEN);
@@ -99,10 +99,12 @@ fn envelope_rejections() {
         Err(FrameError::BadMagic { found: *b"WX" })
     );
     let mut bad = frame.clone();
-    bad[2] = 2;
+    bad[2] = PROTOCOL_VERSION + 1;
     assert_eq!(
         decode_frame(&bad),
-        Err(FrameError::UnsupportedVersion { found: 2 })
+        Err(FrameError::UnsupportedVersion {
+            found: PROTOCOL_VERSION + 1
+        })
     );
     for kind in [0u8, 10, 255] {
         let mut bad = frame.clone();

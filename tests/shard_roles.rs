@@ -537,6 +537,7 @@ fn a_donor_answers_bad_frames_and_keeps_serving() {
                 reply: Reply::Greedy,
                 tap: false,
                 trace: Vec::new(),
+                allowed: None,
             };
             coordinator.send(donor.id, b"not a frame").await.unwrap();
             expect_error(
