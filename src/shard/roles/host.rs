@@ -166,6 +166,12 @@ impl StageHost {
     ) -> Result<(Vec<f32>, usize), ModelError> {
         let rows = self.stage.forward_logits(input, start, 1).await?;
         let mut last = rows.into_iter().next().unwrap_or_default();
+        // A NaN would outrank (or, negative, underrank) every allowed logit in the argmax.
+        if last.iter().any(|v| !v.is_finite()) {
+            return Err(ModelError::Plan(
+                "the stage produced non-finite logits".into(),
+            ));
+        }
         let mask = allowed.to_mask(self.stage.cfg.vocab);
         mask.apply(&mut last);
         Ok((last, mask.count()))
