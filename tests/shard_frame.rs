@@ -268,7 +268,7 @@ fn allowed_tokens_round_trip_in_the_smaller_form() {
         assert_eq!(runs, ids);
     }
     // Ids past the model's vocabulary (a tokenizer larger than the head) are not sent.
-    let mask = TokenMask::from_runs(1010, [995..1005]);
+    let mask = TokenMask::from_runs(1010, std::iter::once(995..1005));
     let wire = AllowedTokens::from_mask(&mask, vocab);
     assert_eq!(wire.to_mask(vocab).ids(), (995..1000).collect::<Vec<u32>>());
 }
