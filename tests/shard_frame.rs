@@ -6,10 +6,11 @@ mod shard_support;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use shard_support::*;
-use webshard::shard::frame::{Assign, FRAME_HEADER_LEN, MAX_FRAME_BYTES};
+use webshard::sample::TokenMask;
+use webshard::shard::frame::{Assign, FRAME_HEADER_LEN, MAX_FRAME_BYTES, PROTOCOL_VERSION};
 use webshard::shard::{
-    decode_frame, encode_frame, f16_round_trip_error, Activations, Encoding, FrameError, Kind,
-    Message,
+    decode_frame, encode_frame, f16_round_trip_error, Activations, AllowedTokens, Encoding,
+    FrameError, Kind, Message,
 };
 
 #[test]
@@ -17,7 +18,7 @@ fn every_kind_round_trips_and_passes_checks() {
     for message in every_kind() {
         let frame = encode_frame(&message).unwrap();
         assert_eq!(&frame[..2], b"WS");
-        assert_eq!(frame[2], 1, "protocol version");
+        assert_eq!(frame[2], PROTOCOL_VERSION, "protocol version");
         assert_eq!(frame[3], message.kind() as u8);
         let body_len = u32::from_le_bytes(frame[4..8].try_into().unwrap()) as usize;
         assert_eq!(body_len, frame.len() - FRAME_HEADER_LEN);
@@ -99,10 +100,12 @@ fn envelope_rejections() {
         Err(FrameError::BadMagic { found: *b"WX" })
     );
     let mut bad = frame.clone();
-    bad[2] = 2;
+    bad[2] = PROTOCOL_VERSION + 1;
     assert_eq!(
         decode_frame(&bad),
-        Err(FrameError::UnsupportedVersion { found: 2 })
+        Err(FrameError::UnsupportedVersion {
+            found: PROTOCOL_VERSION + 1
+        })
     );
     for kind in [0u8, 10, 255] {
         let mut bad = frame.clone();
@@ -235,4 +238,37 @@ fn random_frames_never_panic() {
         accepted > 0,
         "no mutated frame was valid: mutations too coarse"
     );
+}
+
+/// Random allowed sets survive `from_mask` and `to_mask` exactly; the wire form is runs when
+/// the set is a few runs and the bitset when it is scattered.
+#[test]
+fn allowed_tokens_round_trip_in_the_smaller_form() {
+    let vocab = 1000u32;
+    let mut rng = StdRng::seed_from_u64(15);
+    for round in 0..200 {
+        let ids: Vec<u32> = match round % 3 {
+            0 => (0..vocab).filter(|_| rng.random_bool(0.5)).collect(),
+            1 => {
+                let start = rng.random_range(0..vocab - 40);
+                (start..start + rng.random_range(1..40)).collect()
+            }
+            _ => (0..vocab).filter(|_| rng.random_bool(0.005)).collect(),
+        };
+        let runs = ids.iter().map(|&id| id..id + 1);
+        let mask = TokenMask::from_runs(vocab as usize, runs);
+        let wire = AllowedTokens::from_mask(&mask, vocab);
+        match (round % 3, &wire) {
+            (0, AllowedTokens::Bits(bits)) => assert_eq!(bits.len(), 125),
+            (1 | 2, AllowedTokens::Runs(_)) => {}
+            (kind, other) => panic!("set kind {kind} sent as {other:?}"),
+        }
+        assert_eq!(wire.to_mask(vocab).ids(), ids, "round {round}");
+        let runs: Vec<u32> = wire.runs().into_iter().flatten().collect();
+        assert_eq!(runs, ids);
+    }
+    // Ids past the model's vocabulary (a tokenizer larger than the head) are not sent.
+    let mask = TokenMask::from_runs(1010, std::iter::once(995..1005));
+    let wire = AllowedTokens::from_mask(&mask, vocab);
+    assert_eq!(wire.to_mask(vocab).ids(), (995..1000).collect::<Vec<u32>>());
 }

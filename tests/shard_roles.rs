@@ -1,10 +1,14 @@
 //! The coordinator and donor roles over the in-process transport, on the real GPU with real
 //! models: split generations give the single device's greedy ids, also when a donor is lost
 //! or joins midway, when several requests share the chain, and a wrong donor is refused or
-//! flagged; donors answer heartbeats while they compute.
+//! flagged; donors answer heartbeats while they compute; constrained requests give the single
+//! device's constrained ids (`constrained.rs`).
 
 mod roles_support;
 mod support;
+
+#[path = "shard_roles/constrained.rs"]
+mod constrained;
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -537,6 +541,7 @@ fn a_donor_answers_bad_frames_and_keeps_serving() {
                 reply: Reply::Greedy,
                 tap: false,
                 trace: Vec::new(),
+                allowed: None,
             };
             coordinator.send(donor.id, b"not a frame").await.unwrap();
             expect_error(

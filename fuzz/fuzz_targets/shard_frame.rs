@@ -1,21 +1,25 @@
 //! Any bytes as a frame, and as a stream of wire messages: decoding, validation, credit
 //! parsing and reassembly must return, never panic; what is accepted must re-encode to an
-//! equal message, and the reassembler and the flow-control window must stay within their
+//! equal message (an allowed-token set must become a mask of its own ids within the
+//! vocabulary), and the reassembler and the flow-control window must stay within their
 //! limits.
 
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
 use webshard::shard::flow::{encode_credit, parse_credit, ReceiveWindow, WINDOW_BYTES};
+use webshard::shard::frame::Forward;
 use webshard::shard::{
-    decode_frame, encode_frame, FrameLimits, FrameValidator, InputKind, ModelShape, Reassembler,
-    ReassemblyLimits,
+    decode_frame, encode_frame, AllowedTokens, FrameLimits, FrameValidator, InputKind, Message,
+    ModelShape, Reassembler, ReassemblyLimits,
 };
+
+const VOCAB: u32 = 1000;
 
 fn validator() -> FrameValidator {
     let mut validator = FrameValidator::new(FrameLimits::default());
     validator.set_model(ModelShape {
-        vocab_size: 1000,
+        vocab_size: VOCAB,
         d_model: 4,
     });
     validator.begin_epoch(1);
@@ -28,7 +32,23 @@ fn check_frame(frame: &[u8]) {
     if let Ok(message) = validator.decode(frame) {
         let again = encode_frame(&message).expect("an accepted message re-encodes");
         assert_eq!(decode_frame(&again).expect("and decodes"), message);
+        if let Message::Forward(Forward {
+            allowed: Some(allowed),
+            ..
+        }) = &message
+        {
+            check_allowed(allowed);
+        }
     }
+}
+
+/// An accepted allowed-token set becomes the last stage's mask as it is: within the
+/// vocabulary, not empty, the same ids as its runs.
+fn check_allowed(allowed: &AllowedTokens) {
+    let ids = allowed.to_mask(VOCAB).ids();
+    assert!(!ids.is_empty() && ids.iter().all(|&id| id < VOCAB));
+    let runs: Vec<u32> = allowed.runs().into_iter().flatten().collect();
+    assert_eq!(ids, runs);
 }
 
 /// Reads the input as wire messages, each prefixed by a u16 LE length: credits are parsed,

@@ -19,6 +19,7 @@ use webshard::shard::roles::{
 use webshard::shard::{Encoding, FrameLimits, Transport, WebRtcConfig, WebRtcTransport};
 use webshard::tokenizer::ChatMessage;
 
+use crate::constraint_args::ConstraintArgs;
 use crate::sampling_args::SamplerArgs;
 
 #[derive(clap::Args, Debug, Clone)]
@@ -43,6 +44,9 @@ pub struct CoordinateArgs {
     pub n: u32,
     #[command(flatten)]
     pub sampler: SamplerArgs,
+    /// The output's form (JSON Schema, regex, grammar, any JSON), for every prompt.
+    #[command(flatten)]
+    pub constraint: ConstraintArgs,
     /// Apply the model's chat template to the prompt as a user message.
     #[arg(long)]
     pub chat: bool,
@@ -180,6 +184,8 @@ pub async fn run_coordinator<T: Transport>(
         config.runtime.hidden = Encoding::F32;
     }
     let sampler = args.sampler.config();
+    // Checked before any donor is waited for: a bad schema fails at once.
+    let constraint = args.constraint.spec()?;
     if args.verify > 0.0 {
         config.verify = Some(VerifyConfig {
             fraction: args.verify.min(1.0),
@@ -194,7 +200,7 @@ pub async fn run_coordinator<T: Transport>(
         max_tokens: args.n,
         sampler: sampler.clone(),
         stop: args.stop.clone(),
-        constraint: None,
+        constraint,
     };
     let requests: Vec<GenerateRequest> = args
         .prompt

@@ -2,7 +2,8 @@
 //! `runner donor` ×N and `runner coordinate --json`, each its own process, checked against
 //! single-device `runner generate --temp 0 --json`.
 //!
-//! Identity (2 and 3 donors, SmolLM2 and Qwen2.5, several prompts at once), donors killed
+//! Identity (2 and 3 donors, SmolLM2 and Qwen2.5, several prompts at once, a constrained
+//! generation), donors killed
 //! mid-generation, a donor joining mid-generation, a donor with the wrong token, and a faulty
 //! donor under `--verify`.
 //!
@@ -107,6 +108,71 @@ fn smollm2_three_donor_processes_match_single_device_with_two_prompts_at_once() 
 fn qwen_two_donor_processes_match_single_device() {
     let _turn = serial();
     identity(QWEN, 2, None, &[PROMPT], 4, &[]);
+}
+
+/// A constrained generation across two donor processes (each step's allowed tokens go down
+/// the chain in its Forward): the ids and the finish are single-device `runner generate`'s
+/// under the same `--regex`, and the text matches it.
+#[test]
+fn a_constrained_generation_on_two_donor_processes_matches_single_device() {
+    let _turn = serial();
+    let pattern = "[0-9]{4}-[0-9]{2}-[0-9]{2}";
+    let (prompt, n) = ("The date today is", "16");
+    let path = common::model_path(SMOLLM2);
+    let mut generate = Proc::spawn(
+        "runner generate",
+        &[
+            "generate",
+            "-m",
+            path.to_str().unwrap(),
+            "-p",
+            prompt,
+            "-n",
+            n,
+            "--temp",
+            "0",
+            "--regex",
+            pattern,
+            "--json",
+            "--quiet",
+            "--backend",
+            BACKEND,
+        ],
+    );
+    let want = generate.json(RUN_LIMIT);
+    let server = Server::start();
+    let started = Instant::now();
+    let mut fleet: Vec<Donor> = (0..2)
+        .map(|i| {
+            server.donor_at(
+                &format!("donor {i}"),
+                &server.signal,
+                TOKEN,
+                &["--gpu-mem-mib", "300"],
+            )
+        })
+        .collect();
+    let mut coordinator = server.coordinate(SMOLLM2, 2, &[prompt], 16, &["--regex", pattern]);
+    let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
+    let json = coordinator.json_with(RUN_LIMIT, &procs);
+    summary("SmolLM2 constrained, 2 donors", &json, started.elapsed());
+    assert_eq!(stages(&json), 2, "{}", json["plan"]);
+    let output = &json["outputs"][0];
+    assert_eq!(ids_of(&output["ids"]), ids_of(&want["ids"]));
+    assert_eq!(output["finish_reason"], want["finish_reason"]);
+    assert_eq!(output["finish_reason"], "stop");
+    let text = output["text"].as_str().expect("text");
+    let full = regex::Regex::new(&format!("^{pattern}$")).expect("test regex");
+    assert!(full.is_match(text), "{text:?}");
+    for donor in &mut fleet {
+        let status = donor.0.wait_exit(SHORT);
+        assert!(
+            status.success(),
+            "{} failed:\n{}",
+            donor.0.name,
+            donor.0.stderr()
+        );
+    }
 }
 
 /// Which stage's donor a kill loop iteration kills.

@@ -1,8 +1,8 @@
 //! Command recording: many dispatches into one command buffer, one submit.
 //!
 //! Kernel parameters go into 64 KiB uniform blocks written once at submit; blocks return to a
-//! pool on the `Gpu` afterwards. Reusing a block in the next submit is safe because queue writes
-//! and submits execute in queue order. A recorder given a `DispatchGraph` instead reuses the
+//! pool on the `Gpu` once submitted. Reusing a block in the next submit is safe because queue
+//! writes and submits execute in queue order. A recorder given a `DispatchGraph` instead reuses the
 //! bind groups of the graph's previous recording (see `graph.rs`).
 
 use super::device::{Gpu, Variant};
@@ -138,7 +138,12 @@ impl<'g> Recorder<'g> {
     pub fn submit(mut self) -> wgpu::SubmissionIndex {
         let commands = self.finish();
         self.gpu.counters.add_submit();
-        self.gpu.queue.submit([commands])
+        let submission = self.gpu.queue.submit([commands]);
+        // Only now may another thread's recorder (two stages sharing one `Gpu`) take the
+        // blocks: its parameters, written before our submit, would have become ours.
+        let mut pool = self.gpu.uniform_blocks.lock().expect("uniform pool lock");
+        pool.extend(self.blocks.drain(..).map(|block| block.buffer));
+        submission
     }
 
     /// Submits, then reads `bytes` bytes at `offset` of `buffer` in the same submit.
@@ -187,8 +192,6 @@ impl<'g> Recorder<'g> {
         for block in &self.blocks {
             self.gpu.queue.write_buffer(&block.buffer, 0, &block.bytes);
         }
-        let mut pool = self.gpu.uniform_blocks.lock().expect("uniform pool lock");
-        pool.extend(self.blocks.drain(..).map(|block| block.buffer));
         self.encoder
             .take()
             .expect("a recorder is finished once")

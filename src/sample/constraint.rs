@@ -6,6 +6,8 @@
 //! disallowed logits to −∞ (so greedy is the argmax over the allowed tokens and a draw never
 //! picks a disallowed one), and [`Constraint::commit`] consumes the chosen token.
 
+use std::ops::Range;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use toktrie::SimpleVob;
@@ -192,6 +194,19 @@ pub struct TokenMask {
 }
 
 impl TokenMask {
+    /// The set of the ids in `runs` among `len` ids (a mask received from elsewhere: the
+    /// fleet's coordinator sends it to the last stage).
+    pub fn from_runs(len: usize, runs: impl IntoIterator<Item = Range<u32>>) -> TokenMask {
+        let mut allowed = SimpleVob::alloc(len);
+        for run in runs {
+            let end = run.end.min(len as u32);
+            if run.start < end {
+                allowed.allow_range(run.start..=end - 1);
+            }
+        }
+        TokenMask { allowed }
+    }
+
     pub fn is_allowed(&self, id: u32) -> bool {
         (id as usize) < self.allowed.len() && self.allowed.is_allowed(id)
     }

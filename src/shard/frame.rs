@@ -9,13 +9,14 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use super::activations::{Activations, Encoding};
+use super::allowed::AllowedTokens;
 use super::transport::PeerId;
 use super::vocab::VocabError;
 
 /// First bytes of every frame.
 pub const FRAME_MAGIC: [u8; 2] = *b"WS";
 /// The protocol version this build speaks; a frame of another version is refused.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// magic (2), version (1), kind (1), body length (u32 LE).
 pub const FRAME_HEADER_LEN: usize = 8;
 /// Largest frame, header included: a 2048-token prefill chunk of a d_model = 8192 model in f16
@@ -141,6 +142,9 @@ pub struct Forward {
     pub tap: bool,
     /// One entry per stage this step has passed through so far, in chain order.
     pub trace: Vec<HopTrace>,
+    /// Under a constraint, the only tokens the last stage may reply with (its greedy id or
+    /// top-k are taken among them); carried unchanged through the stages before it.
+    pub allowed: Option<AllowedTokens>,
 }
 
 /// What one stage spent on a step, carried along the chain for per-hop reports.
@@ -269,10 +273,13 @@ impl Message {
     fn body_size_hint(&self) -> usize {
         let bulk = match self {
             Message::Assign(assign) => assign.vocab.len(),
-            Message::Forward(forward) => match &forward.input {
-                StageInput::Tokens(ids) => 5 * ids.len(),
-                StageInput::Hidden(hidden) => hidden.data.len(),
-            },
+            Message::Forward(forward) => {
+                let input = match &forward.input {
+                    StageInput::Tokens(ids) => 5 * ids.len(),
+                    StageInput::Hidden(hidden) => hidden.data.len(),
+                };
+                input + forward.allowed.as_ref().map_or(0, AllowedTokens::size_hint)
+            }
             Message::Result(result) => match &result.output {
                 StageOutput::Hidden(hidden) => hidden.data.len(),
                 StageOutput::TopK { ids, .. } => 9 * ids.len(),
@@ -374,6 +381,16 @@ pub enum FrameError {
     NonFinite { field: &'static str, index: usize },
     #[error("activation {index} = {value} overflows f16; send f32 instead")]
     F16Overflow { index: usize, value: f32 },
+    #[error("allowed tokens: a bitset of {found} bytes, but the {vocab_size}-token vocabulary needs {expected}")]
+    MaskSize {
+        expected: usize,
+        found: usize,
+        vocab_size: u32,
+    },
+    #[error("allowed tokens: run {index} ({start}..{end}) is empty, out of order, or not apart from the run before")]
+    BadRun { index: usize, start: u32, end: u32 },
+    #[error("allowed tokens: {found} runs, more than a {vocab_size}-token vocabulary can hold")]
+    TooManyRuns { found: usize, vocab_size: u32 },
     #[error("top-k of {found} is out of range (1..={max})")]
     BadTopK { found: u32, max: u32 },
     #[error("{kind:?} from epoch {found}, expected epoch {expected}")]

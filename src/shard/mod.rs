@@ -1,13 +1,14 @@
 //! The shard chain: plan, protocol frames, transport, roles.
 //!
 //! Transport-agnostic foundations: `vocab` (ByteVocab, so donors show text without the
-//! tokenizer), `frame`/`activations`/`validate` (the protocol, `docs/protocol.md`), `chunk`
+//! tokenizer), `frame`/`activations`/`allowed`/`validate` (the protocol, `docs/protocol.md`), `chunk`
 //! (16 KiB wire chunks and reassembly), `plan` (layer ranges per donor) and `transport`.
 //! `webrtc` implements the transport over WebRTC data channels, with `flow` (credit windows)
 //! and `fleet` (the fleet token and its signaling room). `fault` makes a donor wrong on
 //! purpose, for tests.
 
 pub mod activations;
+pub mod allowed;
 pub mod chunk;
 pub mod fault;
 pub mod fleet;
@@ -21,6 +22,7 @@ pub mod vocab;
 pub mod webrtc;
 
 pub use activations::{f16_round_trip_error, Activations, Encoding, RoundTripError};
+pub use allowed::AllowedTokens;
 pub use chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
 pub use fleet::{fleet_room, token_matches};
 pub use frame::{decode_frame, encode_frame, FrameError, Kind, Message};

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 
 use super::activations::Activations;
+use super::allowed::{set_bits, AllowedTokens};
 use super::frame::{
     decode_frame, Assign, DonorInfo, Forward, FrameError, HopTrace, Kind, Message, Reply,
     StageInput, StageOutput, StageResult, StageRuntime,
@@ -215,9 +216,78 @@ fn check_forward(
         }
     }
     match forward.reply {
-        Reply::TopK { k } => check_top_k(k, limits, model),
-        Reply::Greedy | Reply::Hidden { .. } => Ok(()),
+        Reply::TopK { k } => check_top_k(k, limits, model)?,
+        Reply::Greedy => {}
+        Reply::Hidden { .. } if forward.allowed.is_some() => {
+            return Err(FrameError::Unexpected {
+                kind: Kind::Forward,
+                reason: "allowed tokens with a Hidden reply",
+            })
+        }
+        Reply::Hidden { .. } => {}
     }
+    forward
+        .allowed
+        .as_ref()
+        .map_or(Ok(()), |allowed| check_allowed(allowed, model))
+}
+
+/// An allowed-token set covers exactly the model's vocabulary and allows at least one id.
+fn check_allowed(allowed: &AllowedTokens, model: Option<ModelShape>) -> Result<(), FrameError> {
+    let vocab_size = model.map(|m| m.vocab_size);
+    match allowed {
+        AllowedTokens::Bits(bits) => {
+            if bits.iter().all(|&byte| byte == 0) {
+                return Err(FrameError::Empty {
+                    field: "allowed tokens",
+                });
+            }
+            if let Some(vocab_size) = vocab_size {
+                let expected = vocab_size.div_ceil(8) as usize;
+                if bits.len() != expected {
+                    return Err(FrameError::MaskSize {
+                        expected,
+                        found: bits.len(),
+                        vocab_size,
+                    });
+                }
+                if let Some(id) = set_bits(&bits[bits.len() - 1..]).last() {
+                    let id = id + 8 * (bits.len() as u32 - 1);
+                    check_id("allowed tokens", id as usize, id, model)?;
+                }
+            }
+        }
+        AllowedTokens::Runs(runs) => check_runs(runs, vocab_size)?,
+    }
+    Ok(())
+}
+
+/// Runs ascend, are non-empty, apart from each other, and end within the vocabulary.
+fn check_runs(runs: &[[u32; 2]], vocab_size: Option<u32>) -> Result<(), FrameError> {
+    if runs.is_empty() {
+        return Err(FrameError::Empty {
+            field: "allowed tokens",
+        });
+    }
+    if let Some(vocab_size) = vocab_size {
+        // Apart and non-empty runs: at most one in two ids starts one.
+        if runs.len() > vocab_size.div_ceil(2) as usize {
+            return Err(FrameError::TooManyRuns {
+                found: runs.len(),
+                vocab_size,
+            });
+        }
+    }
+    let mut previous_end = None;
+    for (index, &[start, end]) in runs.iter().enumerate() {
+        let ordered = previous_end.is_none_or(|previous| start > previous);
+        let within = vocab_size.is_none_or(|vocab| end <= vocab);
+        if start >= end || !ordered || !within {
+            return Err(FrameError::BadRun { index, start, end });
+        }
+        previous_end = Some(end);
+    }
+    Ok(())
 }
 
 fn check_result(

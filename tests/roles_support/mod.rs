@@ -11,7 +11,7 @@ use std::thread;
 use std::time::Duration;
 
 use futures::channel::oneshot;
-use webshard::front::{GenerateOptions, GenerateRequest, Generator, Prompt};
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt};
 use webshard::gpu::{Gpu, GpuOptions};
 use webshard::sample::SamplerConfig;
 use webshard::shard::roles::timer::sleep;
@@ -61,6 +61,23 @@ pub fn single_device_ids(
                 .await
                 .expect("generate");
             out.push((ids, generated.ids));
+        }
+        out
+    })
+}
+
+/// What one device (the `Engine`) generates for each request, each from an empty cache.
+pub fn single_device(file: &str, requests: &[GenerateRequest]) -> Vec<Generated> {
+    pollster::block_on(async {
+        let mut engine = support::load_engine(file, GpuOptions::default()).await;
+        let mut out = Vec::new();
+        for request in requests {
+            engine.reset();
+            let generated = engine
+                .generate_one(request, &mut |_| std::ops::ControlFlow::Continue(()))
+                .await
+                .expect("generate");
+            out.push(generated);
         }
         out
     })

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt, TokenEvent};
 use webshard::gpu::Gpu;
-use webshard::sample::SamplerConfig;
+use webshard::sample::{ConstraintSpec, SamplerConfig};
 use webshard::shard::roles::coordinator::RunReport;
 use webshard::shard::roles::{Coordinator, CoordinatorConfig};
 use webshard::shard::{InProcessConfig, InProcessNetwork, InProcessTransport};
@@ -34,6 +34,17 @@ pub fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerateRequest {
         constraint: None,
     };
     GenerateRequest::new(Prompt::Ids(prompt_ids.to_vec()), options)
+}
+
+/// Greedy under `constraint`, from text as `runner generate` tokenizes it.
+pub fn constrained(prompt: &str, max_tokens: u32, constraint: ConstraintSpec) -> GenerateRequest {
+    let options = GenerateOptions {
+        max_tokens,
+        sampler: SamplerConfig::greedy(),
+        stop: Vec::new(),
+        constraint: Some(constraint),
+    };
+    GenerateRequest::new(Prompt::Text(prompt.to_string()), options)
 }
 
 pub struct Run {

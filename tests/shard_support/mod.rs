@@ -6,11 +6,11 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use webshard::shard::frame::{
     Assign, DonorInfo, ErrorCode, ErrorReport, Forward, Heartbeat, Hello, Leave, Ready, Reply,
-    StageInput, StageOutput, StageResult, StageRuntime, TokenEvent,
+    StageInput, StageOutput, StageResult, StageRuntime, TokenEvent, PROTOCOL_VERSION,
 };
 use webshard::shard::{
-    encode_frame, Activations, ByteVocab, Encoding, FrameError, FrameLimits, FrameValidator,
-    InputKind, Kind, Message, ModelShape, PeerId,
+    encode_frame, Activations, AllowedTokens, ByteVocab, Encoding, FrameError, FrameLimits,
+    FrameValidator, InputKind, Kind, Message, ModelShape, PeerId,
 };
 
 pub const D_MODEL: u32 = 8;
@@ -73,6 +73,7 @@ pub fn forward(seq: u64, start_pos: u32, n_tokens: u32) -> Forward {
         reply: Reply::TopK { k: 3 },
         tap: false,
         trace: Vec::new(),
+        allowed: None,
     }
 }
 
@@ -110,6 +111,16 @@ pub fn every_kind() -> Vec<Message> {
         Message::Forward(Forward {
             input: StageInput::Tokens(vec![0, 4, 2]),
             reply: Reply::Greedy,
+            ..forward(0, 0, 3)
+        }),
+        Message::Forward(Forward {
+            allowed: Some(AllowedTokens::Bits(vec![0b1_0110])),
+            ..forward(0, 0, 4)
+        }),
+        Message::Forward(Forward {
+            input: StageInput::Tokens(vec![0, 4, 2]),
+            reply: Reply::Greedy,
+            allowed: Some(AllowedTokens::Runs(vec![[0, 2], [3, 5]])),
             ..forward(0, 0, 3)
         }),
         Message::Forward(Forward {
@@ -159,7 +170,7 @@ pub fn valid_frame() -> Vec<u8> {
 
 /// Rewrites the header's body length after editing the body.
 pub fn with_body(kind: Kind, body: &[u8]) -> Vec<u8> {
-    let mut frame = vec![b'W', b'S', 1, kind as u8];
+    let mut frame = vec![b'W', b'S', PROTOCOL_VERSION, kind as u8];
     frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
     frame.extend_from_slice(body);
     frame

@@ -25,6 +25,7 @@ use super::RoleError;
 use crate::front::TextFront;
 use crate::gguf::open_source;
 use crate::model::{ModelConfig, OpenModel};
+use crate::sample::TokenView;
 
 /// Longest `shutdown` waits for its last frames to reach the donors.
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
@@ -154,6 +155,8 @@ pub struct Coordinator<T: Transport> {
     pub(super) last_seen: HashMap<PeerId, Instant>,
     pub(super) verifier: Option<Verifier>,
     pub(super) next_request_round: u64,
+    /// The vocabulary as constraints see it, built at the first constrained request.
+    pub(super) token_view: Option<TokenView>,
     pub(super) report: RunReport,
     pub refused_hellos: u32,
 }
@@ -200,6 +203,7 @@ impl<T: Transport> Coordinator<T> {
             last_seen: HashMap::new(),
             verifier,
             next_request_round: 0,
+            token_view: None,
             report: RunReport::default(),
             refused_hellos: 0,
         };

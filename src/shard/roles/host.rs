@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use super::super::allowed::AllowedTokens;
 use super::super::frame::{Assign, Forward, Reply, StageInput as WireInput, StageRuntime};
 use crate::gguf::RangeSource;
 use crate::gpu::Gpu;
@@ -129,16 +130,51 @@ impl StageHost {
                 stage.forward_hidden(&input, start).await?,
             ));
         }
-        Ok(match forward.reply {
-            Reply::Greedy => StepOutput::Sampled(stage.forward_argmax(&input, start).await?),
-            Reply::TopK { k } => {
+        Ok(match (forward.reply, &forward.allowed) {
+            (Reply::Greedy, None) => {
+                StepOutput::Sampled(stage.forward_argmax(&input, start).await?)
+            }
+            (Reply::Greedy, Some(allowed)) => {
+                let (logits, _) = self.masked_logits(&input, start, allowed).await?;
+                StepOutput::Sampled(top_k(&logits, 1).0.first().copied().unwrap_or_default())
+            }
+            (Reply::TopK { k }, None) => {
                 let logits = stage.forward_logits(&input, start, 1).await?;
                 let last = logits.into_iter().next().unwrap_or_default();
                 let (ids, logits) = top_k(&last, k as usize);
                 StepOutput::TopK { ids, logits }
             }
-            Reply::Hidden { .. } => StepOutput::Hidden(stage.forward_hidden(&input, start).await?),
+            (Reply::TopK { k }, Some(allowed)) => {
+                let (last, count) = self.masked_logits(&input, start, allowed).await?;
+                // Only allowed ids: the disallowed ones are −∞, which no frame may carry.
+                let (ids, logits) = top_k(&last, (k as usize).min(count));
+                StepOutput::TopK { ids, logits }
+            }
+            (Reply::Hidden { .. }, _) => {
+                StepOutput::Hidden(stage.forward_hidden(&input, start).await?)
+            }
         })
+    }
+
+    /// The last position's logits with every token outside `allowed` at −∞ (the engine's
+    /// mask, `TokenMask::apply`), and how many are allowed (validation made it at least one).
+    async fn masked_logits(
+        &self,
+        input: &StageInput<'_>,
+        start: u32,
+        allowed: &AllowedTokens,
+    ) -> Result<(Vec<f32>, usize), ModelError> {
+        let rows = self.stage.forward_logits(input, start, 1).await?;
+        let mut last = rows.into_iter().next().unwrap_or_default();
+        // A NaN would outrank (or, negative, underrank) every allowed logit in the argmax.
+        if last.iter().any(|v| !v.is_finite()) {
+            return Err(ModelError::Plan(
+                "the stage produced non-finite logits".into(),
+            ));
+        }
+        let mask = allowed.to_mask(self.stage.cfg.vocab);
+        mask.apply(&mut last);
+        Ok((last, mask.count()))
     }
 }
 

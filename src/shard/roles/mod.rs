@@ -2,10 +2,12 @@
 //! coordinator plans, feeds requests through the chain, samples, and recovers when a donor
 //! leaves. Both are generic over `Transport` and run under any executor (native and wasm).
 //!
-//! Data flow of one step: coordinator → `Forward` (token ids) → stage 0 → `Forward`
-//! (activations) → … → last stage → `Result` (greedy id or top-k) → coordinator, which
-//! samples and sends the next step. Details in `docs/protocol.md`.
+//! Data flow of one step: coordinator → `Forward` (token ids, and the allowed tokens under a
+//! constraint) → stage 0 → `Forward` (activations) → … → last stage → `Result` (greedy id or
+//! top-k, among the allowed tokens) → coordinator, which samples and sends the next step.
+//! Details in `docs/protocol.md`.
 
+mod constrain;
 pub mod coordinator;
 pub mod donor;
 mod host;
@@ -27,6 +29,7 @@ use super::plan::PlanError;
 use super::transport::{PeerId, TransportError};
 use crate::front::RequestError;
 use crate::model::ModelError;
+use crate::sample::ConstraintError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RoleError {
@@ -40,6 +43,8 @@ pub enum RoleError {
     Plan(#[from] PlanError),
     #[error(transparent)]
     Request(#[from] RequestError),
+    #[error(transparent)]
+    Constraint(#[from] ConstraintError),
     #[error("model source: {0}")]
     Source(String),
     #[error("tokenizer: {0}")]

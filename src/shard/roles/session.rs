@@ -17,6 +17,7 @@ use super::super::frame::{
     ErrorCode, Forward, Heartbeat, Message, Reply, StageInput, StageOutput, StageResult, TokenEvent,
 };
 use super::super::transport::{send_message, PeerId, Transport};
+use super::constrain::Constrained;
 use super::coordinator::Coordinator;
 use super::recovery::Incoming;
 use super::timer::{sleep, unix_ms};
@@ -32,6 +33,8 @@ pub(super) struct Active {
     slot: usize,
     /// Sampler, stop rules, and the prompt with the tokens accepted so far.
     decoding: Decoding,
+    /// The request's constraint, if it has one.
+    constrained: Option<Constrained>,
     /// Positions fed, in the order fed; the last one is the step awaited.
     spans: Vec<Range<u32>>,
     /// The next span to send (spans before it are in the chain's caches or on their way).
@@ -45,8 +48,8 @@ pub(super) struct Active {
 
 pub(super) struct Session<'r> {
     requests: &'r [GenerateRequest],
-    /// Each request's checked prompt ids, taken when it starts.
-    prompts: Vec<Vec<u32>>,
+    /// Each request's checked prompt ids and compiled constraint, taken when it starts.
+    prompts: Vec<(Vec<u32>, Option<Constrained>)>,
     queued: VecDeque<usize>,
     pub(super) active: Vec<Active>,
     free_slots: Vec<usize>,
@@ -60,7 +63,11 @@ pub(super) struct Session<'r> {
 }
 
 impl<'r> Session<'r> {
-    fn new(requests: &'r [GenerateRequest], prompts: Vec<Vec<u32>>, kv_slots: u32) -> Session<'r> {
+    fn new(
+        requests: &'r [GenerateRequest],
+        prompts: Vec<(Vec<u32>, Option<Constrained>)>,
+        kv_slots: u32,
+    ) -> Session<'r> {
         Session {
             requests,
             prompts,
@@ -121,7 +128,8 @@ impl<T: Transport> Generator for Coordinator<T> {
     ) -> Result<Vec<Generated>, RoleError> {
         let mut prompts = Vec::with_capacity(requests.len());
         for request in requests {
-            prompts.push(self.check_request(request)?);
+            let ids = self.check_request(request)?;
+            prompts.push((ids, self.compile_constraint(request)?));
         }
         self.run_session(
             Session::new(requests, prompts, self.config.runtime.kv_slots),
@@ -189,10 +197,6 @@ impl<T: Transport> Coordinator<T> {
 
     /// The request's prompt ids, if the chain can hold them and the whole generation.
     fn check_request(&self, request: &GenerateRequest) -> Result<Vec<u32>, RoleError> {
-        if request.options.constraint.is_some() {
-            // The fleet's last stage does not send logits back for masking yet.
-            return Err(RequestError::Unsupported("constrained output on a fleet").into());
-        }
         let ids = self.prompt_ids(&request.prompt)?;
         let needed = ids.len() as u64 + u64::from(request.options.max_tokens);
         let max = self.config.runtime.max_context;
@@ -208,7 +212,7 @@ impl<T: Transport> Coordinator<T> {
                 break;
             };
             session.free_slots.pop();
-            let prompt = std::mem::take(&mut session.prompts[index]);
+            let (prompt, constrained) = std::mem::take(&mut session.prompts[index]);
             let options = &session.requests[index].options;
             let kv_slots = u64::from(self.config.runtime.kv_slots);
             let request_id = self.next_request_round * kv_slots + slot as u64;
@@ -222,6 +226,7 @@ impl<T: Transport> Coordinator<T> {
                 request_id,
                 slot,
                 decoding: Decoding::new(index, prompt, options),
+                constrained,
                 spans,
                 next_span: 0,
                 seq: 0,
@@ -263,6 +268,11 @@ impl<T: Transport> Coordinator<T> {
             },
             true => reply_for(active.decoding.sampler(), self.config.top_k),
         };
+        let vocab_size = self.model.cfg.vocab;
+        let allowed = match (&mut active.constrained, is_final) {
+            (Some(constrained), true) => Some(constrained.allowed(vocab_size)?),
+            _ => None,
+        };
         let forward = Forward {
             epoch: self.epoch,
             request_id: active.request_id,
@@ -276,6 +286,7 @@ impl<T: Transport> Coordinator<T> {
             reply,
             tap: verify,
             trace: Vec::new(),
+            allowed,
         };
         active.next_span += 1;
         active.seq += 1;
@@ -430,7 +441,16 @@ impl<T: Transport> Coordinator<T> {
         let active = &mut session.active[position];
         active.first_token_at.get_or_insert_with(Instant::now);
         let index = active.decoding.completion_len();
-        let finish = active.decoding.accept(&self.text, id, on_event);
+        // As the engine: the constraint consumes the token first, then the stop rules see it.
+        let complete = match &mut active.constrained {
+            Some(constrained) => constrained.commit(id)?,
+            None => false,
+        };
+        let mut finish = active.decoding.accept(&self.text, id, on_event);
+        if finish.is_none() && complete {
+            active.decoding.stop();
+            finish = active.decoding.finished();
+        }
         let request_id = active.request_id;
         if finish.is_none() {
             let position_of_id = active.decoding.tokens().len() as u32 - 1;
@@ -454,7 +474,7 @@ impl<T: Transport> Coordinator<T> {
         let timings = Timings {
             prefill_seconds: (first_token_at - active.started_at).as_secs_f64(),
             decode_seconds: first_token_at.elapsed().as_secs_f64(),
-            mask_seconds: 0.0,
+            mask_seconds: active.constrained.as_ref().map_or(0.0, |c| c.mask_seconds),
         };
         let index = active.decoding.request();
         session.outputs[index] = Some(active.decoding.into_generated(0, timings));
