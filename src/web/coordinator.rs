@@ -384,12 +384,6 @@ impl Run {
     async fn generate(self, prompt: Prompt) -> Result<JsValue, WebError> {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
         let mut options = settings.options()?;
-        if options.constraint.is_some() {
-            // Refused here, not by the chain, which would dismiss the fleet over it.
-            return Err(WebError::Options(
-                "constraint: constrained output is not supported on a fleet yet".into(),
-            ));
-        }
         let mut coordinator = self.take()?;
         let prompt_ids = coordinator
             .prompt_ids(&prompt)
