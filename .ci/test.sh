@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every test: set up, then the fetch script's tests, the Rust workspace, the wasm build and its
 # browser tests, the npm package (packed and installed into e2e/examples/), and the Playwright
-# pages. Everything native builds in the release profile, so
-# the tests, the runner the pages talk to and `main.sh` share one build of the dependencies.
+# pages. Everything native builds in the release profile, so the tests, the runner the pages
+# talk to and `main.sh` share one build of the dependencies.
 # Each step prints its time; the run fails, naming the step, once it passes 60 minutes
 # (WEBSHARD_CI_LIMIT_S), so that CI time cannot creep up unseen.
 set -euo pipefail
