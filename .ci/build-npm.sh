@@ -8,7 +8,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 SOURCES=(web/openai.js web/openai-request.js web/engine-client.js web/worker.js npm/index.d.ts npm/README.md)
-WASM=(webshard.js webshard.d.ts webshard_bg.wasm webshard_bg.wasm.d.ts)
+# Only what worker.js loads: the package's types are index.d.ts, not wasm-bindgen's.
+WASM=(webshard.js webshard_bg.wasm)
 BUILD=npm/build
 STAGE=$BUILD/webshard
 

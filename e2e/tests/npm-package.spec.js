@@ -4,8 +4,10 @@
 // app is served alone by a bare static server (no /pkg/, no COOP/COEP), loads SmolLM2 from
 // `runner serve` on another origin (CORS), and gives the greedy chat reply of
 // `runner generate --chat --temp 0`: streamed through the app's form, and whole through
-// engine.chat.completions.create. One page and one model load per app.
+// engine.chat.completions.create. One page and one model load per app. Vite's dev server, too,
+// serves the app so that the engine loads (no generation: the build covers that).
 const { test, expect } = require('@playwright/test');
+const { spawn } = require('node:child_process');
 const fs = require('node:fs');
 const path = require('node:path');
 const { SMOLLM2, chatGolden, nativeGenerate, stepsBeforeNearTie } = require('./shared.js');
@@ -104,3 +106,54 @@ for (const app of APPS) {
     });
   });
 }
+
+/** `vite` (the dev server) for the Vite example on a free port; resolves once it answers. */
+async function startViteDev() {
+  const dir = path.join(EXAMPLES, 'vite');
+  const server = await startStaticServer(dir); // only to borrow a free port
+  const port = new URL(server.origin).port;
+  await server.close();
+  const vite = spawn(process.execPath, [path.join(dir, 'node_modules', 'vite', 'bin', 'vite.js'), '--host', '127.0.0.1', '--port', port, '--strictPort'], {
+    cwd: dir,
+    stdio: ['ignore', 'ignore', 'inherit'],
+  });
+  const origin = `http://127.0.0.1:${port}`;
+  let exited = null;
+  vite.once('exit', (code) => {
+    exited = code;
+  });
+  for (const deadline = Date.now() + 60 * 1000; ; await new Promise((resolve) => setTimeout(resolve, 200))) {
+    if (exited !== null) throw new Error(`vite exited with ${exited} before serving ${origin}`);
+    if (await fetch(origin).then((response) => response.ok, () => false)) break;
+    if (Date.now() > deadline) {
+      vite.kill();
+      throw new Error(`vite did not serve ${origin} within 60 s`);
+    }
+  }
+  return { origin, close: () => vite.kill() };
+}
+
+test.describe('Vite dev server', () => {
+  let dev;
+  let page;
+
+  test.beforeAll(async ({ browser }) => {
+    expectFreshInstall(APPS[1]);
+    dev = await startViteDev();
+    page = await browser.newPage();
+  });
+
+  test.afterAll(async () => {
+    await page?.close();
+    dev?.close();
+  });
+
+  test('createEngine loads the model from the dev server too', async () => {
+    await page.goto(`${dev.origin}/?model=${encodeURIComponent(MODEL_URL)}`);
+    await expect(page.locator('#status')).toHaveText(/^(ready|error)/, { timeout: 10 * 60 * 1000 });
+    await expect(page.locator('#status')).toHaveText(/^ready: SmolLM2-135M-Instruct\.Q4_1 \(llama\)/);
+    const workers = page.workers().map((worker) => worker.url());
+    expect(workers).toHaveLength(1);
+    expect(workers[0].startsWith(`${dev.origin}/`)).toBe(true);
+  });
+});
