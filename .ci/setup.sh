@@ -77,13 +77,21 @@ install_wasm_bindgen_cli() {
   cargo install wasm-bindgen-cli --version "=$version"
 }
 
-# npm ci only when package-lock.json changed since the last install.
+# npm ci in folder $1 only when its package.json or package-lock.json changed since the last
+# install there.
 install_node_modules() {
-  local stamp=e2e/node_modules/.installed-lock.sha256 want
-  want=$(sha256sum e2e/package.json e2e/package-lock.json | sha256sum | cut -d' ' -f1)
+  local dir=$1 stamp=$1/node_modules/.installed-lock.sha256 want
+  want=$(sha256sum "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -d' ' -f1)
   [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return
-  (cd e2e && npm ci --no-audit --no-fund)
+  (cd "$dir" && npm ci --no-audit --no-fund)
   echo "$want" >"$stamp"
+}
+
+# Playwright, then the npm package's example apps (their registry packages: vite, typescript;
+# .ci/build-npm.sh installs the package itself).
+install_all_node_modules() {
+  local dir
+  for dir in e2e e2e/examples/*/; do install_node_modules "${dir%/}"; done
 }
 
 # The official OpenAI Python client, pinned, for the API client tests (api_clients.rs).
@@ -98,6 +106,6 @@ install_openai_python() {
 timed "apt packages" install_apt_packages
 timed "wasm target" add_wasm_target
 timed "wasm-bindgen-cli" install_wasm_bindgen_cli
-timed "e2e node modules" install_node_modules
+timed "e2e node modules" install_all_node_modules
 timed "openai python client" install_openai_python
 timed "models" python3 .ci/fetch_models.py

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every test: set up, then the fetch script's tests, the Rust workspace, the wasm build and its
-# browser tests, and the Playwright pages. Everything native builds in the release profile, so
-# the tests, the runner the pages talk to and `main.sh` share one build of the dependencies.
+# browser tests, the npm package (packed and installed into e2e/examples/), and the Playwright
+# pages. Everything native builds in the release profile, so the tests, the runner the pages
+# talk to and `main.sh` share one build of the dependencies.
 # Each step prints its time; the run fails, naming the step, once it passes 60 minutes
 # (WEBSHARD_CI_LIMIT_S), so that CI time cannot creep up unseen.
 set -euo pipefail
@@ -72,6 +73,7 @@ step "build (workspace tests and runner, release)" \
 step "cargo test (workspace, release)" \
   python3 .ci/run_tests.py --jobs 2 --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --release
 step "wasm build" bash .ci/build-wasm.sh
+step "npm package and its example apps" bash .ci/build-npm.sh
 if [ -n "$(wasm_test_targets)" ]; then step "wasm tests (headless Chromium)" wasm_tests; fi
 if has_e2e_specs; then step "e2e (Playwright)" e2e_tests; fi
 echo "== step times"

@@ -20,9 +20,16 @@ export class EngineError extends Error {
   }
 }
 
+/** The engine's worker. Written as this one expression because bundlers (Vite, webpack) and
+ * plain ESM all understand it: bundlers build worker.js as a worker entry, a page without one
+ * loads it beside this file. */
+function startWorker() {
+  return new Worker(new URL('./worker.js', import.meta.url), { type: 'module' });
+}
+
 class WorkerChannel {
-  constructor(url) {
-    this.worker = new Worker(url, { type: 'module' });
+  constructor(worker) {
+    this.worker = worker;
     this.pending = new Map();
     this.nextId = 1;
     this.listeners = { 'device-lost': [], reinitialised: [], 'reinit-failed': [] };
@@ -73,7 +80,7 @@ export class WorkerEngine {
   /** Loads `url` in a new worker (or `options.channel`'s). Resolves once the model is on the GPU. */
   static async load(url, options = {}) {
     const { onProgress, signal, onDeviceLost, onReinitialised, onReinitFailed, channel, ...settings } = options;
-    const worker = channel || new WorkerChannel(new URL('./worker.js', import.meta.url));
+    const worker = channel || new WorkerChannel(startWorker());
     if (signal?.aborted) throw new EngineError('stopped: the load was aborted', 'aborted');
     const cancel = () => worker.send({ type: 'cancel-load' });
     signal?.addEventListener('abort', cancel);
@@ -96,7 +103,7 @@ export class WorkerEngine {
 
   /** A worker to load into; lets a page reuse one worker across models. */
   static channel() {
-    return new WorkerChannel(new URL('./worker.js', import.meta.url));
+    return new WorkerChannel(startWorker());
   }
 
   generate(prompt, options = {}, onToken) {

@@ -9,11 +9,12 @@
 // API over an engine already loaded (the worker's, or a fleet's). Requests run one at a time
 // in call order. `create(body, { signal })` stops on an AbortSignal and rejects with an
 // AbortError. Bad requests reject with a `BadRequestError` whose message and `param` name the
-// field (openai-request.js).
-import { WorkerEngine } from './engine-client.js';
+// field (openai-request.js). This is the npm package's main entry; its types are in
+// npm/index.d.ts, kept in step by hand.
+import { WorkerEngine, EngineError } from './engine-client.js';
 import { chatPlan, completionPlan, BadRequestError } from './openai-request.js';
 
-export { BadRequestError };
+export { BadRequestError, EngineError };
 
 /** Loads `model` (a GGUF URL) in a new worker; the other options are `WorkerEngine.load`'s. */
 export async function createEngine({ model, ...options } = {}) {

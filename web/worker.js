@@ -3,7 +3,10 @@
 //                      'reset' | 'clear-cache' | 'lose-device', ... }
 //   worker -> page  { id, type: 'result' | 'error' | 'progress' | 'token' } and, unasked,
 //                   { type: 'device-lost' | 'reinitialised' | 'reinit-failed' }.
-import init, { Engine, wasmMemoryBytes, clearCache } from '/pkg/webshard.js';
+// The wasm package is found relative to this file (pkg/ beside it): `runner serve` puts web/ at
+// / and pkg/ at /pkg/, and the npm package (.ci/build-npm.sh) has the same layout, so the page
+// and the package share this file; wasm-bindgen finds its .wasm relative to webshard.js.
+import init, { Engine, wasmMemoryBytes, clearCache } from './pkg/webshard.js';
 
 const ready = init();
 let engine = null;

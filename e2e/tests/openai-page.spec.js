@@ -4,22 +4,10 @@
 // stream; JSON Schemas generated from a seed constrain greedy output to valid JSON (checked
 // with ajv); the demo's JSON schema box. One page and one model load for all of it.
 const { test, expect } = require('@playwright/test');
-const { execFileSync } = require('node:child_process');
-const path = require('node:path');
 const Ajv = require('ajv');
-const fs = require('node:fs');
-const { SMOLLM2, MODEL_URL, PROMPT, goldenRecord, stepsBeforeNearTie } = require('./shared.js');
+const { SMOLLM2, MODEL_URL, PROMPT, goldenRecord, chatGolden, nativeGenerate, stepsBeforeNearTie } = require('./shared.js');
 
 test.describe.configure({ mode: 'serial' });
-
-/** The goldens' chat record: its single user message is what the native runner's --chat sends. */
-function chatGolden() {
-  const dir = process.env.WEBSHARD_GOLDENS || path.join(__dirname, '..', '..', '..', 'shared', 'goldens');
-  const file = path.join(dir, 'smollm2-135m-instruct-q4_1.generate.json');
-  const record = JSON.parse(fs.readFileSync(file, 'utf8')).records.find((r) => r.kind === 'chat');
-  if (!record || record.messages.length !== 1) throw new Error(`no one-message chat record in ${file}`);
-  return record;
-}
 
 const CHAT = chatGolden();
 const MESSAGES = CHAT.messages;
@@ -36,17 +24,6 @@ const SCHEMA_MAX_TOKENS = 40;
 let page;
 let native;
 let nativeText;
-
-/** `runner generate [--chat] --temp 0 --json`. */
-function nativeGenerate(prompt, n, chat) {
-  const model = path.join(process.env.WEBSHARD_MODELS, SMOLLM2);
-  const out = execFileSync(
-    process.env.WEBSHARD_RUNNER,
-    ['generate', '-m', model, '-p', prompt, ...(chat ? ['--chat'] : []), '-n', String(n), '--temp', '0', '--json', '--quiet'],
-    { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], timeout: 10 * 60 * 1000 },
-  );
-  return JSON.parse(out.trim().split('\n').pop());
-}
 
 /** Runs `body` through `engine.chat.completions.create` in the page; a stream is collected. */
 function create(body, endpoint = 'chat') {

@@ -1,5 +1,6 @@
 // What the specs share: the model and prompt, the goldens' fidelity rule, the server's
 // request log, and a few page helpers.
+const { execFileSync } = require('node:child_process');
 const fs = require('node:fs');
 const os = require('node:os');
 const path = require('node:path');
@@ -18,13 +19,38 @@ const expectedFile = () => path.join(os.tmpdir(), `webshard-e2e-${process.env.WE
 /** runner generate --temp 0 --json, as global-setup.js recorded it. */
 const nativeResult = () => JSON.parse(fs.readFileSync(expectedFile(), 'utf8'));
 
-/** The goldens' record for PROMPT (../shared/goldens beside the checkout, or $WEBSHARD_GOLDENS). */
-function goldenRecord() {
+/** SmolLM2's goldens (../shared/goldens beside the checkout, or $WEBSHARD_GOLDENS). */
+function goldenRecords() {
   const dir = process.env.WEBSHARD_GOLDENS || path.join(root, '..', 'shared', 'goldens');
   const file = path.join(dir, 'smollm2-135m-instruct-q4_1.generate.json');
-  const record = JSON.parse(fs.readFileSync(file, 'utf8')).records.find((r) => r.prompt === PROMPT);
+  return { file, records: JSON.parse(fs.readFileSync(file, 'utf8')).records };
+}
+
+/** The goldens' record for PROMPT. */
+function goldenRecord() {
+  const { file, records } = goldenRecords();
+  const record = records.find((r) => r.prompt === PROMPT);
   if (!record) throw new Error(`no golden record for ${JSON.stringify(PROMPT)} in ${file}`);
   return record;
+}
+
+/** The goldens' chat record: its single user message is what the native runner's --chat sends. */
+function chatGolden() {
+  const { file, records } = goldenRecords();
+  const record = records.find((r) => r.kind === 'chat');
+  if (!record || record.messages.length !== 1) throw new Error(`no one-message chat record in ${file}`);
+  return record;
+}
+
+/** `runner generate [--chat] --temp 0 --json` on SmolLM2. */
+function nativeGenerate(prompt, n, chat) {
+  const model = path.join(process.env.WEBSHARD_MODELS, SMOLLM2);
+  const out = execFileSync(
+    process.env.WEBSHARD_RUNNER,
+    ['generate', '-m', model, '-p', prompt, ...(chat ? ['--chat'] : []), '-n', String(n), '--temp', '0', '--json', '--quiet'],
+    { encoding: 'utf8', stdio: ['ignore', 'pipe', 'inherit'], timeout: 10 * 60 * 1000 },
+  );
+  return JSON.parse(out.trim().split('\n').pop());
 }
 
 /** Steps before the first whose golden margin (top-1 minus top-2 logit) is 0.5 or less: free-running
@@ -71,6 +97,8 @@ module.exports = {
   expectedFile,
   nativeResult,
   goldenRecord,
+  chatGolden,
+  nativeGenerate,
   stepsBeforeNearTie,
   requestLog,
   requestsSince,

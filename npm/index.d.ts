@@ -1,0 +1,282 @@
+// Types of the package's main entry (web/openai.js): the OpenAI-shaped in-page API over a
+// model running in a Web Worker. Written by hand: wasm-bindgen types the low-level `Engine` with
+// `any` where it takes JavaScript objects; this file says what those objects hold.
+
+/** A JSON value, as `JSON.parse` returns it. */
+export type JsonValue = string | number | boolean | null | JsonValue[] | { [key: string]: JsonValue };
+
+/** A JSON Schema: an object of schema keywords, or `true` / `false`. */
+export type JsonSchema = boolean | { [keyword: string]: JsonValue };
+
+/** Why an engine error happened, to pick a message: `not-found` (404), `network` (CORS or an
+ * unreachable server), `not-gguf`, `bad-gguf`, `unsupported` (architecture or tensor type),
+ * `no-webgpu`, `does-not-fit` (GPU memory), `options`, `aborted`... */
+export type EngineErrorKind =
+  | 'not-found'
+  | 'http'
+  | 'network'
+  | 'changed'
+  | 'not-gguf'
+  | 'bad-gguf'
+  | 'unsupported'
+  | 'no-webgpu'
+  | 'gpu'
+  | 'device-lost'
+  | 'does-not-fit'
+  | 'options'
+  | 'aborted'
+  | 'busy'
+  | 'cache'
+  | 'not-loaded'
+  | 'worker'
+  | 'fleet'
+  | 'other';
+
+/** A failure of the engine (load, GPU, network); `kind` classifies it. */
+export class EngineError extends Error {
+  constructor(message: string, kind?: EngineErrorKind);
+  readonly name: 'EngineError';
+  readonly kind: EngineErrorKind;
+}
+
+/** A request the engine cannot run; `param` names the field (`messages[0].role`, `temperature`). */
+export class BadRequestError extends Error {
+  constructor(param: string, message: string);
+  readonly name: 'BadRequestError';
+  readonly param: string;
+  readonly type: 'invalid_request_error';
+  readonly kind: 'options';
+}
+
+/** One step of a model load, for `onProgress`. */
+export interface LoadProgress {
+  bytesDone: number;
+  bytesTotal: number;
+  mbPerSec: number;
+  /** The tensor being read. */
+  tensor: string;
+}
+
+/** What the OPFS cache did during the load. */
+export interface CacheStats {
+  hitRanges: number;
+  hitBytes: number;
+  fetchedRanges: number;
+  fetchedBytes: number;
+  corruptRanges: number;
+  writeErrors: number;
+  invalidated: boolean;
+}
+
+/** The loaded model and the device it runs on. */
+export interface EngineInfo {
+  url: string;
+  adapter: string;
+  backend: string;
+  /** Kernel variant in use, e.g. `f16+subgroups`. */
+  variant: string;
+  f16: boolean;
+  subgroups: boolean;
+  /** Model architecture: `llama`, `qwen2`, `gemma3`... */
+  arch: string;
+  nLayers: number;
+  vocab: number;
+  /** Tokens of context the engine holds (prompt and reply together). */
+  maxContext: number;
+  bytesTotal: number;
+  loadSeconds: number;
+  networkRequests: number;
+  networkBytes: number;
+  cache: CacheStats | null;
+  /** Loaded from the cache with the server unreachable. */
+  offline: boolean;
+  wasmMemoryBytes: number;
+  wasmMemoryBefore: number;
+  wasmMemoryPeak: number;
+}
+
+/** `createEngine`'s options: the model's URL, the load settings, and callbacks. */
+export interface CreateEngineOptions {
+  /** URL of a GGUF file, read with HTTP Range requests (another origin needs CORS). */
+  model: string;
+  /** Keep downloaded ranges in the origin's private file system (OPFS); default true. */
+  cache?: boolean;
+  /** Tokens of context to allocate; default 2048. */
+  maxContext?: number;
+  /** Bytes per Range request; default 4 MiB, at most 64 MiB. */
+  chunkBytes?: number;
+  /** Range requests in flight; default 4, 1 to 16. */
+  inFlight?: number;
+  /** Use the f32 kernels even where the adapter has shader-f16. */
+  disableF16?: boolean;
+  disableSubgroups?: boolean;
+  /** GPU memory the model may use, MiB; checked before any weights are downloaded. */
+  gpuMemMib?: number;
+  onProgress?: (event: LoadProgress) => void;
+  /** Aborts the load; `createEngine` then rejects with an `EngineError` of kind `aborted`. */
+  signal?: AbortSignal;
+  /** The GPU device was lost; the engine is rebuilt from the same URL. */
+  onDeviceLost?: (event: { reason: string; message: string }) => void;
+  onReinitialised?: (info: EngineInfo) => void;
+  onReinitFailed?: (error: EngineError) => void;
+}
+
+export type ChatRole = 'system' | 'developer' | 'user' | 'assistant';
+
+export interface TextContentPart {
+  type: 'text';
+  text: string;
+}
+
+export interface ChatMessage {
+  role: ChatRole;
+  content: string | TextContentPart[] | null;
+  name?: string;
+}
+
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object' }
+  | { type: 'json_schema'; json_schema: { name?: string; description?: string; schema: JsonSchema; strict?: boolean } };
+
+export type FinishReason = 'stop' | 'length' | 'cancelled';
+
+/** Sampling fields both endpoints take; OpenAI's defaults where absent (temperature 1, top_p 1). */
+interface SamplingParams {
+  /** The loaded model's name (its file's stem) or URL; any other is refused. */
+  model?: string;
+  max_tokens?: number;
+  /** 0 is greedy. */
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  min_p?: number;
+  repeat_penalty?: number;
+  /** Without one, every request draws differently. */
+  seed?: number;
+  stop?: string | string[];
+  n?: 1;
+  frequency_penalty?: 0;
+  presence_penalty?: 0;
+  user?: string;
+}
+
+export interface StreamOptions {
+  /** A last chunk with `usage` and no choices. */
+  include_usage?: boolean;
+}
+
+export interface ChatCompletionCreateParamsBase extends SamplingParams {
+  messages: ChatMessage[];
+  max_completion_tokens?: number;
+  /** Constrains the reply to JSON (any object, or one a JSON Schema allows). */
+  response_format?: ResponseFormat;
+}
+
+export interface ChatCompletionCreateParamsNonStreaming extends ChatCompletionCreateParamsBase {
+  stream?: false;
+}
+
+export interface ChatCompletionCreateParamsStreaming extends ChatCompletionCreateParamsBase {
+  stream: true;
+  stream_options?: StreamOptions;
+}
+
+export type ChatCompletionCreateParams = ChatCompletionCreateParamsNonStreaming | ChatCompletionCreateParamsStreaming;
+
+export interface CompletionCreateParamsBase extends SamplingParams {
+  prompt: string | [string];
+  /** Default 16, as OpenAI's. */
+  max_tokens?: number;
+}
+
+export interface CompletionCreateParamsNonStreaming extends CompletionCreateParamsBase {
+  stream?: false;
+}
+
+export interface CompletionCreateParamsStreaming extends CompletionCreateParamsBase {
+  stream: true;
+  stream_options?: StreamOptions;
+}
+
+export type CompletionCreateParams = CompletionCreateParamsNonStreaming | CompletionCreateParamsStreaming;
+
+export interface CompletionUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  /** Prompt tokens whose state was reused from the previous request. */
+  prompt_tokens_details: { cached_tokens: number };
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: 'chat.completion';
+  /** Seconds since the epoch. */
+  created: number;
+  model: string;
+  choices: [{ index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: null }];
+  usage: CompletionUsage;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  /** One choice; none in the usage chunk. */
+  choices: { index: 0; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null; logprobs: null }[];
+  usage?: CompletionUsage;
+}
+
+export interface Completion {
+  id: string;
+  object: 'text_completion';
+  created: number;
+  model: string;
+  choices: { index: 0; text: string; finish_reason: FinishReason | null; logprobs: null }[];
+  usage?: CompletionUsage;
+}
+
+export interface RequestOptions {
+  /** Stops the request after its current token; it then rejects with an `AbortError`. */
+  signal?: AbortSignal;
+}
+
+export interface ChatCompletions {
+  create(body: ChatCompletionCreateParamsNonStreaming, options?: RequestOptions): Promise<ChatCompletion>;
+  create(body: ChatCompletionCreateParamsStreaming, options?: RequestOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
+  create(body: ChatCompletionCreateParams, options?: RequestOptions): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
+}
+
+export interface Completions {
+  create(body: CompletionCreateParamsNonStreaming, options?: RequestOptions): Promise<Completion>;
+  create(body: CompletionCreateParamsStreaming, options?: RequestOptions): Promise<AsyncIterable<Completion>>;
+  create(body: CompletionCreateParams, options?: RequestOptions): Promise<Completion | AsyncIterable<Completion>>;
+}
+
+/** A loaded model behind the OpenAI-shaped API. Requests run one at a time, in call order. */
+export interface OpenAIEngine {
+  /** The model's name: its file's stem. */
+  readonly model: string;
+  readonly url: string;
+  readonly info: EngineInfo;
+  readonly chat: { completions: ChatCompletions };
+  readonly completions: Completions;
+  /** Stops the running request after its current token. */
+  abort(): void;
+}
+
+/** What `wrapEngine` needs: the worker engine's methods (or a fleet's). */
+export interface LoadedEngine {
+  info: { maxContext: number; url?: string; model?: string };
+  generate(prompt: string, options: object, onToken?: (text: string) => void): Promise<object>;
+  chat(messages: { role: string; content: string }[], options: object, onToken?: (text: string) => void): Promise<object>;
+  abort(): void;
+}
+
+/** Loads `options.model` in a new Web Worker on WebGPU; resolves once it is on the GPU. */
+export function createEngine(options: CreateEngineOptions): Promise<OpenAIEngine>;
+
+/** The OpenAI-shaped API over an engine already loaded. */
+export function wrapEngine(engine: LoadedEngine, url?: string): OpenAIEngine;
