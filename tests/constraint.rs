@@ -164,6 +164,8 @@ fn random_walk(spec: &ConstraintSpec, seed: u64) -> String {
         min_p: 0.0,
         repeat_penalty: 1.0,
         repeat_last_n: 0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
         seed,
     });
     let mut rng = Rng::new(seed ^ 0xA5A5);

@@ -116,7 +116,8 @@ impl Decoding {
 
     /// The next token from the last position's logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        self.sampler.sample(logits, &self.tokens)
+        self.sampler
+            .sample_completion(logits, &self.tokens, self.prompt_len)
     }
 
     /// Takes token `id`: applies the stop rules, streams it through `on_event`, and returns

@@ -187,18 +187,8 @@ fn sampling(s: &Sampling) -> Result<(SamplerConfig, Vec<String>), ApiError> {
             "only `n: 1` is supported (one choice per request)",
         ));
     }
-    for (param, value) in [
-        ("frequency_penalty", s.frequency_penalty),
-        ("presence_penalty", s.presence_penalty),
-    ] {
-        in_range(param, value, -2.0, 2.0)?;
-        if value.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::bad_field(
-                param,
-                format!("`{param}` other than 0 is not supported; use `repeat_penalty`"),
-            ));
-        }
-    }
+    in_range("frequency_penalty", s.frequency_penalty, -2.0, 2.0)?;
+    in_range("presence_penalty", s.presence_penalty, -2.0, 2.0)?;
     if s.logit_bias.as_ref().is_some_and(|bias| !bias.is_empty()) {
         return Err(ApiError::bad_field(
             "logit_bias",
@@ -233,6 +223,8 @@ fn sampling(s: &Sampling) -> Result<(SamplerConfig, Vec<String>), ApiError> {
         min_p: s.min_p.unwrap_or(0.0),
         repeat_penalty: s.repeat_penalty.unwrap_or(1.0),
         repeat_last_n: 64,
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
         seed: s.seed.map_or_else(fresh_seed, |seed| seed as u64),
     };
     Ok((config, stop))
