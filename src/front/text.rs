@@ -44,6 +44,12 @@ impl TextFront {
             Prompt::Text(text) => self.tokenize_prompt(text),
             Prompt::Ids(ids) => ids.clone(),
             Prompt::Chat(messages) => self.tokenize_prompt(&self.chat_prompt(messages)?),
+            Prompt::ToolChat { messages, tools } => {
+                let text = self
+                    .template
+                    .render_prompt_with_tools(messages, tools, true)?;
+                self.tokenize_prompt(&text)
+            }
         };
         if ids.is_empty() {
             return Err(RequestError::EmptyPrompt);
