@@ -275,6 +275,7 @@ fn hermes_tool_calls_are_tagged_calls_or_free_text() {
     let mut texts = 0;
     for seed in 0..30 {
         let text = random_walk(&auto, seed);
+        assert!(!text.starts_with('{'), "bare JSON is not text: {text}");
         match text.starts_with('<') {
             true => {
                 let call = hermes_call(&text).unwrap_or_else(|| panic!("bad call: {text:?}"));

@@ -66,7 +66,8 @@ impl ConstraintSpec {
     /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, the JSON as in
     /// [`ConstraintSpec::tool_call`] with the template's separators (`", "`, `": "`). With
     /// `or_text`, free text may come instead of the call (OpenAI's `tool_choice: auto`) as
-    /// long as it does not start with `<`, so that text and a call never share a prefix.
+    /// long as it does not start with `<` (so text and a call never share a prefix) or `{`
+    /// (small models otherwise write the call's JSON bare, without its tags).
     pub fn hermes_tool_call<'a>(
         functions: impl IntoIterator<Item = (&'a str, &'a Value)>,
         or_text: bool,
@@ -78,7 +79,7 @@ impl ConstraintSpec {
             "key_separator": ": ",
         });
         let start = match or_text {
-            true => "start: tool_call | TEXT\nTEXT: /[^<](?s:.)*/\n",
+            true => "start: tool_call | TEXT\nTEXT: /[^<{](?s:.)*/\n",
             false => "start: tool_call\n",
         };
         let grammar = format!(

@@ -1,7 +1,7 @@
 //! A generated answer read back as a tool call, whole or while it streams.
 //!
 //! Under a tool constraint (`structured::tool_plan`) the output is either free text that does
-//! not start with `<`, or exactly `<tool_call>\n{"name": "N", "arguments": {...}}\n</tool_call>`
+//! not start with `<` (nor `{`), or exactly `<tool_call>\n{"name": "N", "arguments": {...}}\n</tool_call>`
 //! (the separators are the grammar's, names are plain identifiers). So the first character
 //! decides which it is, the name is known once its header is complete, and the arguments
 //! are the JSON object after it, up to its matching brace: streamed as they come, and the
