@@ -194,24 +194,52 @@ async fn bad_structured_requests(server: &ApiServer) {
         .map(|i| (format!("field_{i}"), json!({"type": "string"})))
         .collect::<serde_json::Map<String, Value>>()});
     let cases: Vec<(Value, &str, &str)> = vec![
-        (json!({"response_format": {"type": "json_schema",
+        (
+            json!({"response_format": {"type": "json_schema",
             "json_schema": {"name": "x", "schema": {"type": "wat"}}}}),
-            "response_format.json_schema.schema", "wat"),
-        (json!({"response_format": {"type": "json_schema",
+            "response_format.json_schema.schema",
+            "wat",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
             "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}}}),
-            "response_format.json_schema.schema", "response_format.json_schema.schema"),
-        (json!({"response_format": {"type": "json_schema",
+            "response_format.json_schema.schema",
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
             "json_schema": {"name": "x", "schema": huge_schema}}}),
-            "response_format.json_schema.schema", "bytes"),
-        (json!({"response_format": {"type": "xml"}}), "response_format.type", "xml"),
-        (json!({"tools": weather, "tool_choice": {"type": "function",
+            "response_format.json_schema.schema",
+            "bytes",
+        ),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format.type",
+            "xml",
+        ),
+        (
+            json!({"tools": weather, "tool_choice": {"type": "function",
             "function": {"name": "launch_rockets"}}}),
-            "tool_choice.function.name", "launch_rockets"),
+            "tool_choice.function.name",
+            "launch_rockets",
+        ),
         (json!({"tools": weather}), "tools", "has no tools"),
-        (json!({"tools": weather, "tool_choice": "required"}), "tools", "has no tools"),
+        (
+            json!({"tools": weather, "tool_choice": "required"}),
+            "tools",
+            "has no tools",
+        ),
         (json!({"tool_choice": "required"}), "tool_choice", "empty"),
-        (json!({"frequency_penalty": 2.5}), "frequency_penalty", "between"),
-        (json!({"presence_penalty": -3}), "presence_penalty", "between"),
+        (
+            json!({"frequency_penalty": 2.5}),
+            "frequency_penalty",
+            "between",
+        ),
+        (
+            json!({"presence_penalty": -3}),
+            "presence_penalty",
+            "between",
+        ),
     ];
     for (extra, param, says) in cases {
         let body = chat_with(server, extra);

@@ -40,7 +40,7 @@ def the_call(client, model):
     assert call.type == "function" and call.id.startswith("call_"), call
     assert call.function.name == "get_weather", call
     jsonschema.validate(json.loads(call.function.arguments), WEATHER)
-    return call
+    return choice.message
 
 
 def streamed_call(client, model):
@@ -72,23 +72,15 @@ def streamed_call(client, model):
 def main():
     base, key, model = sys.argv[1], sys.argv[2], sys.argv[3]
     client = openai.OpenAI(base_url=base + "v1", api_key=key, max_retries=0, timeout=900)
-    call = the_call(client, model)
+    call_message = the_call(client, model)
+    call = call_message.tool_calls[0]
     name, arguments = streamed_call(client, model)
     assert (name, arguments) == (call.function.name, call.function.arguments), (name, arguments, call)
 
     # The round trip: the call and its result go back; the model answers in words.
+    # The answer's message object goes back as it is, as OpenAI's examples do.
     messages = QUESTION + [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": call.id,
-                    "type": "function",
-                    "function": {"name": call.function.name, "arguments": call.function.arguments},
-                }
-            ],
-        },
+        call_message,
         {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 18, "sky": "sunny"})},
     ]
     answer = client.chat.completions.create(

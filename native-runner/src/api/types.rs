@@ -169,6 +169,10 @@ pub struct Message {
     /// A `tool` turn: which call it answers.
     #[serde(default)]
     pub tool_call_id: Option<String>,
+    /// Sent back when a client passes an answer's message object on as it is; not shown to
+    /// the model.
+    #[serde(default)]
+    pub refusal: Option<String>,
 }
 
 /// What both endpoints share: how to sample and when to stop.
