@@ -272,6 +272,29 @@ mod tests {
     }
 
     #[test]
+    fn small_but_explosive_schemas_end_in_an_answer() {
+        let schemas = [
+            json!({"type": "string", "minLength": 1_000_000, "maxLength": 2_000_000}),
+            json!({"type": "array", "items": {"type": "string", "maxLength": 100_000},
+                "minItems": 100_000}),
+            json!({"$defs": {"a": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "null"}]}},
+                "$ref": "#/$defs/a"}),
+            json!({"type": "integer", "minimum": 1e300, "maximum": -1e300}),
+        ];
+        for schema in schemas {
+            let format: ResponseFormat = serde_json::from_value(json!({"type": "json_schema",
+                "json_schema": {"name": "x", "schema": schema}}))
+            .unwrap();
+            if let Err(err) = response_constraint(Some(&format)) {
+                assert_eq!(
+                    err.param.as_deref(),
+                    Some("response_format.json_schema.schema")
+                );
+            }
+        }
+    }
+
+    #[test]
     fn required_and_auto_compile_to_call_grammars() {
         let tools = [tool(
             "get_weather",
