@@ -127,6 +127,15 @@ def main():
     )
     if mode.choices[0].finish_reason == "stop":
         assert isinstance(json.loads(mode.choices[0].message.content), dict), mode
+    # The legacy endpoint takes `response_format` too (the client passes it as an extra field).
+    legacy = client.completions.create(
+        model=model,
+        prompt="The capital of France as JSON:",
+        temperature=0,
+        max_tokens=40,
+        extra_body={"response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}},
+    )
+    jsonschema.validate(json.loads(legacy.choices[0].text), schema)
     expect_error(
         openai.BadRequestError,
         lambda: client.chat.completions.create(
