@@ -103,9 +103,19 @@ install_openai_python() {
   python3 -m pip install --user --quiet "openai==$OPENAI_PYTHON_VERSION"
 }
 
+# Python's `jsonschema`, pinned, to validate structured output in the client tests.
+JSONSCHEMA_PYTHON_VERSION=4.26.0
+install_jsonschema_python() {
+  local have
+  have=$(python3 -c 'import importlib.metadata as m; print(m.version("jsonschema"))' 2>/dev/null || true)
+  [ "$have" = "$JSONSCHEMA_PYTHON_VERSION" ] && return
+  python3 -m pip install --user --quiet "jsonschema==$JSONSCHEMA_PYTHON_VERSION"
+}
+
 timed "apt packages" install_apt_packages
 timed "wasm target" add_wasm_target
 timed "wasm-bindgen-cli" install_wasm_bindgen_cli
 timed "e2e node modules" install_all_node_modules
 timed "openai python client" install_openai_python
+timed "jsonschema python" install_jsonschema_python
 timed "models" python3 .ci/fetch_models.py

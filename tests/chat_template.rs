@@ -2,8 +2,9 @@
 
 mod tokenizer_support;
 
+use serde_json::json;
 use tokenizer_support::{golden_models, load_tokenizer, read_generate};
-use webshard::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, Vocab};
+use webshard::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, ToolSupport, Vocab};
 
 #[test]
 fn chat_records_render_exactly() {
@@ -113,4 +114,52 @@ fn runaway_template_is_stopped() {
     let source = "{% for i in range(10000) %}{% for j in range(10000) %}x{% endfor %}{% endfor %}";
     let template = ChatTemplate::new(&tokenizer_with(Some(source), "llama")).expect("template");
     assert!(template.render(&[], false).is_err());
+}
+
+#[test]
+fn qwen_renders_tools_calls_and_results_and_the_others_have_no_tools() {
+    let models = golden_models();
+    let support: Vec<ToolSupport> = models
+        .iter()
+        .map(|model| {
+            ChatTemplate::new(&load_tokenizer(model))
+                .expect("template")
+                .tool_support()
+        })
+        .collect();
+    // SmolLM2, Qwen2.5, Gemma 3, in golden_models' order.
+    assert_eq!(
+        support,
+        [ToolSupport::None, ToolSupport::Hermes, ToolSupport::None]
+    );
+    let template = ChatTemplate::new(&load_tokenizer(&models[1])).expect("template");
+    let tool = json!({"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}});
+    let call = ChatMessage {
+        tool_calls: Some(json!([{"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}])),
+        ..ChatMessage::new("assistant", "")
+    };
+    let result = ChatMessage {
+        tool_call_id: Some("call_1".into()),
+        ..ChatMessage::new("tool", "18 degrees")
+    };
+    let messages = [ChatMessage::new("user", "Weather in Paris?"), call, result];
+    let rendered = template
+        .render_with_tools(&messages, &[tool], true)
+        .expect("render");
+    assert!(rendered.contains("<tools>\n{"), "{rendered}");
+    assert!(rendered.contains("\"get_weather\""), "{rendered}");
+    assert!(
+        rendered.contains("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("<tool_response>\n18 degrees\n</tool_response>"),
+        "{rendered}"
+    );
+    assert!(rendered.ends_with("<|im_start|>assistant\n"), "{rendered}");
+    // Without tools, the same template renders as before (no tool system prompt).
+    let plain = template.render(&messages[..1], true).expect("render");
+    assert!(!plain.contains("<tools>"), "{plain}");
 }

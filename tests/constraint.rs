@@ -164,6 +164,8 @@ fn random_walk(spec: &ConstraintSpec, seed: u64) -> String {
         min_p: 0.0,
         repeat_penalty: 1.0,
         repeat_last_n: 0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
         seed,
     });
     let mut rng = Rng::new(seed ^ 0xA5A5);
@@ -239,6 +241,55 @@ fn tool_calls_name_a_function_with_valid_arguments() {
             "{text}"
         );
     }
+}
+
+/// The call inside Hermes' tags, parsed, or None when `text` is not one.
+fn hermes_call(text: &str) -> Option<Value> {
+    let json = text
+        .strip_prefix("<tool_call>\n")?
+        .strip_suffix("\n</tool_call>")?;
+    serde_json::from_str(json).ok()
+}
+
+#[test]
+fn hermes_tool_calls_are_tagged_calls_or_free_text() {
+    let weather = json!({
+        "type": "object",
+        "properties": {"city": {"type": "string", "minLength": 1, "maxLength": 12}},
+        "required": ["city"],
+        "additionalProperties": false,
+    });
+    let required = ConstraintSpec::hermes_tool_call([("get_weather", &weather)], false);
+    for seed in 0..10 {
+        let text = random_walk(&required, seed);
+        let call = hermes_call(&text).unwrap_or_else(|| panic!("not a tagged call: {text:?}"));
+        assert_eq!(call["name"], "get_weather", "{text}");
+        assert!(jsonschema::is_valid(&weather, &call["arguments"]), "{text}");
+        // The template's own separators, so the call reads as the model was trained on.
+        assert!(
+            text.starts_with("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {"),
+            "{text}"
+        );
+    }
+    let auto = ConstraintSpec::hermes_tool_call([("get_weather", &weather)], true);
+    let mut texts = 0;
+    for seed in 0..30 {
+        let text = random_walk(&auto, seed);
+        assert!(!text.starts_with('{'), "bare JSON is not text: {text}");
+        match text.starts_with('<') {
+            true => {
+                let call = hermes_call(&text).unwrap_or_else(|| panic!("bad call: {text:?}"));
+                assert!(jsonschema::is_valid(&weather, &call["arguments"]), "{text}");
+            }
+            false => texts += 1,
+        }
+    }
+    assert!(texts > 0, "auto allows free text");
+    // Random logits rarely pick `<` first: the call branch is open all the same.
+    let (tokenizer, view) = smollm2();
+    let mut constraint = Constraint::new(view, &auto).expect("compile");
+    let lt = tokenizer.encode("<", false, false)[0];
+    assert!(constraint.allowed().expect("mask").is_allowed(lt));
 }
 
 #[test]

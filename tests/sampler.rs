@@ -12,6 +12,8 @@ fn plain(seed: u64) -> SamplerConfig {
         min_p: 0.0,
         repeat_penalty: 1.0,
         repeat_last_n: 0,
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
         seed,
     }
 }
@@ -217,6 +219,86 @@ fn repeat_penalty_changes_the_choice_over_its_window() {
     assert_eq!(penalised(&[0, 1], &[2.0, 1.9], 1), 0);
     // Out-of-vocabulary history ids are ignored, not a panic.
     assert_eq!(penalised(&[99], &[2.0, 1.9], 64), 0);
+}
+
+/// OpenAI's penalties computed on the CPU from the definition: each token's logit lowered by
+/// its count in the completion times `frequency` plus `presence` once it occurs at all.
+fn penalised_reference(
+    logits: &[f32],
+    completion: &[u32],
+    frequency: f32,
+    presence: f32,
+) -> Vec<f32> {
+    let mut out = logits.to_vec();
+    for (id, logit) in out.iter_mut().enumerate() {
+        let count = completion.iter().filter(|&&t| t as usize == id).count();
+        if count > 0 {
+            *logit -= count as f32 * frequency + presence;
+        }
+    }
+    out
+}
+
+#[test]
+fn frequency_and_presence_penalties_give_the_penalised_argmax() {
+    let mut rng = Rng::new(2024);
+    let vocab = 300;
+    for trial in 0..300 {
+        // Narrow logits so the penalties often change the winner.
+        let logits: Vec<f32> = random_logits(&mut rng, vocab)
+            .iter()
+            .map(|l| l * 0.05)
+            .collect();
+        let history: Vec<u32> = (0..40)
+            .map(|_| (rng.next_f64() * vocab as f64) as u32)
+            .collect();
+        let prompt_len = (rng.next_f64() * 20.0) as usize;
+        let frequency = (rng.next_f64() * 4.0 - 2.0) as f32;
+        let presence = (rng.next_f64() * 4.0 - 2.0) as f32;
+        let config = SamplerConfig {
+            frequency_penalty: frequency,
+            presence_penalty: presence,
+            ..SamplerConfig::greedy()
+        };
+        assert!(
+            !config.argmax_suffices(),
+            "a penalty needs the logits on the CPU"
+        );
+        let want = argmax(&penalised_reference(
+            &logits,
+            &history[prompt_len..],
+            frequency,
+            presence,
+        ));
+        let got = Sampler::new(config).sample_completion(&logits, &history, prompt_len);
+        assert_eq!(got, want, "trial {trial}");
+    }
+}
+
+#[test]
+fn zero_penalties_change_nothing_and_the_prompt_is_not_penalised() {
+    let mut rng = Rng::new(7);
+    let logits = random_logits(&mut rng, 100);
+    let best = argmax(&logits);
+    let zero = SamplerConfig::greedy();
+    assert!(zero.argmax_suffices() && !zero.penalises());
+    assert_eq!(
+        Sampler::new(zero).sample_completion(&logits, &[best, best], 0),
+        best
+    );
+    let heavy = SamplerConfig {
+        frequency_penalty: 2.0,
+        presence_penalty: 2.0,
+        ..SamplerConfig::greedy()
+    };
+    // The best token only in the prompt keeps its logit; in the completion it loses it.
+    assert_eq!(
+        Sampler::new(heavy.clone()).sample_completion(&logits, &[best], 1),
+        best
+    );
+    let mut flat = vec![0.0f32; 4];
+    flat[2] = 1.0;
+    assert_eq!(Sampler::new(heavy).sample_completion(&flat, &[2], 0), 0);
 }
 
 #[test]

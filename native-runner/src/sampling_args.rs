@@ -24,6 +24,14 @@ pub struct SamplerArgs {
     /// Tokens of history the penalty looks at; 0 is off, -1 the whole context.
     #[arg(long, default_value = "64", value_parser = parse_last_n, allow_hyphen_values = true)]
     pub repeat_last_n: u32,
+    /// OpenAI's frequency penalty, -2 to 2: lowers a token's logit per time it occurs in the
+    /// completion; 0 is off.
+    #[arg(long, default_value = "0", value_parser = parse_occurrence_penalty, allow_hyphen_values = true)]
+    pub frequency_penalty: f32,
+    /// OpenAI's presence penalty, -2 to 2: lowers the logit of every token already in the
+    /// completion; 0 is off.
+    #[arg(long, default_value = "0", value_parser = parse_occurrence_penalty, allow_hyphen_values = true)]
+    pub presence_penalty: f32,
     /// Seed of the draw, for a reproducible run; -1 (the default) picks one at random and
     /// prints it with the timings.
     #[arg(long, default_value = "-1", value_parser = parse_seed, allow_hyphen_values = true)]
@@ -41,6 +49,8 @@ impl SamplerArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n as usize,
+            frequency_penalty: self.frequency_penalty,
+            presence_penalty: self.presence_penalty,
             seed: self.seed.0.unwrap_or_else(random_seed),
         }
     }
@@ -84,6 +94,14 @@ fn parse_penalty(text: &str) -> Result<f32, String> {
     match parse_finite(text, WANT)? {
         value if value > 0.0 => Ok(value),
         _ => Err(format!("{text} is not more than 0; want {WANT}")),
+    }
+}
+
+fn parse_occurrence_penalty(text: &str) -> Result<f32, String> {
+    const WANT: &str = "a penalty from -2 to 2 (0 is off)";
+    match parse_finite(text, WANT)? {
+        value if (-2.0..=2.0).contains(&value) => Ok(value),
+        _ => Err(format!("{text} is outside -2..=2; want {WANT}")),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The API under abuse: 64 concurrent streaming clients (some leaving mid-stream), malformed
-//! JSON, wrong types, unknown fields, a 10 MB body, a prompt past the context, wrong keys.
+//! JSON, wrong types, unknown fields, a 10 MB body, a prompt past the context, wrong keys,
+//! bad schemas and tools (a schema that does not compile, one too big to compile, a
+//! `tool_choice` naming no tool, tools for a template without them, penalties out of range).
 //! Each gets its answer or its clear error, and the server keeps serving afterwards.
 
 mod api_support;
@@ -169,6 +171,91 @@ async fn bad_requests(server: &ApiServer) {
     );
 }
 
+/// A chat body of one short question with `extra` fields.
+fn chat_with(server: &ApiServer, extra: Value) -> String {
+    let mut body = json!({
+        "model": server.model,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "temperature": 0,
+    });
+    for (key, value) in extra.as_object().expect("fields") {
+        body[key] = value.clone();
+    }
+    body.to_string()
+}
+
+/// Bad structured-output and tool requests: each a 400 naming its field, none a panic.
+async fn bad_structured_requests(server: &ApiServer) {
+    let client = Client::new();
+    let weather = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]);
+    let huge_schema = json!({"type": "object", "properties": (0..3000)
+        .map(|i| (format!("field_{i}"), json!({"type": "string"})))
+        .collect::<serde_json::Map<String, Value>>()});
+    let cases: Vec<(Value, &str, &str)> = vec![
+        (
+            json!({"response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "wat"}}}}),
+            "response_format.json_schema.schema",
+            "wat",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"$ref": "#/nowhere"}}}}),
+            "response_format.json_schema.schema",
+            "response_format.json_schema.schema",
+        ),
+        (
+            json!({"response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": huge_schema}}}),
+            "response_format.json_schema.schema",
+            "bytes",
+        ),
+        (
+            json!({"response_format": {"type": "xml"}}),
+            "response_format.type",
+            "xml",
+        ),
+        (
+            json!({"tools": weather, "tool_choice": {"type": "function",
+            "function": {"name": "launch_rockets"}}}),
+            "tool_choice.function.name",
+            "launch_rockets",
+        ),
+        (json!({"tools": weather}), "tools", "has no tools"),
+        (
+            json!({"tools": weather, "tool_choice": "required"}),
+            "tools",
+            "has no tools",
+        ),
+        (json!({"tool_choice": "required"}), "tool_choice", "empty"),
+        (
+            json!({"frequency_penalty": 2.5}),
+            "frequency_penalty",
+            "between",
+        ),
+        (
+            json!({"presence_penalty": -3}),
+            "presence_penalty",
+            "between",
+        ),
+    ];
+    for (extra, param, says) in cases {
+        let body = chat_with(server, extra);
+        let (status, error) =
+            error_of(post(&client, server, "v1/chat/completions", body.clone()).await).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+        assert_eq!(error["param"], param, "{body}: {error}");
+        let message = error["message"].as_str().unwrap();
+        assert!(message.contains(says), "{param}: {message}");
+    }
+    // `tool_choice: none` on a template without tools is plain chat.
+    let none = chat_with(server, json!({"tools": weather, "tool_choice": "none"}));
+    let answer = post(&client, server, "v1/chat/completions", none).await;
+    assert_eq!(answer.status(), StatusCode::OK);
+}
+
 /// Sends a POST over a plain socket and reads the answer while the body is still going out:
 /// a server that refuses an oversized body answers 413 and closes the connection before the
 /// client has written it all, which HTTP clients such as reqwest report as a broken pipe
@@ -279,6 +366,7 @@ async fn abuse_gets_clear_errors_and_the_server_keeps_serving() {
     .await;
     many_streams(&server).await;
     bad_requests(&server).await;
+    bad_structured_requests(&server).await;
     bad_keys(&server).await;
     still_serving(&server).await;
 }

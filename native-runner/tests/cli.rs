@@ -99,6 +99,8 @@ fn sampler_settings_out_of_range_are_refused_with_the_range() {
         ("--repeat-penalty", "0", "more than 0"),
         ("--top-k", "-3", "0 or more"),
         ("--repeat-last-n", "-2", "-1 for the whole context"),
+        ("--frequency-penalty", "3", "from -2 to 2"),
+        ("--presence-penalty", "-2.5", "from -2 to 2"),
         ("--seed", "-7", "-1 for a random seed"),
         ("-n", "-1", "1 or more"),
         ("-n", "0", "1 or more"),

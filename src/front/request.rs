@@ -18,6 +18,12 @@ pub enum Prompt {
     Ids(Vec<u32>),
     /// A conversation, rendered with the model's chat template and a generation prompt.
     Chat(Vec<ChatMessage>),
+    /// A conversation with tool definitions (OpenAI's `tools` entries), which the template
+    /// shows the model (see `ChatTemplate::tool_support`).
+    ToolChat {
+        messages: Vec<ChatMessage>,
+        tools: Vec<serde_json::Value>,
+    },
 }
 
 /// What to generate and when to stop.

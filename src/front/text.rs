@@ -44,6 +44,12 @@ impl TextFront {
             Prompt::Text(text) => self.tokenize_prompt(text),
             Prompt::Ids(ids) => ids.clone(),
             Prompt::Chat(messages) => self.tokenize_prompt(&self.chat_prompt(messages)?),
+            Prompt::ToolChat { messages, tools } => {
+                let text = self
+                    .template
+                    .render_prompt_with_tools(messages, tools, true)?;
+                self.tokenize_prompt(&text)
+            }
         };
         if ids.is_empty() {
             return Err(RequestError::EmptyPrompt);
@@ -116,7 +122,8 @@ impl Decoding {
 
     /// The next token from the last position's logits.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        self.sampler.sample(logits, &self.tokens)
+        self.sampler
+            .sample_completion(logits, &self.tokens, self.prompt_len)
     }
 
     /// Takes token `id`: applies the stop rules, streams it through `on_event`, and returns

@@ -59,20 +59,35 @@ impl ConstraintSpec {
     /// A call of one of `functions` (name, JSON Schema of the parameters) as the JSON
     /// `{"name": ..., "arguments": {...}}` that tool-calling chat templates expect.
     pub fn tool_call<'a>(functions: impl IntoIterator<Item = (&'a str, &'a Value)>) -> Self {
-        let calls: Vec<Value> = functions
-            .into_iter()
-            .map(|(name, parameters)| {
-                json!({
-                    "type": "object",
-                    "properties": {"name": {"const": name}, "arguments": parameters},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": false,
-                })
-            })
-            .collect();
         ConstraintSpec::JsonSchema {
-            schema: json!({"anyOf": calls}),
+            schema: tool_call_schema(functions),
         }
+    }
+
+    /// A call in Hermes' tags, as Qwen2.5's template writes them:
+    /// `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`, the JSON as in
+    /// [`ConstraintSpec::tool_call`] with the template's separators (`", "`, `": "`). With
+    /// `or_text`, free text may come instead of the call (OpenAI's `tool_choice: auto`) as
+    /// long as it does not start with `<` (so text and a call never share a prefix) or `{`
+    /// (small models otherwise write the call's JSON bare, without its tags).
+    pub fn hermes_tool_call<'a>(
+        functions: impl IntoIterator<Item = (&'a str, &'a Value)>,
+        or_text: bool,
+    ) -> Self {
+        let mut schema = tool_call_schema(functions);
+        schema["x-guidance"] = json!({
+            "whitespace_flexible": false,
+            "item_separator": ", ",
+            "key_separator": ": ",
+        });
+        let start = match or_text {
+            true => "start: tool_call | TEXT\nTEXT: /[^<{](?s:.)*/\n",
+            false => "start: tool_call\n",
+        };
+        let grammar = format!(
+            "{start}tool_call: \"<tool_call>\\n\" call \"\\n</tool_call>\"\ncall: %json {schema}\n"
+        );
+        ConstraintSpec::Lark { grammar }
     }
 
     /// Compiles the constraint over single bytes: a bad schema, regex or grammar fails here,
@@ -91,6 +106,23 @@ impl ConstraintSpec {
             ConstraintSpec::Lark { grammar } => TopLevelGrammar::from_lark(grammar.clone()),
         }
     }
+}
+
+/// `{"name": N, "arguments": A}` for one of the functions: an `anyOf` over them, each with its
+/// name as a constant and its parameters' schema for the arguments.
+fn tool_call_schema<'a>(functions: impl IntoIterator<Item = (&'a str, &'a Value)>) -> Value {
+    let calls: Vec<Value> = functions
+        .into_iter()
+        .map(|(name, parameters)| {
+            json!({
+                "type": "object",
+                "properties": {"name": {"const": name}, "arguments": parameters},
+                "required": ["name", "arguments"],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    json!({"anyOf": calls})
 }
 
 /// JSON without optional whitespace unless the schema asks otherwise (`x-guidance`): small

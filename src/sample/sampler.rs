@@ -1,5 +1,6 @@
 //! Choosing the next token from logits, in llama.cpp's default chain order:
-//! repetition penalty → top-k → top-p → min-p → temperature → seeded draw.
+//! repetition penalty → frequency/presence penalties → top-k → top-p → min-p → temperature →
+//! seeded draw.
 //!
 //! As in llama.cpp, top-p and min-p look at the untempered distribution; temperature only
 //! reshapes what survives them. A temperature of zero or less means greedy (argmax after the
@@ -24,6 +25,14 @@ pub struct SamplerConfig {
     pub repeat_penalty: f32,
     /// How much history the penalty looks at; `0` is off.
     pub repeat_last_n: usize,
+    /// OpenAI's `frequency_penalty`: subtracted from a token's logit once per time it occurs
+    /// in the completion so far; `0` is off.
+    #[serde(default)]
+    pub frequency_penalty: f32,
+    /// OpenAI's `presence_penalty`: subtracted once from the logit of every token that occurs
+    /// in the completion so far; `0` is off.
+    #[serde(default)]
+    pub presence_penalty: f32,
     /// Seed of the draw: the same seed, logits and history give the same tokens.
     pub seed: u64,
 }
@@ -38,6 +47,8 @@ impl Default for SamplerConfig {
             min_p: 0.05,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
         }
     }
@@ -53,6 +64,8 @@ impl SamplerConfig {
             min_p: 0.0,
             repeat_penalty: 1.0,
             repeat_last_n: 0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
             seed: 0,
         }
     }
@@ -63,9 +76,17 @@ impl SamplerConfig {
     }
 
     /// Whether the next token is the plain argmax of the logits (greedy, no penalty), which
-    /// the device can pick itself instead of sending the logits back.
+    /// the device can pick itself instead of sending the logits back. Any penalty changes
+    /// which token is the argmax, so the logits come back and the CPU takes it.
     pub fn argmax_suffices(&self) -> bool {
-        self.is_greedy() && self.repeat_penalty == 1.0
+        self.is_greedy() && !self.penalises()
+    }
+
+    /// Whether any penalty (repetition, frequency, presence) can change a logit.
+    pub fn penalises(&self) -> bool {
+        (self.repeat_penalty != 1.0 && self.repeat_last_n > 0)
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
     }
 }
 
@@ -101,9 +122,17 @@ impl Sampler {
         &self.config
     }
 
-    /// Picks the next token. `history` is every token so far (prompt included), oldest first.
+    /// Picks the next token. `history` is every token so far, oldest first, all of it counted
+    /// as completion by the frequency and presence penalties (see `sample_completion`).
     /// Empty `logits` give token 0; NaN logits count as impossible.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        self.sample_completion(logits, history, 0)
+    }
+
+    /// `sample` where `history[prompt_len..]` is the completion: the repetition penalty looks
+    /// at the whole history (llama.cpp), the frequency and presence penalties only at the
+    /// completion (OpenAI).
+    pub fn sample_completion(&mut self, logits: &[f32], history: &[u32], prompt_len: usize) -> u32 {
         self.candidates.clear();
         self.candidates
             .extend(logits.iter().enumerate().map(|(id, &logit)| Candidate {
@@ -118,6 +147,8 @@ impl Sampler {
             return 0;
         }
         apply_repeat_penalty(&mut self.candidates, history, &self.config);
+        let completion = history.get(prompt_len..).unwrap_or_default();
+        apply_occurrence_penalties(&mut self.candidates, completion, &self.config);
         if self.config.is_greedy() {
             return argmax(&self.candidates);
         }
@@ -153,6 +184,28 @@ fn apply_repeat_penalty(candidates: &mut [Candidate], history: &[u32], config: &
             c.logit *= config.repeat_penalty;
         } else {
             c.logit /= config.repeat_penalty;
+        }
+    }
+}
+
+/// OpenAI's penalties: `logit -= count * frequency_penalty + (count > 0) * presence_penalty`
+/// for each token that occurs `count` times in the completion.
+fn apply_occurrence_penalties(
+    candidates: &mut [Candidate],
+    completion: &[u32],
+    config: &SamplerConfig,
+) {
+    if config.frequency_penalty == 0.0 && config.presence_penalty == 0.0 {
+        return;
+    }
+    let mut counts = std::collections::HashMap::with_capacity(completion.len());
+    for &id in completion {
+        *counts.entry(id).or_insert(0u32) += 1;
+    }
+    for (id, count) in counts {
+        // `candidates` is still indexed by id here.
+        if let Some(c) = candidates.get_mut(id as usize) {
+            c.logit -= count as f32 * config.frequency_penalty + config.presence_penalty;
         }
     }
 }

@@ -2,9 +2,15 @@
 //! configured like Hugging Face's `apply_chat_template` (trim_blocks, lstrip_blocks,
 //! `raise_exception`, Python string methods). Files without a template get llama.cpp's built-in
 //! format for their architecture: Gemma's turn format for `gemma*`, ChatML otherwise.
+//!
+//! Tools (OpenAI's `tools`) go into the context as `tools`, the way Hugging Face passes them;
+//! whether a template uses them is found by rendering a probe tool once (llama.cpp's minja
+//! does the same), and how it writes a call (Hermes' `<tool_call>` tags, as Qwen2.5 does) by
+//! rendering a probe call.
 
 use minijinja::{context, Environment, Error, ErrorKind};
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 
 use super::{Tokenizer, TokenizerError};
 
@@ -17,6 +23,13 @@ pub struct ChatMessage {
     /// `system`, `user` or `assistant` (templates may accept others, e.g. `tool`).
     pub role: String,
     pub content: String,
+    /// An assistant turn's tool calls, in OpenAI's shape (`[{id, type, function: {name,
+    /// arguments}}]`) with `arguments` as a JSON value, which is what templates print.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Value>,
+    /// A `tool` turn: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 impl ChatMessage {
@@ -24,9 +37,26 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            tool_calls: None,
+            tool_call_id: None,
         }
     }
 }
+
+/// How a template lets a model call tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ToolSupport {
+    /// The template never shows the model its tools.
+    None,
+    /// Calls are `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>` (Hermes,
+    /// Qwen2.5).
+    Hermes,
+    /// The template shows tools but writes calls in a format this crate does not parse.
+    Other,
+}
+
+/// The probe tool's name: nothing a real conversation contains.
+const PROBE_TOOL: &str = "webshard_probe_tool_7f3a";
 
 enum Format {
     Jinja(Box<Environment<'static>>),
@@ -43,6 +73,7 @@ pub struct ChatTemplate {
     eos_token: String,
     /// Whether the tokenizer adds BOS itself, so a rendered leading BOS must be dropped.
     tokenizer_adds_bos: bool,
+    tools: ToolSupport,
 }
 
 impl std::fmt::Debug for ChatTemplate {
@@ -98,12 +129,45 @@ impl ChatTemplate {
             (None, Some(arch)) if arch.starts_with("gemma") => Format::Gemma,
             (None, _) => Format::ChatMl,
         };
-        Ok(ChatTemplate {
+        let mut template = ChatTemplate {
             format,
             bos_token: text_of(tokenizer.bos_id()),
             eos_token: text_of(tokenizer.eos_id()),
             tokenizer_adds_bos: tokenizer.adds_bos(),
-        })
+            tools: ToolSupport::None,
+        };
+        template.tools = template.probe_tools();
+        Ok(template)
+    }
+
+    /// Whether (and how) this template shows tools and their calls to the model.
+    pub fn tool_support(&self) -> ToolSupport {
+        self.tools
+    }
+
+    /// Renders a probe tool, then a probe call: a template that prints neither has no tools.
+    fn probe_tools(&self) -> ToolSupport {
+        let tool = json!({"type": "function", "function": {
+            "name": PROBE_TOOL, "description": "probe", "parameters": {"type": "object"}}});
+        let ask = [ChatMessage::new("user", "probe")];
+        let shown = self
+            .render_with_tools(&ask, std::slice::from_ref(&tool), true)
+            .is_ok_and(|text| text.contains(PROBE_TOOL));
+        if !shown {
+            return ToolSupport::None;
+        }
+        let call = ChatMessage {
+            tool_calls: Some(json!([{"id": "call_0", "type": "function",
+                "function": {"name": PROBE_TOOL, "arguments": {}}}])),
+            ..ChatMessage::new("assistant", "")
+        };
+        let conversation = [ask[0].clone(), call];
+        match self.render_with_tools(&conversation, &[tool], false) {
+            Ok(text) if text.contains(&format!("<tool_call>\n{{\"name\": \"{PROBE_TOOL}\"")) => {
+                ToolSupport::Hermes
+            }
+            _ => ToolSupport::Other,
+        }
     }
 
     /// The built-in format used for a model that has no chat template of its own, named for
@@ -124,6 +188,19 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
+        self.render_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// `render` with tool definitions (OpenAI's `tools` entries) in the context; the built-in
+    /// formats have no place for them and ignore them.
+    pub fn render_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        // Templates test `if tools`: an absent list, not an empty one, is "no tools".
+        let tools = (!tools.is_empty()).then_some(tools);
         match &self.format {
             Format::Jinja(env) => {
                 let template = env
@@ -132,6 +209,7 @@ impl ChatTemplate {
                 template
                     .render(context! {
                         messages => minijinja::value::Serde(messages),
+                        tools => tools.map(minijinja::value::Serde),
                         add_generation_prompt => add_generation_prompt,
                         bos_token => &self.bos_token,
                         eos_token => &self.eos_token,
@@ -150,7 +228,17 @@ impl ChatTemplate {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
-        let rendered = self.render(messages, add_generation_prompt)?;
+        self.render_prompt_with_tools(messages, &[], add_generation_prompt)
+    }
+
+    /// `render_prompt` with tool definitions (see `render_with_tools`).
+    pub fn render_prompt_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: &[Value],
+        add_generation_prompt: bool,
+    ) -> Result<String, TokenizerError> {
+        let rendered = self.render_with_tools(messages, tools, add_generation_prompt)?;
         if self.tokenizer_adds_bos && !self.bos_token.is_empty() {
             if let Some(rest) = rendered.strip_prefix(self.bos_token.as_str()) {
                 return Ok(rest.to_owned());

@@ -19,7 +19,7 @@ mod wpm;
 
 use std::collections::BTreeSet;
 
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, ToolSupport};
 pub use pretokenize::PreTokenizerKind;
 pub use stream::Utf8Stream;
 pub use vocab::{TokenizerKind, Vocab};

@@ -133,6 +133,8 @@ impl GenerateSettings {
                 min_p: self.min_p,
                 repeat_penalty: self.repeat_penalty,
                 repeat_last_n: self.repeat_last_n,
+                frequency_penalty: 0.0,
+                presence_penalty: 0.0,
                 seed: self.seed,
             },
             stop: self.stop.clone(),

@@ -13,6 +13,8 @@ pub mod metrics;
 pub mod reply;
 pub mod routes;
 pub mod sse;
+pub mod structured;
+pub mod tool_calls;
 pub mod types;
 pub mod validate;
 pub mod worker;

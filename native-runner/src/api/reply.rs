@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 
+use super::tool_calls::{read_call, Call, Piece};
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
-    Completion, CompletionChoice, CompletionLogprobs, Delta, PromptTokensDetails, TokenLogprob,
-    TopLogprob, Usage,
+    Completion, CompletionChoice, CompletionLogprobs, Delta, FunctionCall, FunctionDelta,
+    PromptTokensDetails, TokenLogprob, ToolCall, ToolCallDelta, TopLogprob, Usage,
 };
 use webshard::front::FinishReason;
 
@@ -29,10 +30,12 @@ pub struct Reply {
     pub created: u64,
     pub model: String,
     pub include_usage: bool,
+    /// The answer may be a tool call (see `tool_calls`).
+    pub tool_calls: bool,
 }
 
 impl Reply {
-    pub fn new(endpoint: Endpoint, model: &str, include_usage: bool) -> Reply {
+    pub fn new(endpoint: Endpoint, model: &str, include_usage: bool, tool_calls: bool) -> Reply {
         static NEXT: AtomicU64 = AtomicU64::new(0);
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -48,11 +51,41 @@ impl Reply {
             created: now.as_secs(),
             model: model.to_string(),
             include_usage,
+            tool_calls,
+        }
+    }
+
+    /// The one call of this answer: its id derives from the response's, so it is unique too.
+    fn call_id(&self) -> String {
+        format!("call_{}", self.id.trim_start_matches("chatcmpl-"))
+    }
+
+    fn tool_call(&self, call: &Call) -> ToolCall {
+        ToolCall {
+            id: self.call_id(),
+            kind: "function".to_string(),
+            function: FunctionCall {
+                name: call.name.clone(),
+                arguments: call.arguments.clone(),
+            },
+        }
+    }
+
+    /// OpenAI's `finish_reason`: `tool_calls` when the answer is a call.
+    pub fn finish_reason(&self, done: &Finished, called: bool) -> &'static str {
+        match called {
+            true => "tool_calls",
+            false => finish_str(done.finish),
         }
     }
 
     /// The non-streamed response.
     pub fn whole(&self, done: &Finished) -> Value {
+        let call = self.tool_calls.then(|| read_call(&done.text)).flatten();
+        let (content, tool_calls) = match &call {
+            Some(call) => (None, Some(vec![self.tool_call(call)])),
+            None => (Some(done.text.clone()), None),
+        };
         match self.endpoint {
             Endpoint::Chat => json(&ChatCompletion {
                 id: self.id.clone(),
@@ -63,11 +96,12 @@ impl Reply {
                     index: 0,
                     message: AssistantMessage {
                         role: "assistant",
-                        content: done.text.clone(),
+                        content,
                         refusal: None,
+                        tool_calls,
                     },
                     logprobs: done.logprobs.as_deref().map(chat_logprobs),
-                    finish_reason: finish_str(done.finish),
+                    finish_reason: self.finish_reason(done, call.is_some()),
                 }],
                 usage: usage(done),
                 system_fingerprint: None,
@@ -75,17 +109,19 @@ impl Reply {
             Endpoint::Completion => self.completion(
                 &done.text,
                 done.logprobs.as_deref().map(completion_logprobs),
-                Some(done.finish),
+                Some(finish_str(done.finish)),
                 Some(Some(usage(done))),
             ),
         }
     }
 
-    /// Chat streams open with the assistant's role; completions have no such chunk.
+    /// Chat streams open with the assistant's role (and empty content, unless the answer
+    /// may be a call); completions have no such chunk.
     pub fn opening(&self) -> Option<Value> {
         let delta = Delta {
             role: Some("assistant"),
-            content: Some(String::new()),
+            content: (!self.tool_calls).then(String::new),
+            tool_calls: None,
         };
         (self.endpoint == Endpoint::Chat).then(|| self.chat_chunk(delta, None, None))
     }
@@ -94,8 +130,8 @@ impl Reply {
         match self.endpoint {
             Endpoint::Chat => {
                 let delta = Delta {
-                    role: None,
                     content: Some(text.to_string()),
+                    ..Delta::default()
                 };
                 self.chat_chunk(delta, None, None)
             }
@@ -116,10 +152,35 @@ impl Reply {
         }
     }
 
-    pub fn finish(&self, finish: FinishReason) -> Value {
+    /// A chat chunk for a piece of a possible tool call (see `tool_calls::CallReader`).
+    pub fn piece(&self, piece: &Piece) -> Value {
+        let call = |id, kind, name, arguments| ToolCallDelta {
+            index: 0,
+            id,
+            kind,
+            function: FunctionDelta { name, arguments },
+        };
+        let delta = match piece {
+            Piece::Content(text) => return self.text(text),
+            Piece::CallStart { name } => call(
+                Some(self.call_id()),
+                Some("function"),
+                Some(name.clone()),
+                String::new(),
+            ),
+            Piece::Arguments(text) => call(None, None, None, text.clone()),
+        };
+        let delta = Delta {
+            tool_calls: Some(vec![delta]),
+            ..Delta::default()
+        };
+        self.chat_chunk(delta, None, None)
+    }
+
+    pub fn finish(&self, reason: &'static str) -> Value {
         match self.endpoint {
-            Endpoint::Chat => self.chat_chunk(Delta::default(), None, Some(finish)),
-            Endpoint::Completion => self.completion("", None, Some(finish), self.usage_slot(None)),
+            Endpoint::Chat => self.chat_chunk(Delta::default(), None, Some(reason)),
+            Endpoint::Completion => self.completion("", None, Some(reason), self.usage_slot(None)),
         }
     }
 
@@ -159,14 +220,14 @@ impl Reply {
         &self,
         delta: Delta,
         logprobs: Option<ChatLogprobs>,
-        finish: Option<FinishReason>,
+        finish: Option<&'static str>,
     ) -> Value {
         json(&ChatChunk {
             choices: vec![ChatChunkChoice {
                 index: 0,
                 delta,
                 logprobs,
-                finish_reason: finish.map(finish_str),
+                finish_reason: finish,
             }],
             ..self.chat_base()
         })
@@ -176,7 +237,7 @@ impl Reply {
         &self,
         text: &str,
         logprobs: Option<CompletionLogprobs>,
-        finish: Option<FinishReason>,
+        finish: Option<&'static str>,
         usage: Option<Option<Usage>>,
     ) -> Value {
         json(&Completion {
@@ -188,7 +249,7 @@ impl Reply {
                 index: 0,
                 text: text.to_string(),
                 logprobs,
-                finish_reason: finish.map(finish_str),
+                finish_reason: finish,
             }],
             usage,
             system_fingerprint: None,

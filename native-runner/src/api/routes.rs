@@ -145,7 +145,7 @@ async fn completions(State(state): State<Shared>, body: Result<Bytes, BytesRejec
 /// Queues the job and answers with its stream or, once it is done, the whole response.
 async fn run(model: &ModelHandle, endpoint: Endpoint, plan: Plan) -> Result<Response, ApiError> {
     let (events, received) = unbounded_channel();
-    let reply = Reply::new(endpoint, &model.name, plan.include_usage);
+    let reply = Reply::new(endpoint, &model.name, plan.include_usage, plan.tool_calls);
     model.submit(Job {
         request: plan.request,
         logprobs: plan.logprobs,

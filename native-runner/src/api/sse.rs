@@ -11,6 +11,7 @@ use tokio::sync::mpsc::UnboundedReceiver;
 
 use super::errors::ApiError;
 use super::reply::Reply;
+use super::tool_calls::CallReader;
 use super::worker::{Event, Finished};
 
 /// Where a stream is.
@@ -18,6 +19,8 @@ struct Progress {
     reply: Reply,
     events: UnboundedReceiver<Event>,
     opened: bool,
+    /// Reads the text as content or a tool call when the answer may be one.
+    calls: Option<CallReader>,
 }
 
 pub fn stream(
@@ -25,6 +28,7 @@ pub fn stream(
     events: UnboundedReceiver<Event>,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let start = Progress {
+        calls: reply.tool_calls.then(CallReader::default),
         reply,
         events,
         opened: false,
@@ -38,10 +42,20 @@ pub fn stream(
         }
         match progress.events.recv().await {
             Some(Event::Text(text)) => {
-                let chunk = vec![data(progress.reply.text(&text))];
-                Some((chunk, Some(progress)))
+                let chunks = match &mut progress.calls {
+                    Some(reader) => reader
+                        .push(&text)
+                        .iter()
+                        .map(|piece| data(progress.reply.piece(piece)))
+                        .collect(),
+                    None => vec![data(progress.reply.text(&text))],
+                };
+                Some((chunks, Some(progress)))
             }
-            Some(Event::Done(done)) => Some((closing(&progress.reply, &done), None)),
+            Some(Event::Done(done)) => {
+                let called = progress.calls.as_ref().is_some_and(|r| r.call().is_some());
+                Some((closing(&progress.reply, &done, called), None))
+            }
             Some(Event::Failed(err)) => Some((failure(&err), None)),
             None => Some((
                 failure(&ApiError::internal("The model worker stopped")),
@@ -73,12 +87,12 @@ fn done_marker() -> SseEvent {
     SseEvent::default().data("[DONE]")
 }
 
-fn closing(reply: &Reply, done: &Finished) -> Vec<SseEvent> {
+fn closing(reply: &Reply, done: &Finished, called: bool) -> Vec<SseEvent> {
     let mut events = Vec::new();
     if let Some(choices) = &done.logprobs {
         events.push(data(reply.logprobs(choices)));
     }
-    events.push(data(reply.finish(done.finish)));
+    events.push(data(reply.finish(reply.finish_reason(done, called))));
     if reply.include_usage {
         events.push(data(reply.usage(done)));
     }

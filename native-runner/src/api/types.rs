@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 /// `stop`: one string or a list of them.
 #[derive(Debug, Clone, Deserialize)]
@@ -35,11 +36,85 @@ pub struct StreamOptions {
     pub include_obfuscation: Option<bool>,
 }
 
+/// `response_format`: `text`, `json_object` (JSON mode) or `json_schema`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ResponseFormat {
     #[serde(rename = "type")]
     pub kind: String,
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JsonSchemaFormat {
+    pub name: String,
+    pub description: Option<String>,
+    pub schema: Option<Value>,
+    /// Output is always held to the schema; `strict` is accepted and changes nothing.
+    pub strict: Option<bool>,
+}
+
+/// One entry of `tools`.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Tool {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionDefinition,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionDefinition {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the arguments; absent is "no arguments" (an empty object).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+/// `tool_choice`: `"auto"`, `"none"`, `"required"`, or one function by name.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    Mode(String),
+    Function(NamedToolChoice),
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedToolChoice {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: NamedFunction,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedFunction {
+    pub name: String,
+}
+
+/// A call in an assistant message the client sends back (or one this server answers with).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as a JSON text, as OpenAI sends them.
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -49,6 +124,7 @@ pub enum Role {
     Developer,
     User,
     Assistant,
+    Tool,
 }
 
 impl Role {
@@ -58,6 +134,7 @@ impl Role {
             Role::System | Role::Developer => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -86,6 +163,16 @@ pub struct Message {
     pub content: Option<Content>,
     #[serde(default)]
     pub name: Option<String>,
+    /// An assistant turn's calls.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    /// A `tool` turn: which call it answers.
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+    /// Sent back when a client passes an answer's message object on as it is; not shown to
+    /// the model.
+    #[serde(default)]
+    pub refusal: Option<String>,
 }
 
 /// What both endpoints share: how to sample and when to stop.
@@ -118,6 +205,10 @@ pub struct ChatRequest {
     pub logprobs: Option<bool>,
     pub top_logprobs: Option<u32>,
     pub response_format: Option<ResponseFormat>,
+    pub tools: Option<Vec<Tool>>,
+    pub tool_choice: Option<ToolChoice>,
+    /// One call per answer is what is generated; `false` asks for no more.
+    pub parallel_tool_calls: Option<bool>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub seed: Option<i64>,
@@ -155,6 +246,7 @@ pub struct CompletionRequest {
     pub echo: Option<bool>,
     pub suffix: Option<String>,
     pub best_of: Option<u32>,
+    pub response_format: Option<ResponseFormat>,
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub seed: Option<i64>,
@@ -254,8 +346,11 @@ pub struct CompletionLogprobs {
 #[derive(Debug, Clone, Serialize)]
 pub struct AssistantMessage {
     pub role: &'static str,
-    pub content: String,
+    /// `null` when the answer is a tool call.
+    pub content: Option<String>,
     pub refusal: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -283,6 +378,27 @@ pub struct Delta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCallDelta>>,
+}
+
+/// A streamed piece of a tool call: the first names it (id, type, function name, empty
+/// arguments), the next ones carry fragments of the arguments.
+#[derive(Debug, Clone, Serialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub kind: Option<&'static str>,
+    pub function: FunctionDelta,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FunctionDelta {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    pub arguments: String,
 }
 
 #[derive(Debug, Clone, Serialize)]

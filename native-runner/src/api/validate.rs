@@ -4,12 +4,14 @@
 //! as the generator will, and its length checked against the context before any work is
 //! queued.
 
+use serde_json::{json, Value};
 use webshard::front::{GenerateOptions, GenerateRequest, Prompt as ModelPrompt, RequestError};
-use webshard::sample::SamplerConfig;
+use webshard::sample::{ConstraintSpec, SamplerConfig};
 use webshard::tokenizer::ChatMessage;
 
 use super::errors::ApiError;
-use super::types::{ChatRequest, CompletionRequest, Content, Prompt, Sampling};
+use super::structured::{response_constraint, tool_plan};
+use super::types::{ChatRequest, CompletionRequest, Content, Message, Prompt, Role, Sampling};
 use super::worker::PromptFront;
 
 /// OpenAI's limits on `stop` and `top_logprobs`, and the legacy `logprobs`.
@@ -26,6 +28,8 @@ pub struct Plan {
     pub logprobs: Option<u32>,
     pub stream: bool,
     pub include_usage: bool,
+    /// The answer may be a tool call, to be read back from the text.
+    pub tool_calls: bool,
 }
 
 pub fn chat_plan(req: &ChatRequest, front: &PromptFront) -> Result<Plan, ApiError> {
@@ -39,30 +43,90 @@ pub fn chat_plan(req: &ChatRequest, front: &PromptFront) -> Result<Plan, ApiErro
         .messages
         .iter()
         .enumerate()
-        .map(|(index, message)| {
-            let content = content_text(message.content.as_ref(), index)?;
-            Ok(ChatMessage::new(message.role.template_name(), content))
-        })
+        .map(|(index, message)| chat_message(message, index))
         .collect::<Result<Vec<_>, ApiError>>()?;
     let (sampler, stop) = sampling(&req.sampling())?;
-    check_response_format(req)?;
+    let tools = tool_plan(
+        req.tools.as_deref(),
+        req.tool_choice.as_ref(),
+        front.tool_support(),
+        &req.model,
+    )?;
+    let format = response_constraint(req.response_format.as_ref())?;
+    if tools.is_some() && format.is_some() {
+        return Err(ApiError::bad_field(
+            "response_format",
+            "`response_format` and a possible tool call cannot be combined; send `tool_choice: \"none\"` or no `response_format`",
+        ));
+    }
     let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
     let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
         (Some(n), _) => Some(positive("max_completion_tokens", n)?),
         (None, Some(n)) => Some(positive("max_tokens", n)?),
         (None, None) => None,
     };
-    let prompt = ModelPrompt::Chat(messages);
+    let tool_calls = tools.is_some();
+    let (prompt, constraint) = match tools {
+        Some(plan) => (
+            ModelPrompt::ToolChat {
+                messages,
+                tools: plan.tools,
+            },
+            Some(plan.constraint),
+        ),
+        None => (ModelPrompt::Chat(messages), format),
+    };
     let prompt_ids = front
         .prompt_ids(&prompt)
         .map_err(|err| prompt_error("messages", err))?;
     let max_tokens = fit_context(prompt_ids.len(), max_tokens, front.max_context, "messages")?;
     Ok(Plan {
-        request: generate_request(prompt, max_tokens, sampler, stop),
+        request: generate_request(prompt, max_tokens, sampler, stop, constraint),
         logprobs,
         stream: req.stream.unwrap_or(false),
         include_usage: include_usage(req.stream, req.stream_options.as_ref())?,
+        tool_calls,
     })
+}
+
+/// One message as the template takes it: text content, an assistant's calls with their
+/// arguments parsed (templates print them as JSON), a tool result's call id.
+fn chat_message(message: &Message, index: usize) -> Result<ChatMessage, ApiError> {
+    let content = content_text(message.content.as_ref(), index)?;
+    let mut out = ChatMessage::new(message.role.template_name(), content);
+    if let Some(calls) = &message.tool_calls {
+        if message.role != Role::Assistant {
+            return Err(ApiError::bad_field(
+                &format!("messages[{index}].tool_calls"),
+                "only assistant messages carry `tool_calls`",
+            ));
+        }
+        let calls: Vec<Value> = calls
+            .iter()
+            .map(|call| {
+                let arguments = serde_json::from_str(&call.function.arguments)
+                    .unwrap_or_else(|_| Value::String(call.function.arguments.clone()));
+                json!({"id": call.id, "type": call.kind,
+                    "function": {"name": call.function.name, "arguments": arguments}})
+            })
+            .collect();
+        out.tool_calls = Some(Value::Array(calls));
+    }
+    match (message.role, &message.tool_call_id) {
+        (Role::Tool, None) => Err(ApiError::bad_field(
+            &format!("messages[{index}].tool_call_id"),
+            "a `tool` message needs the `tool_call_id` of the call it answers",
+        )),
+        (Role::Tool, Some(id)) => {
+            out.tool_call_id = Some(id.clone());
+            Ok(out)
+        }
+        (_, Some(_)) => Err(ApiError::bad_field(
+            &format!("messages[{index}].tool_call_id"),
+            "only `tool` messages carry `tool_call_id`",
+        )),
+        (_, None) => Ok(out),
+    }
 }
 
 pub fn completion_plan(req: &CompletionRequest, front: &PromptFront) -> Result<Plan, ApiError> {
@@ -79,6 +143,7 @@ pub fn completion_plan(req: &CompletionRequest, front: &PromptFront) -> Result<P
         ));
     }
     let (sampler, stop) = sampling(&req.sampling())?;
+    let constraint = response_constraint(req.response_format.as_ref())?;
     let logprobs = match req.logprobs {
         Some(n) if n > MAX_LEGACY_LOGPROBS => {
             return Err(ApiError::bad_field(
@@ -103,10 +168,11 @@ pub fn completion_plan(req: &CompletionRequest, front: &PromptFront) -> Result<P
         "prompt",
     )?;
     Ok(Plan {
-        request: generate_request(prompt, max_tokens, sampler, stop),
+        request: generate_request(prompt, max_tokens, sampler, stop, constraint),
         logprobs,
         stream: req.stream.unwrap_or(false),
         include_usage: include_usage(req.stream, req.stream_options.as_ref())?,
+        tool_calls: false,
     })
 }
 
@@ -154,12 +220,13 @@ fn generate_request(
     max_tokens: u32,
     sampler: SamplerConfig,
     stop: Vec<String>,
+    constraint: Option<ConstraintSpec>,
 ) -> GenerateRequest {
     let options = GenerateOptions {
         max_tokens,
         sampler,
         stop,
-        constraint: None,
+        constraint,
     };
     GenerateRequest::new(prompt, options)
 }
@@ -187,18 +254,8 @@ fn sampling(s: &Sampling) -> Result<(SamplerConfig, Vec<String>), ApiError> {
             "only `n: 1` is supported (one choice per request)",
         ));
     }
-    for (param, value) in [
-        ("frequency_penalty", s.frequency_penalty),
-        ("presence_penalty", s.presence_penalty),
-    ] {
-        in_range(param, value, -2.0, 2.0)?;
-        if value.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::bad_field(
-                param,
-                format!("`{param}` other than 0 is not supported; use `repeat_penalty`"),
-            ));
-        }
-    }
+    in_range("frequency_penalty", s.frequency_penalty, -2.0, 2.0)?;
+    in_range("presence_penalty", s.presence_penalty, -2.0, 2.0)?;
     if s.logit_bias.as_ref().is_some_and(|bias| !bias.is_empty()) {
         return Err(ApiError::bad_field(
             "logit_bias",
@@ -233,6 +290,8 @@ fn sampling(s: &Sampling) -> Result<(SamplerConfig, Vec<String>), ApiError> {
         min_p: s.min_p.unwrap_or(0.0),
         repeat_penalty: s.repeat_penalty.unwrap_or(1.0),
         repeat_last_n: 64,
+        frequency_penalty: s.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: s.presence_penalty.unwrap_or(0.0),
         seed: s.seed.map_or_else(fresh_seed, |seed| seed as u64),
     };
     Ok((config, stop))
@@ -263,19 +322,6 @@ fn positive(param: &str, value: u32) -> Result<u32, ApiError> {
         ));
     }
     Ok(value)
-}
-
-fn check_response_format(req: &ChatRequest) -> Result<(), ApiError> {
-    match &req.response_format {
-        Some(format) if format.kind != "text" => Err(ApiError::bad_field(
-            "response_format",
-            format!(
-                "`response_format` `{}` is not supported (text only)",
-                format.kind
-            ),
-        )),
-        _ => Ok(()),
-    }
 }
 
 fn chat_logprobs(logprobs: Option<bool>, top: Option<u32>) -> Result<Option<u32>, ApiError> {

@@ -21,7 +21,7 @@ use webshard::front::{
     TokenEvent, Usage,
 };
 use webshard::model::StageInput;
-use webshard::tokenizer::Tokenizer;
+use webshard::tokenizer::{Tokenizer, ToolSupport};
 
 use super::errors::ApiError;
 use super::metrics::ModelMetrics;
@@ -75,6 +75,11 @@ impl PromptFront {
     /// The checked ids of `prompt`, as the generator will see them (`Generator::prompt_ids`).
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, RequestError> {
         self.text.prompt_ids(prompt, self.vocab)
+    }
+
+    /// Whether (and how) the model's chat template shows tools.
+    pub fn tool_support(&self) -> ToolSupport {
+        self.text.template.tool_support()
     }
 }
 
