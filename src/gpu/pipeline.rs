@@ -155,7 +155,7 @@ impl Gpu {
             "{}:{} {} {:?}",
             kernel.name, kernel.entry, key.variant, key.consts
         );
-        tracing::debug!(%label, "compiling pipeline");
+        let started = web_time::Instant::now();
         let source = specialised_source(
             kernel,
             key.variant,
@@ -168,7 +168,8 @@ impl Gpu {
                 label: Some(&label),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
             });
-        self.device
+        let pipeline = self
+            .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: None,
@@ -176,7 +177,12 @@ impl Gpu {
                 entry_point: Some(kernel.entry),
                 compilation_options: Default::default(),
                 cache: None,
-            })
+            });
+        // The backend's whole compile (naga, then the driver's) happens in these two calls:
+        // the time ranks kernels by what a cold shader cache costs (docs/ci.md).
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(%label, ms = format!("{ms:.1}"), "compiled pipeline");
+        pipeline
     }
 
     /// Number of pipelines compiled so far.
