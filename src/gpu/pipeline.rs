@@ -4,6 +4,12 @@
 //! directives its variant needs, the `half_t` alias (f16 where the device has shader-f16, else
 //! f32), and `const NAME: u32 = V;` lines for its sizes. No template language: the header is the
 //! whole of the specialisation, and it is printed in the label of every pipeline.
+//!
+//! Kernels never read workgroup memory they have not written in the same dispatch, so native
+//! pipelines skip WGSL's zero-fill of it. For GL, naga writes that fill as one store per element
+//! and a barrier, and llvmpipe's barrier lowering (LLVM's coroutine frame) then spends tens of
+//! CPU-seconds on a matmul tile: most of a cold CI run's shader compiles (docs/ci.md). Browsers
+//! still zero-fill (WebGPU requires it), so a kernel that broke the rule would differ there.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -155,7 +161,7 @@ impl Gpu {
             "{}:{} {} {:?}",
             kernel.name, kernel.entry, key.variant, key.consts
         );
-        tracing::debug!(%label, "compiling pipeline");
+        let started = web_time::Instant::now();
         let source = specialised_source(
             kernel,
             key.variant,
@@ -168,15 +174,24 @@ impl Gpu {
                 label: Some(&label),
                 source: wgpu::ShaderSource::Wgsl(source.into()),
             });
-        self.device
+        let pipeline = self
+            .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&label),
                 layout: None,
                 module: &module,
                 entry_point: Some(kernel.entry),
-                compilation_options: Default::default(),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    zero_initialize_workgroup_memory: false,
+                    ..Default::default()
+                },
                 cache: None,
-            })
+            });
+        // naga and the driver's front end run in these two calls; llvmpipe and lavapipe leave
+        // code generation to the first dispatch, which this time does not include (docs/ci.md).
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        tracing::debug!(%label, ms = format!("{ms:.1}"), "compiled pipeline");
+        pipeline
     }
 
     /// Number of pipelines compiled so far.
