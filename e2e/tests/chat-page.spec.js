@@ -133,6 +133,7 @@ test('a real chat reply: prefill shown, Markdown rendered, speed over decode onl
   const finalRate = Number(final.match(/([\d.]+) tokens\/s/)[1]);
   for (const rate of live) expect(rate).toBeLessThan(Math.max(10 * finalRate, 1));
   const markdown = await reply.getAttribute('data-markdown');
+  await page.screenshot({ path: test.info().outputPath('chat-reply.png'), fullPage: true });
 
   await page.reload();
   await page.waitForFunction(() => document.body.dataset.catalog !== undefined);
@@ -168,5 +169,5 @@ test('the Fleet panel draws the chain: stages by layers, hop bytes and compute t
   await expect(chain.locator('g.hop').nth(1)).toContainText('2 KB');
   const widths = await chain.locator('g.stage rect').evaluateAll((rects) => rects.map((r) => Number(r.getAttribute('width'))));
   expect(widths[0]).toBeGreaterThan(widths[1]); // 20 layers against 10
-  await page.screenshot({ path: '/tmp/s6-fleet-chain.png', fullPage: true });
+  await page.screenshot({ path: test.info().outputPath('fleet-chain.png'), fullPage: true });
 });
