@@ -48,7 +48,8 @@ export function fitVerdict(entry, limits, budgetBytes) {
 /** A picker option's label: name, architecture, parameters, quant, size, context. */
 export function entryLabel(entry) {
   const params = entry.parameters >= 1e9 ? `${(entry.parameters / 1e9).toFixed(1)}B` : `${Math.round(entry.parameters / 1e6)}M`;
-  const name = entry.name || entry.file.replace(/\.gguf$/, '');
+  // The file name: general.name is often a training-run label.
+  const name = entry.file.replace(/\.gguf$/, '');
   return `${name} · ${entry.architecture} ${params} ${entry.quant} · ${mb(entry.size_bytes)} · ctx ${entry.context_length}`;
 }
 
