@@ -45,6 +45,8 @@ module.exports = defineConfig({
   reporter: [['list']],
   use: {
     baseURL: `http://127.0.0.1:${port}/`,
+    // Kept under e2e/test-results/ (CI's artefacts) when a test fails.
+    screenshot: 'only-on-failure',
     browserName: 'chromium',
     launchOptions: {
       executablePath: process.env.WEBSHARD_CHROMIUM || '/usr/lib/chromium/chromium-headless-shell',

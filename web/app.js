@@ -10,10 +10,24 @@ import { WorkerEngine, EngineError } from './engine-client.js';
 import { createEngine, wrapEngine } from './openai.js';
 import { FleetEngine } from './fleet-client.js';
 import { FleetPanel } from './fleet-panel.js';
+import { renderReply, replyElement } from './render.js';
+import { loadConversation, saveConversation, withSystem } from './conversation.js';
+import { adapterLimits, fetchCatalog, fillPicker, fitVerdict } from './catalog.js';
 
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 const SAMPLER_FIELDS = ['n', 'temp', 'top_k', 'top_p', 'min_p', 'repeat_penalty', 'seed'];
+// Each sampler field's label, whether it must be whole, and its range: checked here so a bad
+// value gets a message naming the field, not the engine's deserialiser wording.
+const SAMPLER_RULES = {
+  n: { label: 'max tokens', integer: true, min: 1, max: 65536 },
+  temp: { label: 'temperature', min: 0, max: 100 },
+  top_k: { label: 'top-k', integer: true, min: 0, max: 1e6 },
+  top_p: { label: 'top-p', min: 0, max: 1 },
+  min_p: { label: 'min-p', min: 0, max: 1 },
+  repeat_penalty: { label: 'repeat penalty', min: 0, max: 100, above: true },
+  seed: { label: 'seed', integer: true, min: 0, max: 2 ** 32 - 1 },
+};
 
 const state = {
   engine: null,
@@ -22,13 +36,23 @@ const state = {
   loadController: null,
   fleetController: null,
   messages: [],
+  catalog: [],
+  limits: null,
   generating: false,
   noWebGpu: false,
 };
 const fleetPanel = new FleetPanel();
 window.__webshard_progress = [];
 window.__webshard_reinits = 0;
-window.__webshard = { state, load: loadModel, generate: (p, o) => state.engine.generate(p, o), api: () => state.api };
+window.__webshard_live_speeds = [];
+window.__webshard = {
+  state,
+  load: loadModel,
+  generate: (p, o) => state.engine.generate(p, o),
+  api: () => state.api,
+  // Tests inject a reply through the same rendering as a generated one.
+  renderReply: (markdown) => addReply(markdown),
+};
 
 const NO_WEBGPU_HELP =
   'This demo needs WebGPU. It works in Chrome or Edge 113+ (Windows, macOS, ChromeOS), Chrome 121+ on Android, ' +
@@ -38,9 +62,8 @@ const NO_WEBGPU_HELP =
 const EXPLAIN = {
   'not-found': 'The model URL was not found (HTTP 404).',
   http: 'The server refused the request.',
-  network:
-    'The model could not be fetched: the server is unreachable, or it does not allow this page to read it ' +
-    '(cross-origin URLs need CORS: Access-Control-Allow-Origin, and Access-Control-Expose-Headers with Content-Range and ETag).',
+  // The engine's message already explains (unreachable, or CORS headers missing).
+  network: 'The model could not be fetched.',
   'not-gguf': 'That file is not a GGUF model.',
   'bad-gguf': 'The GGUF file is damaged or truncated.',
   unsupported: 'This model uses something the engine does not support yet.',
@@ -73,9 +96,16 @@ const mb = (bytes) => (bytes / 1e6).toFixed(1);
 function renderProgress(event) {
   const { bytesDone, bytesTotal, mbPerSec, tensor } = event;
   $('progress').value = bytesTotal ? bytesDone / bytesTotal : 0;
-  const eta = mbPerSec > 0 ? ((bytesTotal - bytesDone) / 1e6 / mbPerSec).toFixed(0) : '?';
-  $('progress-text').textContent =
-    `${mb(bytesDone)} / ${mb(bytesTotal)} MB · ${mbPerSec.toFixed(1)} MB/s · ETA ${eta} s · ${tensor}`;
+  const left = mbPerSec > 0 ? (bytesTotal - bytesDone) / 1e6 / mbPerSec : NaN;
+  const eta = left >= 1 ? ` · ETA ${left.toFixed(0)} s` : '';
+  $('progress-text').textContent = `${mb(bytesDone)} / ${mb(bytesTotal)} MB · ${mbPerSec.toFixed(1)} MB/s${eta} · ${tensor}`;
+}
+
+/** Hides the bar and its text once a load ends: the info line then says what happened. */
+function clearProgress() {
+  $('progress-row').hidden = true;
+  $('progress').value = 0;
+  $('progress-text').textContent = '';
 }
 
 function renderInfo(info) {
@@ -104,7 +134,8 @@ function modelUrl() {
 function setLoading(loading) {
   $('load').disabled = loading;
   $('cancel-load').hidden = !loading;
-  $('progress-row').hidden = false;
+  if (loading) $('progress-row').hidden = false;
+  else clearProgress();
   $('send').disabled = loading || !state.engine;
 }
 
@@ -136,7 +167,6 @@ window.__webshard_reinits = 0;
     await dropEngine();
     state.engine = engine;
     state.api = api;
-    state.messages = [];
     window.__webshard_info = engine.info;
     renderInfo(engine.info);
     return engine;
@@ -229,13 +259,29 @@ async function disconnectFleet() {
   $('send').disabled = true;
 }
 
+/** The sampler settings; throws an `options` error naming the first field out of range. */
 function samplerOptions() {
   const options = {};
   for (const field of SAMPLER_FIELDS) {
-    const value = Number($(field).value);
-    if ($(field).value !== '' && Number.isFinite(value)) options[field] = value;
+    const text = $(field).value.trim();
+    if (text === '') continue;
+    options[field] = checkedSetting(field, Number(text), text);
   }
   return options;
+}
+
+function checkedSetting(field, value, text) {
+  const rule = SAMPLER_RULES[field];
+  const whole = rule.integer ? 'a whole number ' : 'a number ';
+  const range = `${whole}from ${rule.min}${rule.above ? ' (exclusive)' : ''} to ${rule.max}`;
+  const bad =
+    !Number.isFinite(value) ||
+    (rule.integer && !Number.isInteger(value)) ||
+    value < rule.min ||
+    (rule.above && value === rule.min) ||
+    value > rule.max;
+  if (bad) throw new EngineError(`"${rule.label}" must be ${range}, not ${text}.`, 'options');
+  return value;
 }
 
 function addTurn(role, text) {
@@ -244,6 +290,37 @@ function addTurn(role, text) {
   div.textContent = text;
   $('transcript').append(div);
   return div;
+}
+
+/** A chat reply: Markdown, sanitised, with a copy button. Returns the element to render into. */
+function addReply(markdown = '') {
+  const { turn, body } = replyElement();
+  $('transcript').append(turn);
+  renderReply(body, markdown);
+  return body;
+}
+
+/** The saved conversation back in the transcript and the system prompt field. */
+function restoreConversation() {
+  const { system, messages } = loadConversation();
+  $('system-prompt').value = system;
+  state.messages = messages;
+  for (const message of messages) {
+    if (message.role === 'user') addTurn('user', message.content);
+    else addReply(message.content);
+  }
+}
+
+function saveChat() {
+  saveConversation($('system-prompt').value, state.messages);
+}
+
+function clearChat() {
+  state.messages = [];
+  $('transcript').textContent = '';
+  $('speed').textContent = '';
+  saveChat();
+  state.engine?.reset();
 }
 
 function setGenerating(generating) {
@@ -274,17 +351,34 @@ function chatRequest(options) {
   return request;
 }
 
-/** Appends streamed text to `reply` and shows the speed so far. */
-function tokenCounter(reply, maxTokens) {
-  const counter = { tokens: 0, firstAt: 0 };
+/** Appends streamed text to `reply` (as Markdown when `markdown`) and shows the speed so far:
+ * tokens after the first over the time since the first, so prefill is not counted. Until the
+ * first token it shows that the prompt is being processed, and for how long. */
+function tokenCounter(reply, maxTokens, markdown) {
+  const counter = { tokens: 0, firstAt: 0, text: '' };
   const fleet = state.engine instanceof FleetEngine;
+  const started = performance.now();
+  const prefill = () => {
+    const seconds = ((performance.now() - started) / 1000).toFixed(0);
+    $('speed').textContent = `processing prompt… ${seconds} s`;
+  };
+  prefill();
+  counter.timer = setInterval(prefill, 500);
   counter.onToken = (text) => {
+    clearInterval(counter.timer);
     counter.tokens += 1;
     if (fleet) fleetPanel.onToken(counter.tokens, maxTokens ?? 128);
-    counter.firstAt ||= performance.now();
-    reply.textContent += text;
-    const seconds = (performance.now() - counter.firstAt) / 1000;
-    if (seconds > 0) $('speed').textContent = `${(counter.tokens / seconds).toFixed(1)} tokens/s`;
+    counter.text += text;
+    if (markdown) renderReply(reply, counter.text);
+    else reply.textContent += text;
+    if (!counter.firstAt) {
+      counter.firstAt = performance.now();
+      $('speed').textContent = 'first token';
+      return;
+    }
+    const rate = (counter.tokens - 1) / ((performance.now() - counter.firstAt) / 1000);
+    window.__webshard_live_speeds.push(rate);
+    $('speed').textContent = `${rate.toFixed(1)} tokens/s`;
   };
   return counter;
 }
@@ -293,12 +387,14 @@ function tokenCounter(reply, maxTokens) {
  * OpenAI-shaped API), else a plain continuation of the text. Resolves to what showSpeed shows. */
 async function runTurn(promptText, options, request) {
   addTurn('user', promptText);
-  const counter = tokenCounter(addTurn('assistant', ''), options.n);
+  const reply = request ? addReply() : addTurn('assistant', '');
+  const counter = tokenCounter(reply, options.n, Boolean(request));
   setGenerating(true);
   try {
     if (!request) return await state.engine.generate(promptText, options, counter.onToken);
     return await chatTurn(promptText, request, counter);
   } finally {
+    clearInterval(counter.timer);
     setGenerating(false);
     noteFleetClosed();
   }
@@ -311,7 +407,8 @@ async function chatTurn(promptText, request, counter) {
   const started = performance.now();
   const turn = { chat: true, text: '', aborted: false };
   try {
-    const chunks = await state.api.chat.completions.create({ ...request, messages }, { signal: controller.signal });
+    const sent = withSystem($('system-prompt').value, messages);
+    const chunks = await state.api.chat.completions.create({ ...request, messages: sent }, { signal: controller.signal });
     for await (const chunk of chunks) {
       const [choice] = chunk.choices;
       if (choice?.delta.content) {
@@ -329,6 +426,7 @@ async function chatTurn(promptText, request, counter) {
   }
   // A stopped reply stays in the conversation as far as it got, as the cache holds it.
   state.messages = [...messages, { role: 'assistant', content: turn.text }];
+  saveChat();
   turn.tokens = turn.usage?.completion_tokens ?? counter.tokens;
   turn.seconds = (performance.now() - (counter.firstAt || started)) / 1000;
   return turn;
@@ -336,7 +434,8 @@ async function chatTurn(promptText, request, counter) {
 
 function showSpeed(out) {
   if (out.chat) {
-    const rate = out.seconds > 0 ? ` · ${(out.tokens / out.seconds).toFixed(2)} tokens/s` : '';
+    // Over decode steps only: the first token's time is the prompt's.
+    const rate = out.seconds > 0 && out.tokens > 1 ? ` · ${((out.tokens - 1) / out.seconds).toFixed(2)} tokens/s` : '';
     const prompt = out.usage ? ` · prompt ${out.usage.prompt_tokens} tokens` : '';
     const end = out.aborted ? ' · stopped' : out.finishReason === 'length' ? ' · cut off at max tokens' : '';
     $('speed').textContent = `${out.tokens} tokens${rate}${prompt}${end}`;
@@ -414,7 +513,10 @@ async function autorun() {
 function wireControls() {
   $('model').addEventListener('change', () => {
     $('model-url').hidden = $('model').value !== 'other';
+    showFit();
   });
+  $('memory-budget').addEventListener('input', showFit);
+  $('system-prompt').addEventListener('change', saveChat);
   $('load').addEventListener('click', () => loadModel(modelUrl()).catch(showError));
   $('cancel-load').addEventListener('click', () => state.loadController?.abort());
   $('clear-cache').addEventListener('click', async () => {
@@ -426,11 +528,7 @@ function wireControls() {
   $('fleet-disconnect').addEventListener('click', () => disconnectFleet().catch(showError));
   $('prompt-form').addEventListener('submit', onSend);
   $('stop').addEventListener('click', () => (state.turnController ? state.turnController.abort() : state.engine?.abort()));
-  $('new-chat').addEventListener('click', () => {
-    state.messages = [];
-    $('transcript').textContent = '';
-    state.engine?.reset();
-  });
+  $('new-chat').addEventListener('click', clearChat);
 }
 
 /** The Fleet panel's fields from the URL; the signaling server defaults to this server's. */
@@ -444,15 +542,34 @@ function fillFleetPanel() {
   if (params.has('donors')) $('fleet-donors').value = params.get('donors');
 }
 
+/** Whether the picked model fits, said before it is downloaded. */
+function showFit() {
+  const entry = state.catalog.find((m) => m.url === $('model').value);
+  const budget = Number($('memory-budget').value) * 1e6;
+  const { fits, reason } = fitVerdict(entry, state.limits, budget > 0 ? budget : 0);
+  $('model-fit').textContent = reason;
+  $('model-fit').dataset.fits = fits === null ? 'unknown' : String(fits);
+}
+
+async function loadCatalog() {
+  [state.catalog, state.limits] = await Promise.all([fetchCatalog(), adapterLimits()]);
+  fillPicker($('model'), state.catalog);
+  $('model-url').hidden = $('model').value !== 'other';
+  document.body.dataset.catalog = String(state.catalog.length);
+}
+
 async function main() {
   wireControls();
   fillFleetPanel();
+  restoreConversation();
+  await loadCatalog();
   if (params.has('model')) {
     const known = [...$('model').options].some((o) => o.value === params.get('model'));
     $('model').value = known ? params.get('model') : 'other';
     $('model-url').hidden = known;
     if (!known) $('model-url').value = params.get('model');
   }
+  showFit();
   const missing = await checkWebGpu();
   if (missing) {
     $('caps').hidden = false;

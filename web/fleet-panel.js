@@ -1,6 +1,7 @@
 // The chat page's Fleet panel: renders what the coordinator reports (`FleetEvent`s: donors,
 // plan, stages ready, steps, donors lost) and keeps it in window.__fleet for tests:
-// { events, plan, steps, tokens }.
+// { events, plan, steps, tokens }. The chain is drawn as a picture too (fleet-chain.js).
+import { drawChain } from './fleet-chain.js';
 
 const $ = (id) => document.getElementById(id);
 const short = (peer) => peer.slice(0, 8);
@@ -17,6 +18,7 @@ export class FleetPanel {
     $('fleet-log').textContent = '';
     $('fleet-progress').textContent = '';
     $('fleet-plan').hidden = true;
+    $('fleet-chain').setAttribute('hidden', '');
   }
 
   status(text, state) {
@@ -73,6 +75,7 @@ export class FleetPanel {
       body.append(row);
     }
     $('fleet-plan').hidden = false;
+    drawChain($('fleet-chain'), event);
   }
 
   /** Each stage's compute time of the step, in the plan table and the progress line. */
@@ -84,6 +87,7 @@ export class FleetPanel {
       if (cell) cell.textContent = `${hop.computeMs.toFixed(1)} ms`;
     });
     this.lastHops = event.hops;
+    if (this.plan) drawChain($('fleet-chain'), this.plan, event.hops);
   }
 
   /** Per-token progress: token count of `max` and the last step's hops. */

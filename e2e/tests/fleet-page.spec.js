@@ -126,6 +126,10 @@ test('the chat page coordinates two donor pages and gives the single-device ids'
   expect(state.tokens).toBe(expected.ids.length);
   await expect(page.locator('#fleet-plan tbody tr')).toHaveCount(2);
   await expect(page.locator('#fleet-plan tbody')).toContainText(' ms');
+  // The chain picture: one box per stage with its layers and last compute time.
+  await expect(page.locator('#fleet-chain g.stage')).toHaveCount(2);
+  await expect(page.locator('#fleet-chain g.stage').first()).toContainText(`layers ${state.plan.stages[0].layers[0]}`);
+  await expect(page.locator('#fleet-chain .time').last()).toContainText(' ms');
   await expect(page.locator('#fleet-progress')).toContainText(`token ${expected.ids.length} of at most ${TOKENS}`);
   await expect(page.locator('body')).toHaveAttribute('data-fleet', 'connected');
   await expect(page.locator('#transcript .assistant')).toHaveText(expected.text);

@@ -4,6 +4,7 @@
 pub mod api;
 pub mod bench;
 pub mod bench_mask;
+pub mod catalog;
 pub mod chat;
 pub mod constraint_args;
 pub mod embed;

@@ -4,7 +4,8 @@
 //! server must get ranges right (206, 416, If-Range) and send the cross-origin isolation headers
 //! (COOP/COEP) that `SharedArrayBuffer` needs. File serving itself is tower-http's `ServeDir`;
 //! this module adds only what it lacks (If-Range) and the headers. WebRTC signaling for the
-//! shard fleet is served next to the files, at `/signal` (`signal`).
+//! shard fleet is served next to the files, at `/signal` (`signal`), and the models folder's
+//! index at `/models/index.json` (`catalog`).
 
 use std::convert::Infallible;
 use std::io::{self, Write};
@@ -29,6 +30,7 @@ use tower_http::set_header::SetResponseHeaderLayer;
 use tower_http::trace::TraceLayer;
 use webshard::shard::fleet_room;
 
+use crate::catalog::catalog_routes;
 use crate::signal::{signal_routes, SIGNAL_PATH};
 
 /// Where the served directories are and where to listen.
@@ -213,7 +215,7 @@ async fn log_request(
 }
 
 fn static_routes(opts: &ServeOptions) -> Router {
-    Router::new()
+    catalog_routes(&opts.models_path())
         .nest_service("/models", static_dir(&opts.models_path()))
         .nest_service("/pkg", static_dir(&opts.root.join("pkg")))
         .fallback_service(static_dir(&opts.root.join("web")))

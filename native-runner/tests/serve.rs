@@ -377,3 +377,64 @@ async fn request_log_records_each_request() {
         assert_eq!(line["status"], status, "{line}");
     }
 }
+
+/// `/models/index.json` lists the real models with what their headers say, and a file that
+/// is not a GGUF with an error instead of failing the whole index.
+#[tokio::test]
+async fn model_index_lists_the_real_models() {
+    let mut opts = ServeOptions::new(common::repo_root());
+    opts.models_dir = Some(common::models_dir());
+    let base = common::start_server(opts).await;
+    let body = Client::new()
+        .get(format!("{base}models/index.json"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let index: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let models = index["models"].as_array().unwrap();
+    for (file, arch, quant) in [
+        (common::SMOLLM2, "llama", "Q4_1"),
+        (common::QWEN, "qwen2", "Q4_K_M"),
+        (common::GEMMA, "gemma3", "Q4_K_M"),
+    ] {
+        let entry = models
+            .iter()
+            .find(|m| m["file"] == file)
+            .unwrap_or_else(|| panic!("{file} missing from {body}"));
+        let size = fs::metadata(common::model_path(file)).unwrap().len();
+        assert_eq!(entry["architecture"], arch, "{entry}");
+        assert_eq!(entry["quant"], quant, "{entry}");
+        assert_eq!(entry["size_bytes"], size, "{entry}");
+        assert_eq!(entry["url"], format!("/models/{file}"));
+        assert!(entry["context_length"].as_u64().unwrap() >= 2048, "{entry}");
+        let memory = entry["memory_bytes"].as_u64().unwrap();
+        assert!(memory > size / 2 && entry["parameters"].as_u64().unwrap() > 100_000_000);
+        assert!(entry["largest_tensor_bytes"].as_u64().unwrap() < size);
+    }
+}
+
+#[tokio::test]
+async fn model_index_reports_a_bad_file_without_failing() {
+    let root = fixture_root(&[("broken.gguf", b"not a gguf at all")]);
+    let base = serve_root(root.path()).await;
+    let body = Client::new()
+        .get(format!("{base}models/index.json"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let index: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let entry = &index["models"][0];
+    assert_eq!(entry["file"], "broken.gguf");
+    assert_eq!(entry["size_bytes"], 17);
+    assert!(
+        entry["error"].as_str().unwrap().contains("magic"),
+        "{entry}"
+    );
+    assert!(entry.get("architecture").is_none());
+}
