@@ -2,6 +2,7 @@
 // for one (and for how long); once `runner coordinate` splits SmolLM2 over it and a native
 // donor, it shows the layers it holds, a chart with a point per step, the text and a finished
 // state; a signaling server that is not there gives a sentence, never Rust's Debug text.
+const fs = require('node:fs');
 const { test, expect } = require('@playwright/test');
 const { FLEET_LAUNCH, Child, freePort, startFleetServer, openDonorPage, donorStatus } = require('./fleet-support.js');
 const { SMOLLM2 } = require('./shared.js');
@@ -22,7 +23,7 @@ test.describe.configure({ mode: 'serial', timeout: 10 * 60 * 1000 });
 const children = [];
 const contexts = [];
 
-/** Failure screenshots of every page of every context (the fixture's `page` is not used). */
+/** On failure: screenshots of every page (the fixture's `page` is not used) and each process's output. */
 test.afterEach(async ({}, testInfo) => {
   const failed = testInfo.status !== testInfo.expectedStatus;
   let index = 0;
@@ -32,7 +33,10 @@ test.afterEach(async ({}, testInfo) => {
     }
     await context.close().catch(() => {});
   }
-  for (const child of children.splice(0)) child.kill();
+  for (const child of children.splice(0)) {
+    child.kill();
+    if (failed) fs.writeFileSync(testInfo.outputPath(`${child.name.replace(/ /g, '-')}.log`), child.output);
+  }
 });
 
 function start(name, args, limitMs) {
