@@ -40,7 +40,7 @@ export class StepChart {
       ctx.fillText('No steps yet: the chart starts with the first token through this GPU.', 8, height / 2);
       return;
     }
-    const box = { left: 40, right: width - 44, top: 8, bottom: height - 18 };
+    const box = { left: 58, right: width - 62, top: 8, bottom: height - 18 };
     const maxMs = Math.max(1, ...this.points.map((p) => p.ms));
     const maxKb = Math.max(0.1, ...this.points.map((p) => Math.max(p.kbIn, p.kbOut)));
     this.axes(ctx, box, maxMs, maxKb);
