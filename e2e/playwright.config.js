@@ -43,9 +43,11 @@ module.exports = defineConfig({
   workers: 1,
   fullyParallel: false,
   reporter: [['list']],
+  // Failure screenshots land in test-results/ (CI keeps it as an artefact); specs that open
+  // pages in contexts of their own take theirs in afterEach.
+  outputDir: 'test-results',
   use: {
     baseURL: `http://127.0.0.1:${port}/`,
-    // Kept under e2e/test-results/ (CI's artefacts) when a test fails.
     screenshot: 'only-on-failure',
     browserName: 'chromium',
     launchOptions: {

@@ -297,7 +297,7 @@ async fn connect(options: JsValue) -> Result<WebCoordinator, WebError> {
 
 /// A refused room looks the same as an unreachable server from a browser (a WebSocket
 /// error says nothing more), so the hint names both.
-fn explain_join(error: TransportError) -> WebError {
+pub(super) fn explain_join(error: TransportError) -> WebError {
     let hint = match error {
         TransportError::Connect { .. } | TransportError::ConnectTimeout { .. } => {
             "is the signaling URL right, and the fleet token? A server started with \

@@ -18,12 +18,13 @@ use serde::{Deserialize, Serialize};
 use wasm_bindgen::prelude::*;
 use web_sys::AbortSignal;
 
+use super::coordinator::explain_join;
 use super::engine::{member, open_gpu};
 use super::error::WebError;
 use super::options::{self, to_js};
 use super::stop::{aborted, race};
 use crate::gpu::Gpu;
-use crate::shard::roles::{Donor, DonorConfig, DonorExit, DonorStatus, RoleError};
+use crate::shard::roles::{Donor, DonorConfig, DonorExit, DonorStatus};
 use crate::shard::webrtc::{WebRtcConfig, WebRtcTransport};
 use crate::shard::FrameLimits;
 
@@ -66,7 +67,7 @@ impl DonorSettings {
     fn check(&self) -> Result<(), WebError> {
         if !(self.signal.starts_with("ws://") || self.signal.starts_with("wss://")) {
             return Err(WebError::Options(format!(
-                "signal must be a ws:// or wss:// URL, not {:?}",
+                "the signaling address must start with ws:// or wss://, not \"{}\"",
                 self.signal
             )));
         }
@@ -142,7 +143,7 @@ async fn start(options: JsValue) -> Result<JsValue, WebError> {
     );
     let transport = race(joined, stopped.as_ref())
         .await?
-        .map_err(RoleError::from)?;
+        .map_err(explain_join)?;
     let config = DonorConfig {
         fleet_token: settings.fleet.clone(),
         gpu,

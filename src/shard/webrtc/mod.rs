@@ -8,6 +8,7 @@
 //! a window's worth is unacknowledged, and `recv` acknowledges what it takes. `flush` waits for
 //! the pong to a ping, which the peer's background task (`driver`) answers.
 
+mod cause;
 mod driver;
 mod spawn;
 
@@ -339,7 +340,11 @@ fn connect_error(
 /// Matchbox's errors keep their cause in a field their message leaves out.
 fn describe(error: &matchbox_socket::Error) -> String {
     match error {
-        matchbox_socket::Error::ConnectionFailed(cause) => format!("connection failed: {cause}"),
-        matchbox_socket::Error::Disconnected(cause) => format!("disconnected: {cause}"),
+        matchbox_socket::Error::ConnectionFailed(cause) => {
+            format!("connection failed: {}", cause::signaling_cause(cause))
+        }
+        matchbox_socket::Error::Disconnected(cause) => {
+            format!("disconnected: {}", cause::signaling_cause(cause))
+        }
     }
 }
