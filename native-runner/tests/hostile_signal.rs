@@ -5,6 +5,7 @@
 //! those signals with one warning each and serve a generation as if the peer were not there.
 
 mod common;
+#[allow(dead_code)]
 mod fleet_support;
 
 use std::net::TcpStream;
