@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use async_tungstenite::smol::{connect_async, ConnectStream};
 use async_tungstenite::tungstenite::Message;
 use async_tungstenite::WebSocketStream;
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use matchbox_socket::{
     PeerEvent, PeerRequest, PeerSignal, SignalingError, Signaller, SignallerBuilder,
 };
