@@ -84,6 +84,8 @@ install_node_modules() {
   want=$(sha256sum "$dir/package.json" "$dir/package-lock.json" | sha256sum | cut -d' ' -f1)
   [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && return
   (cd "$dir" && npm ci --no-audit --no-fund)
+  # A package with no dependencies gets no node_modules from npm ci.
+  mkdir -p "$dir/node_modules"
   echo "$want" >"$stamp"
 }
 
