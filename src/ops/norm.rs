@@ -77,28 +77,13 @@ pub fn layer_norm(
     cols: u32,
     eps: f32,
 ) {
-    assert!(cols > 0, "layer_norm needs at least one column");
-    if rows == 0 {
-        return;
-    }
-    let pipeline = rec.pipeline(&LAYER_NORM, &[("WG", workgroup_size(rec)), ("ADD", 0)]);
-    let grid = workgroup_grid(rec.gpu(), rows);
-    let params = NormParams {
-        rows,
-        cols,
+    dispatch_rows(
+        rec,
+        &LAYER_NORM,
+        false,
+        [x, weight, bias, out],
+        [rows, cols],
         eps,
-        groups_x: grid[0],
-    };
-    rec.dispatch(
-        &pipeline,
-        &params,
-        &[
-            x.as_entire_binding(),
-            weight.as_entire_binding(),
-            bias.as_entire_binding(),
-            out.as_entire_binding(),
-        ],
-        grid,
     );
 }
 
@@ -115,16 +100,28 @@ fn dispatch_norm(
     x: &wgpu::Buffer,
     weight: &wgpu::Buffer,
     out: &wgpu::Buffer,
-    [rows, cols]: [u32; 2],
+    shape: [u32; 2],
     eps: f32,
     add: bool,
 ) {
-    assert!(cols > 0, "rms_norm needs at least one column");
+    dispatch_rows(rec, &RMS_NORM, add, [x, weight, out], shape, eps);
+}
+
+/// One workgroup per row of a norm kernel; `buffers` are its bindings in order.
+fn dispatch_rows<const N: usize>(
+    rec: &mut Recorder,
+    kernel: &Kernel,
+    add: bool,
+    buffers: [&wgpu::Buffer; N],
+    [rows, cols]: [u32; 2],
+    eps: f32,
+) {
+    assert!(cols > 0, "{} needs at least one column", kernel.name);
     if rows == 0 {
         return;
     }
     let pipeline = rec.pipeline(
-        &RMS_NORM,
+        kernel,
         &[("WG", workgroup_size(rec)), ("ADD", u32::from(add))],
     );
     let grid = workgroup_grid(rec.gpu(), rows);
@@ -137,11 +134,7 @@ fn dispatch_norm(
     rec.dispatch(
         &pipeline,
         &params,
-        &[
-            x.as_entire_binding(),
-            weight.as_entire_binding(),
-            out.as_entire_binding(),
-        ],
+        &buffers.map(|b| b.as_entire_binding()),
         grid,
     );
 }
