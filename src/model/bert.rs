@@ -113,6 +113,21 @@ struct Norm {
     bias: Vector,
 }
 
+impl Norm {
+    /// out = LayerNorm(x) over `rows` rows of `cols`.
+    fn record(
+        &self,
+        rec: &mut Recorder,
+        x: &wgpu::Buffer,
+        out: &wgpu::Buffer,
+        [rows, cols]: [u32; 2],
+        eps: f32,
+    ) {
+        let (weight, bias) = (&self.weight.buffer, &self.bias.buffer);
+        layer_norm(rec, x, weight, bias, out, rows, cols, eps);
+    }
+}
+
 /// A projection and its bias.
 #[derive(Debug)]
 struct Linear {
@@ -262,17 +277,7 @@ impl BertEncoder {
             embed(rec, &types.view(), &b.zeros, &b.attn, tokens, 1.0);
             add_in_place(rec, &b.tmp, &b.attn, tokens * d);
         }
-        let n = &self.embd_norm;
-        layer_norm(
-            rec,
-            &b.tmp,
-            &n.weight.buffer,
-            &n.bias.buffer,
-            &b.x,
-            tokens,
-            d,
-            eps,
-        );
+        self.embd_norm.record(rec, &b.tmp, &b.x, [tokens, d], eps);
     }
 
     fn record_layer(&self, rec: &mut Recorder, layer: &BertLayer, index: u32, tokens: u32) {
@@ -294,32 +299,16 @@ impl BertEncoder {
         bidirectional_attention(rec, &b.q, &self.cache, index, &b.attn, tokens, &params);
         linear(rec, &layer.out, &b.attn, &b.tmp, tokens);
         add_in_place(rec, &b.tmp, &b.x, tokens * d);
-        let n = &layer.attn_norm;
-        layer_norm(
-            rec,
-            &b.tmp,
-            &n.weight.buffer,
-            &n.bias.buffer,
-            &b.x,
-            tokens,
-            d,
-            cfg.norm_eps,
-        );
+        layer
+            .attn_norm
+            .record(rec, &b.tmp, &b.x, [tokens, d], cfg.norm_eps);
         linear(rec, &layer.up, &b.x, &b.ff, tokens);
         activate(rec, &b.ff, tokens * cfg.ff_dim, Activation::GeluTanh);
         linear(rec, &layer.down, &b.ff, &b.tmp, tokens);
         add_in_place(rec, &b.tmp, &b.x, tokens * d);
-        let n = &layer.out_norm;
-        layer_norm(
-            rec,
-            &b.tmp,
-            &n.weight.buffer,
-            &n.bias.buffer,
-            &b.x,
-            tokens,
-            d,
-            cfg.norm_eps,
-        );
+        layer
+            .out_norm
+            .record(rec, &b.tmp, &b.x, [tokens, d], cfg.norm_eps);
     }
 }
 
