@@ -117,6 +117,10 @@ pub(super) fn rotate_and_attend(
         window,
         softcap: None,
     };
+    if let Some(rows) = step.rows {
+        attend_rows(rec, step, rows, rope_params, norms.as_ref(), &params);
+        return;
+    }
     if tokens > 1 {
         rotate_prompt(rec, step, rope_params, norms);
         attention::attention(
@@ -166,6 +170,61 @@ pub(super) fn rotate_and_attend(
         1,
         &params,
     );
+}
+
+/// A batched decode step's attention (`model::batch`): q, k and v of row `i` (from the tiled
+/// products, in `q`, `k` and `v`) are normalised, rotated and stored at row `i`'s position in
+/// its own cache, and row `i` attends over that cache alone. The attention kernels read their
+/// query from row 0 and write row 0, so each row's q goes through `qkv` and its result through
+/// `gate` (both free until the MLP) on its way into `attn`.
+fn attend_rows(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    rows: &[super::batch::BatchRow],
+    rope_params: &RopeParams,
+    norms: Option<&QkNorms>,
+    params: &AttentionParams,
+) {
+    let (cfg, s) = (step.cfg, step.scratch);
+    let head_norms = norms.map(|n| HeadNorms {
+        q: &n.q.buffer,
+        k: &n.k.buffer,
+        eps: cfg.rms_eps,
+    });
+    let q_bytes = u64::from(cfg.q_dim()) * 4;
+    for (index, row) in rows.iter().enumerate() {
+        let index = index as u32;
+        let target = StoreTarget {
+            q: Section {
+                buffer: &s.q,
+                offset: index * cfg.q_dim(),
+            },
+            k: Section {
+                buffer: &s.k,
+                offset: index * cfg.kv_dim(),
+            },
+            v: Section {
+                buffer: &s.v,
+                offset: index * cfg.kv_dim(),
+            },
+            cache: row.cache,
+            cache_layer: step.cache_layer,
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+        };
+        rope::rope_store(
+            rec,
+            &target,
+            head_norms.as_ref(),
+            1,
+            row.position,
+            rope_params,
+        );
+        rec.copy(&s.q, u64::from(index) * q_bytes, &s.qkv, 0, q_bytes);
+        let (cache, layer) = (row.cache, step.cache_layer);
+        attention::attention(rec, &s.qkv, cache, layer, &s.gate, row.position, 1, params);
+        rec.copy(&s.gate, 0, &s.attn, u64::from(index) * q_bytes, q_bytes);
+    }
 }
 
 /// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v.

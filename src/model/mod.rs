@@ -3,6 +3,7 @@
 //! `Stage` runs a range of blocks on one device, with the embedding and head where it holds them.
 
 pub mod arch;
+pub mod batch;
 pub mod bert;
 mod block;
 pub mod config;
@@ -91,4 +92,7 @@ pub struct LayerStep<'a> {
     pub layer: u32,
     pub start_pos: u32,
     pub tokens: u32,
+    /// `Some`: the tokens are one decode step of as many sequences, row `i` at its own
+    /// position in its own cache (`batch`); `cache` and `start_pos` are then unused.
+    pub rows: Option<&'a [batch::BatchRow<'a>]>,
 }

@@ -73,7 +73,7 @@ pub struct Stage {
     pub gpu: Arc<Gpu>,
     pub cfg: ModelConfig,
     pub spec: StageSpec,
-    layers: Vec<LayerWeights>,
+    pub(super) layers: Vec<LayerWeights>,
     edges: EdgeWeights,
     cache: KvCache,
     pub(super) scratch: Scratch,
@@ -207,6 +207,7 @@ impl Stage {
                 layer,
                 start_pos,
                 tokens,
+                rows: None,
             };
             (self.cfg.arch.forward_layer)(rec, &step);
         }

@@ -99,6 +99,37 @@ impl KvCache {
         })
     }
 
+    /// Queues a copy of positions `0..tokens` of every layer's keys and values from `source`
+    /// (a cache of the same shape, so the same offsets): a prompt prefix shared between
+    /// sequences. Panics when the shapes differ or `tokens` exceeds either cache.
+    pub fn copy_prefix_from(&self, gpu: &Gpu, source: &KvCache, tokens: u32) {
+        let same_shape = (self.layers, self.max_ctx, self.kv_heads, self.head_dim)
+            == (
+                source.layers,
+                source.max_ctx,
+                source.kv_heads,
+                source.head_dim,
+            );
+        assert!(same_shape, "copy_prefix_from: caches of different shapes");
+        assert!(
+            tokens <= self.max_ctx,
+            "copy_prefix_from: {tokens} positions"
+        );
+        let bytes = u64::from(tokens) * u64::from(self.kv_heads) * u64::from(self.head_dim) * 4;
+        let mut encoder = gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("kv prefix copy"),
+            });
+        for layer in 0..self.layers {
+            let (buffer, offset) = self.layer_location(layer);
+            for (from, to) in [(&source.k, &self.k), (&source.v, &self.v)] {
+                encoder.copy_buffer_to_buffer(&from[buffer], offset, &to[buffer], offset, bytes);
+            }
+        }
+        gpu.queue.submit([encoder.finish()]);
+    }
+
     /// Bytes of one layer's keys (or values).
     pub fn layer_bytes(&self) -> u64 {
         u64::from(self.max_ctx) * u64::from(self.kv_heads) * u64::from(self.head_dim) * 4

@@ -1,0 +1,146 @@
+//! One decode step of several sequences at once (continuous batching).
+//!
+//! Row `i` of the step is sequence `i`'s next token, at its own position in its own KV cache.
+//! The weight products run over all rows together through the prompt path's tiled kernels
+//! (one pass over each matrix for the whole batch: what makes a batch cheap), while rope, the
+//! cache write and attention run per row on the row's own cache (`block::attend_rows`). One
+//! row alone takes the single-token path unchanged, so a batch of one decodes exactly as a
+//! lone sequence does.
+
+use std::ops::Range;
+
+use crate::gpu::Recorder;
+use crate::ops::attention::KvCache;
+
+use super::scratch::HEAD_ROWS;
+use super::stage::Stage;
+use super::{LayerStep, ModelError};
+
+/// One sequence's place in a batched step.
+#[derive(Clone, Copy, Debug)]
+pub struct BatchRow<'a> {
+    /// The token to feed (the last one sampled).
+    pub token: u32,
+    /// Its position: the number of tokens the cache holds before it.
+    pub position: u32,
+    /// The sequence's own cache, shaped like the stage's (`Stage::new_kv_cache`).
+    pub cache: &'a KvCache,
+}
+
+impl Stage {
+    /// Feeds every row's token at its position into its cache and returns each row's logits,
+    /// in row order. At most `max_batch` rows.
+    pub async fn forward_batch_logits(
+        &self,
+        rows: &[BatchRow<'_>],
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.check_rows(rows)?;
+        let tokens = rows.len() as u32;
+        let ids: Vec<u32> = rows.iter().map(|row| row.token).collect();
+        self.gpu
+            .queue
+            .write_buffer(&self.scratch.ids, 0, bytemuck::cast_slice(&ids));
+        self.with_recorder(("batch", tokens), |mut rec| {
+            self.record_embedding(&mut rec, tokens)?;
+            self.record_row_blocks(&mut rec, rows);
+            rec.submit();
+            Ok(())
+        })?;
+        let mut logits = Vec::with_capacity(rows.len());
+        for chunk in head_chunks(tokens) {
+            logits.extend(self.head_logits(chunk).await?);
+        }
+        Ok(logits)
+    }
+
+    /// The logits of residual rows `rows` (at most `HEAD_ROWS`).
+    async fn head_logits(&self, rows: Range<u32>) -> Result<Vec<Vec<f32>>, ModelError> {
+        let vocab = self.cfg.vocab as usize;
+        let count = rows.len() as u64;
+        let pending = self.with_recorder(("head", rows.len() as u32), |mut rec| {
+            self.record_head(&mut rec, rows)?;
+            Ok(rec.submit_with_read(&self.scratch.logits, 0, count * vocab as u64 * 4))
+        })?;
+        let bytes = pending.wait(&self.gpu).await?;
+        let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        Ok(values.chunks(vocab).map(<[f32]>::to_vec).collect())
+    }
+
+    /// The blocks over one row per sequence; one row is an ordinary decode step in its cache.
+    fn record_row_blocks(&self, rec: &mut Recorder, rows: &[BatchRow<'_>]) {
+        let single = rows.len() == 1;
+        for (index, weights) in self.layers.iter().enumerate() {
+            let step = LayerStep {
+                cfg: &self.cfg,
+                weights,
+                scratch: &self.scratch,
+                cache: rows[0].cache,
+                cache_layer: index as u32,
+                layer: self.spec.layers.start + index as u32,
+                start_pos: rows[0].position,
+                tokens: rows.len() as u32,
+                rows: (!single).then_some(rows),
+            };
+            (self.cfg.arch.forward_layer)(rec, &step);
+        }
+    }
+
+    /// Rows within the batch limit, tokens in the vocabulary, positions inside caches shaped
+    /// like this stage's.
+    fn check_rows(&self, rows: &[BatchRow<'_>]) -> Result<(), ModelError> {
+        if rows.is_empty() || rows.len() > self.spec.max_batch as usize {
+            return Err(ModelError::Plan(format!(
+                "{} sequences in one step (1..={})",
+                rows.len(),
+                self.spec.max_batch
+            )));
+        }
+        for row in rows {
+            let cache = row.cache;
+            let shaped = cache.layers == self.spec.layers.len() as u32
+                && cache.kv_heads == self.cfg.n_kv_heads
+                && cache.head_dim == self.cfg.head_dim;
+            if !shaped {
+                return Err(ModelError::Plan(
+                    "a batch row's KV cache is not shaped like the stage's".into(),
+                ));
+            }
+            if row.position >= cache.max_ctx {
+                return Err(ModelError::ContextFull {
+                    needed: row.position + 1,
+                    max: cache.max_ctx,
+                });
+            }
+            if row.token >= self.cfg.vocab {
+                return Err(ModelError::Plan(format!(
+                    "token {} outside the vocabulary of {}",
+                    row.token, self.cfg.vocab
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `0..tokens` in pieces of at most `HEAD_ROWS` rows.
+fn head_chunks(tokens: u32) -> impl Iterator<Item = Range<u32>> {
+    (0..tokens)
+        .step_by(HEAD_ROWS as usize)
+        .map(move |start| start..(start + HEAD_ROWS).min(tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_chunks_cover_the_rows_in_order() {
+        let chunks: Vec<Range<u32>> = head_chunks(2 * HEAD_ROWS + 3).collect();
+        let expected = vec![
+            0..HEAD_ROWS,
+            HEAD_ROWS..2 * HEAD_ROWS,
+            2 * HEAD_ROWS..2 * HEAD_ROWS + 3,
+        ];
+        assert_eq!(chunks, expected);
+    }
+}
