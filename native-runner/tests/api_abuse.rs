@@ -347,6 +347,7 @@ async fn still_serving(server: &ApiServer) {
     for line in [
         format!("webshard_queue_depth{{model=\"{model}\"}} 0"),
         format!("webshard_batch_size{{model=\"{model}\"}} 0"),
+        format!("webshard_kv_blocks_used{{model=\"{model}\"}} 0"),
         format!("webshard_model_ready{{model=\"{model}\"}} 1"),
         "webshard_http_responses_total{status=\"503\"}".to_string(),
         "webshard_http_responses_total{status=\"413\"}".to_string(),

@@ -19,11 +19,18 @@ pub struct ModelMetrics {
     pub cached_tokens: AtomicU64,
     /// Jobs waiting in the queue.
     pub queued: AtomicU64,
-    /// Sequences decoding now (the worker runs one at a time).
+    /// Sequences in the batch now (prefilling or decoding).
     pub running: AtomicU64,
-    /// Tokens whose keys and values the cache holds, and how many it can.
+    /// Tokens whose keys and values running sequences hold in the KV pool, and how many the
+    /// pool can hold.
     pub kv_used: AtomicU64,
     pub kv_capacity: AtomicU64,
+    /// The pool in blocks: held by running sequences, kept as the prefix cache, in all.
+    pub kv_blocks_used: AtomicU64,
+    pub kv_blocks_cached: AtomicU64,
+    pub kv_blocks_total: AtomicU64,
+    /// Sequences the pool holds at once (`--parallel`).
+    pub slots: AtomicU64,
     /// 1 once the model is loaded.
     pub ready: AtomicU64,
 }
@@ -60,7 +67,7 @@ impl Responses {
 /// The exposition text for all models.
 pub fn render(models: &[ModelHandle], responses: &Responses) -> String {
     let mut out = String::new();
-    let per_model: [Row; 9] = [
+    let per_model: [Row; 13] = [
         (
             "webshard_requests_total",
             "counter",
@@ -94,20 +101,44 @@ pub fn render(models: &[ModelHandle], responses: &Responses) -> String {
         (
             "webshard_batch_size",
             "gauge",
-            "Sequences decoding in the current step.",
+            "Sequences in the batch (prefilling or decoding).",
             |m| &m.running,
         ),
         (
             "webshard_kv_used_tokens",
             "gauge",
-            "Tokens held in the KV cache.",
+            "Tokens running sequences hold in the KV pool.",
             |m| &m.kv_used,
         ),
         (
             "webshard_kv_capacity_tokens",
             "gauge",
-            "Tokens the KV cache can hold.",
+            "Tokens the KV pool can hold.",
             |m| &m.kv_capacity,
+        ),
+        (
+            "webshard_kv_blocks_used",
+            "gauge",
+            "KV pool blocks held by running sequences.",
+            |m| &m.kv_blocks_used,
+        ),
+        (
+            "webshard_kv_blocks_cached",
+            "gauge",
+            "KV pool blocks of free slots kept as the prefix cache.",
+            |m| &m.kv_blocks_cached,
+        ),
+        (
+            "webshard_kv_blocks_total",
+            "gauge",
+            "KV pool blocks in all.",
+            |m| &m.kv_blocks_total,
+        ),
+        (
+            "webshard_parallel_slots",
+            "gauge",
+            "Sequences the KV pool holds at once (--parallel).",
+            |m| &m.slots,
         ),
         (
             "webshard_model_ready",

@@ -4,12 +4,15 @@
 //!
 //! - `types`: strict request and response bodies;
 //! - `validate`: a request's fields checked and its prompt rendered into a job;
-//! - `worker`: the thread per model that owns its engine and runs queued jobs in turn;
+//! - `worker`: the thread per model that owns its engine and drives its scheduler;
+//! - `batch` and `pool`: continuous batching over the KV pool, and its prefix cache;
 //! - `reply` and `sse`: the answer, whole or streamed;
 //! - `errors`, `metrics`, `routes`: OpenAI-shaped errors, `/metrics`, the axum routes.
 
+pub mod batch;
 pub mod errors;
 pub mod metrics;
+pub mod pool;
 pub mod reply;
 pub mod routes;
 pub mod sse;
@@ -49,7 +52,12 @@ pub struct ApiArgs {
     /// Requests that may wait per model while one runs (more get 503).
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub queue: u32,
-    /// Longest context (prompt plus completion) each model's KV cache holds.
+    /// Sequences each model decodes together in one GPU step (slots of its KV pool); by
+    /// default as many --ctx slots as a KV budget holds (up to 4 on a CPU adapter, 32 on a GPU).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=512))]
+    pub parallel: Option<u32>,
+    /// Longest context (prompt plus completion) of each sequence; the KV pool holds
+    /// --parallel of them.
     #[arg(long, default_value_t = 4096)]
     pub ctx: u32,
     /// GPU backend for the models: auto, vulkan, gl, metal, dx12.
@@ -141,6 +149,7 @@ pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
                 name.clone(),
                 args.model_args(source),
                 args.queue as usize,
+                args.parallel,
                 failed.clone(),
             )
         })
@@ -188,6 +197,7 @@ mod tests {
             alias: vec![],
             api_key: None,
             queue: 1,
+            parallel: None,
             ctx: 64,
             backend: "auto".into(),
             no_f16: false,

@@ -2,7 +2,8 @@
 //! (`webshard::front::Generator`).
 //!
 //! Each served model gets a thread that owns its engine (the front door asks for no `Send`)
-//! and runs queued jobs one at a time. Handlers talk to it through a bounded queue (full: 503)
+//! and its KV pool, and runs queued jobs together through the scheduler (`batch`): up to
+//! `--parallel` sequences decode in one GPU step. Handlers talk to it through a bounded queue (full: 503)
 //! and get each job's text back on a channel; a dropped receiver (the client went away)
 //! cancels that job at its next token (`ControlFlow::Break`). Once loaded, the worker also
 //! hands out a `PromptFront` (the generator's `TextFront`, vocabulary and context) so that
@@ -23,8 +24,10 @@ use webshard::front::{
 use webshard::model::StageInput;
 use webshard::tokenizer::{Tokenizer, ToolSupport};
 
+use super::batch::Scheduler;
 use super::errors::ApiError;
 use super::metrics::ModelMetrics;
+use super::pool::default_slots;
 use crate::model_args::ModelArgs;
 
 /// One generated token's log-probability and its most likely alternatives.
@@ -98,6 +101,7 @@ impl ModelHandle {
         name: String,
         load: ModelArgs,
         queue: usize,
+        parallel: Option<u32>,
         failed: tokio::sync::mpsc::UnboundedSender<String>,
     ) -> std::io::Result<ModelHandle> {
         let (jobs, queued) = sync_channel(queue);
@@ -106,6 +110,7 @@ impl ModelHandle {
         let worker = Worker {
             front: Arc::clone(&front),
             metrics: Arc::clone(&metrics),
+            slots: parallel.map(|n| n as usize),
         };
         let thread_name = format!("model {name}");
         let label = name.clone();
@@ -164,56 +169,78 @@ impl ModelHandle {
 struct Worker {
     front: Arc<OnceLock<PromptFront>>,
     metrics: Arc<ModelMetrics>,
+    /// `--parallel`, if given.
+    slots: Option<usize>,
 }
 
 impl Worker {
     fn run(self, load: &ModelArgs, queued: Receiver<Job>) -> anyhow::Result<()> {
         // A current-thread runtime polls the engine's futures; loading from a URL needs a
         // Tokio reactor, so plain `pollster` would not do.
-        let runtime = runtime()?;
-        let (mut engine, _) = runtime.block_on(load.load())?;
+        let mut runtime = runtime()?;
+        let (engine, _) = runtime.block_on(load.load())?;
         // The handlers' own copy: the engine stays on this thread.
         let front = PromptFront {
             text: TextFront::from_header(&engine.model.header)?,
             vocab: engine.vocab(),
             max_context: engine.max_context(),
         };
-        self.metrics
-            .kv_capacity
-            .store(u64::from(front.max_context), Ordering::SeqCst);
+        let slots = self.slots.unwrap_or_else(|| default_parallel(&engine));
+        let slots = slots.min(engine.stage.spec.max_batch as usize);
+        let mut scheduler = Scheduler::new(engine, slots, Arc::clone(&self.metrics))?;
         let _ = self.front.set(front);
         self.metrics.ready.store(1, Ordering::SeqCst);
-        let mut runtime = runtime;
-        for job in queued {
-            self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
-            if job.events.is_closed() {
-                continue; // the client left while the job waited
-            }
-            self.metrics.running.store(1, Ordering::SeqCst);
-            let result = guarded(|| runtime.block_on(run_job(&mut engine, &job)));
-            let event = match result {
-                Ok(Ok(finished)) => {
-                    self.metrics.record(&finished);
-                    Event::Done(finished)
-                }
+        let mut held = None;
+        while scheduler.admit_from(&queued, &mut held) {
+            match guarded(|| runtime.block_on(scheduler.step())) {
+                Ok(Ok(())) => {}
                 Ok(Err(err)) => {
-                    Event::Failed(ApiError::internal(format!("Generation failed: {err}")))
+                    scheduler.fail_all(ApiError::internal(format!("Generation failed: {err}")))
                 }
                 Err(panic) => {
-                    // The engine's cache bookkeeping may be half-updated: start afresh.
-                    engine.reset();
+                    scheduler.fail_all(panic);
                     runtime = self::runtime()?;
-                    Event::Failed(panic)
                 }
-            };
-            self.metrics.running.store(0, Ordering::SeqCst);
-            self.metrics
-                .kv_used
-                .store(engine.cached_len() as u64, Ordering::SeqCst);
-            let _ = job.events.send(event);
+            }
         }
         Ok(())
     }
+}
+
+/// `--parallel` when not given: as many slots of `--ctx` as a KV budget holds (a fixed
+/// budget: wgpu does not tell how much memory an adapter has).
+fn default_parallel(engine: &Engine) -> usize {
+    let stage = &engine.stage;
+    let cfg = &stage.cfg;
+    let layers = stage.spec.layers.len() as u64;
+    let per_token = 2 * layers * u64::from(cfg.n_kv_heads) * u64::from(cfg.head_dim) * 4;
+    let slot_bytes = per_token * u64::from(stage.spec.max_context);
+    let (budget, most) = match stage.gpu.caps.cpu_work_split {
+        true => (KV_BUDGET_ON_CPU, MOST_SLOTS_ON_CPU),
+        false => (KV_BUDGET_ON_GPU, MOST_SLOTS_ON_GPU),
+    };
+    default_slots(slot_bytes, budget, most)
+}
+
+/// The default KV budgets and slot counts: on a CPU adapter a step of more rows costs
+/// about as much more, so a few slots; a GPU's step costs about the same up to dozens.
+const KV_BUDGET_ON_CPU: u64 = 1 << 30;
+const MOST_SLOTS_ON_CPU: usize = 4;
+const KV_BUDGET_ON_GPU: u64 = 16 << 30;
+const MOST_SLOTS_ON_GPU: usize = 32;
+
+/// A constrained job, alone on the engine (its own cache, not the pool's).
+pub(super) async fn run_alone(engine: &mut Engine, job: &Job, metrics: &ModelMetrics) -> Event {
+    metrics.running.store(1, Ordering::SeqCst);
+    let event = match run_job(engine, job).await {
+        Ok(finished) => {
+            metrics.record(&finished);
+            Event::Done(finished)
+        }
+        Err(err) => Event::Failed(ApiError::internal(format!("Generation failed: {err}"))),
+    };
+    metrics.running.store(0, Ordering::SeqCst);
+    event
 }
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
@@ -250,7 +277,7 @@ async fn run_job(engine: &mut Engine, job: &Job) -> Result<Finished, EngineError
 }
 
 /// Sends a token's text to the client; a closed channel (the client left) cancels the job.
-fn stream_event(job: &Job, event: TokenEvent<'_>) -> ControlFlow<()> {
+pub(super) fn stream_event(job: &Job, event: TokenEvent<'_>) -> ControlFlow<()> {
     let delivered = match event.text {
         "" => !job.events.is_closed(),
         text => job.events.send(Event::Text(text.to_string())).is_ok(),
@@ -261,7 +288,7 @@ fn stream_event(job: &Job, event: TokenEvent<'_>) -> ControlFlow<()> {
     }
 }
 
-fn finished(out: Generated, logprobs: Option<Vec<TokenChoice>>) -> Finished {
+pub(super) fn finished(out: Generated, logprobs: Option<Vec<TokenChoice>>) -> Finished {
     Finished {
         usage: out.usage(),
         text: out.text,
@@ -305,7 +332,7 @@ async fn token_choices(
     Ok(choices)
 }
 
-fn choice_of(tokenizer: &Tokenizer, logits: &[f32], id: u32, top: usize) -> TokenChoice {
+pub(super) fn choice_of(tokenizer: &Tokenizer, logits: &[f32], id: u32, top: usize) -> TokenChoice {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let log_total = logits
         .iter()

@@ -1,0 +1,367 @@
+//! Continuous batching: the worker's scheduler over the KV pool.
+//!
+//! Every iteration of the loop (a "step") admits queued jobs into free slots (reusing cached
+//! prefixes, `pool`), drops sequences whose client has gone (their slot is free at once),
+//! feeds one chunk of one new prompt (chunked prefill, so streams already running wait at
+//! most one chunk), then advances every sequence whose prompt is in its cache by one token in
+//! a single GPU step (`Stage::forward_batch_logits`) and samples each row with its own
+//! options and seed. A constrained job (JSON, schema, grammar) runs alone through the engine's
+//! own path once the batch has drained: its masks are computed per token on the CPU.
+
+use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::Arc;
+
+use tokio::sync::mpsc::UnboundedSender;
+use webshard::engine::{per_token_prefill_below, Engine, EngineError};
+use webshard::front::{Decoding, Generator, TextFront, Timings};
+use webshard::model::batch::BatchRow;
+use webshard::model::StageInput;
+
+use super::errors::ApiError;
+use super::metrics::ModelMetrics;
+use super::pool::{KvPool, PoolUsage};
+use super::worker::{
+    choice_of, finished, run_alone, stream_event, Event, Finished, Job, TokenChoice,
+};
+
+/// Prompt tokens fed per step for a new request on a CPU adapter and on a GPU: a chunk costs
+/// running streams one step's wait, so it is kept to about the time of a few decode steps.
+const PREFILL_CHUNK_ON_CPU: usize = 32;
+const PREFILL_CHUNK_ON_GPU: usize = 256;
+
+/// One admitted request.
+struct Sequence {
+    job: Job,
+    decoding: Decoding,
+    slot: usize,
+    /// Prompt tokens found in the pool.
+    cached: u32,
+    /// Logits to sample the next token from, once everything before it is fed.
+    logits: Option<Vec<f32>>,
+    choices: Option<Vec<TokenChoice>>,
+    started: f64,
+    first_token: Option<f64>,
+}
+
+impl Sequence {
+    /// Tokens the model has seen in the slot: everything but those still to feed.
+    fn to_feed<'a>(&'a self, pool: &KvPool) -> &'a [u32] {
+        &self.decoding.tokens()[pool.held(self.slot)..]
+    }
+}
+
+pub struct Scheduler {
+    pub engine: Engine,
+    pool: KvPool,
+    running: Vec<Sequence>,
+    /// Constrained jobs, each waiting for the batch to drain.
+    alone: VecDeque<Job>,
+    metrics: Arc<ModelMetrics>,
+    chunk: usize,
+    per_token_below: usize,
+}
+
+impl Scheduler {
+    pub fn new(
+        engine: Engine,
+        slots: usize,
+        metrics: Arc<ModelMetrics>,
+    ) -> Result<Scheduler, EngineError> {
+        let pool = KvPool::new(&engine.stage, slots)?;
+        let gpu = &engine.stage.gpu;
+        let chunk = match gpu.caps.cpu_work_split {
+            true => PREFILL_CHUNK_ON_CPU,
+            false => PREFILL_CHUNK_ON_GPU,
+        };
+        let per_token_below = per_token_prefill_below(gpu);
+        let scheduler = Scheduler {
+            engine,
+            pool,
+            running: Vec::new(),
+            alone: VecDeque::new(),
+            metrics,
+            chunk,
+            per_token_below,
+        };
+        scheduler.publish();
+        Ok(scheduler)
+    }
+
+    /// Whether nothing is running or waiting to run alone.
+    pub fn idle(&self) -> bool {
+        self.running.is_empty() && self.alone.is_empty()
+    }
+
+    /// Takes `job` in: into a slot now if one is free and no constrained job waits, else
+    /// back to the caller (`Err`) to wait in the queue.
+    pub fn admit(&mut self, job: Job) -> Result<(), Job> {
+        if job.request.options.constraint.is_some() {
+            self.alone.push_back(job);
+            return Ok(());
+        }
+        if !self.alone.is_empty() || !self.pool.has_free_slot() {
+            return Err(job);
+        }
+        let ids = match self.engine.prompt_ids(&job.request.prompt) {
+            Ok(ids) => ids,
+            Err(err) => {
+                let message = format!("Generation failed: {err}");
+                let _ = job.events.send(Event::Failed(ApiError::internal(message)));
+                return Ok(());
+            }
+        };
+        let gpu = Arc::clone(&self.engine.stage.gpu);
+        let Some(claim) = self.pool.claim(&gpu, &ids) else {
+            return Err(job);
+        };
+        let decoding = Decoding::new(0, ids, &job.request.options);
+        let choices = job.logprobs.map(|_| Vec::new());
+        self.running.push(Sequence {
+            job,
+            decoding,
+            slot: claim.slot,
+            cached: claim.reused as u32,
+            logits: None,
+            choices,
+            started: now_seconds(),
+            first_token: None,
+        });
+        self.publish();
+        Ok(())
+    }
+
+    /// Moves waiting jobs from `queued` into free slots; blocks for one when idle. `false`
+    /// once the queue is closed and nothing is left to do.
+    pub fn admit_from(&mut self, queued: &Receiver<Job>, held: &mut Option<Job>) -> bool {
+        loop {
+            let job = match held.take() {
+                Some(job) => job,
+                None if self.idle() => match queued.recv() {
+                    Ok(job) => self.dequeued(job),
+                    Err(_) => return false,
+                },
+                None => match queued.try_recv() {
+                    Ok(job) => self.dequeued(job),
+                    Err(TryRecvError::Empty) => return true,
+                    Err(TryRecvError::Disconnected) => return !self.idle(),
+                },
+            };
+            if job.events.is_closed() {
+                continue; // the client left while the job waited
+            }
+            if let Err(job) = self.admit(job) {
+                *held = Some(job);
+                return true;
+            }
+        }
+    }
+
+    fn dequeued(&self, job: Job) -> Job {
+        self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+        job
+    }
+
+    /// One step of the loop: constrained work alone, or prefill and decode of the batch.
+    pub async fn step(&mut self) -> Result<(), EngineError> {
+        if self.running.is_empty() {
+            if let Some(job) = self.alone.pop_front() {
+                let event = run_alone(&mut self.engine, &job, &self.metrics).await;
+                let _ = job.events.send(event);
+            }
+            return Ok(());
+        }
+        self.drop_departed();
+        self.prefill_chunk().await?;
+        self.sample_ready();
+        self.decode().await?;
+        self.sample_ready();
+        self.publish();
+        Ok(())
+    }
+
+    /// Frees the slots of sequences whose client has gone.
+    fn drop_departed(&mut self) {
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.running)
+            .into_iter()
+            .partition(|seq| seq.job.events.is_closed());
+        self.running = kept;
+        for seq in gone {
+            self.pool.release(seq.slot);
+        }
+    }
+
+    /// Feeds one chunk of the oldest sequence with a long stretch of prompt still to feed.
+    async fn prefill_chunk(&mut self) -> Result<(), EngineError> {
+        let pool = &self.pool;
+        let long = self.per_token_below.max(2);
+        let Some(index) = self
+            .running
+            .iter()
+            .position(|seq| seq.to_feed(pool).len() >= long)
+        else {
+            return Ok(());
+        };
+        let seq = &self.running[index];
+        let slot = seq.slot;
+        let pending = seq.to_feed(pool);
+        let chunk = pending[..pending.len().min(self.chunk)].to_vec();
+        let is_last = chunk.len() == pending.len();
+        let start = self.pool.held(slot) as u32;
+        let lent = self.pool.lend(slot);
+        let own = self.engine.stage.swap_kv_cache(lent);
+        let fed = self.feed(&chunk, start, is_last).await;
+        let lent = self.engine.stage.swap_kv_cache(own);
+        self.pool.put_back(slot, lent);
+        let logits = fed?;
+        self.pool.extend(slot, &chunk);
+        if is_last {
+            self.running[index].logits = Some(logits);
+        }
+        Ok(())
+    }
+
+    /// `chunk` at `start` in the stage's current cache; the last row's logits if `want`.
+    async fn feed(&self, chunk: &[u32], start: u32, want: bool) -> Result<Vec<f32>, EngineError> {
+        let stage = &self.engine.stage;
+        let input = StageInput::Tokens(chunk);
+        if !want {
+            stage.forward(&input, start)?;
+            return Ok(Vec::new());
+        }
+        let rows = stage.forward_logits(&input, start, 1).await?;
+        Ok(rows.into_iter().next().unwrap_or_default())
+    }
+
+    /// One GPU step for every sequence with a token to feed and none to sample: its last
+    /// sampled token, or the next of the few prompt tokens left after the cache and the chunks
+    /// (where single tokens are cheaper than a chunk: `per_token_prefill_below`).
+    async fn decode(&mut self) -> Result<(), EngineError> {
+        let pool = &self.pool;
+        let ready: Vec<usize> = (0..self.running.len())
+            .filter(|&i| {
+                let seq = &self.running[i];
+                let left = seq.to_feed(pool).len();
+                seq.logits.is_none() && left >= 1 && (left == 1 || left < self.per_token_below)
+            })
+            .collect();
+        if ready.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<BatchRow> = ready
+            .iter()
+            .map(|&i| {
+                let seq = &self.running[i];
+                BatchRow {
+                    token: seq.to_feed(pool)[0],
+                    position: pool.held(seq.slot) as u32,
+                    cache: pool.cache(seq.slot),
+                }
+            })
+            .collect();
+        let tokens: Vec<u32> = rows.iter().map(|row| row.token).collect();
+        let logits = self.engine.stage.forward_batch_logits(&rows).await?;
+        drop(rows);
+        for ((&i, logits), token) in ready.iter().zip(logits).zip(tokens) {
+            let seq = &mut self.running[i];
+            self.pool.extend(seq.slot, &[token]);
+            if seq.to_feed(&self.pool).is_empty() {
+                seq.logits = Some(logits);
+            }
+        }
+        Ok(())
+    }
+
+    /// Samples and streams the next token of every sequence with logits; finished sequences
+    /// send their result and free their slot.
+    fn sample_ready(&mut self) {
+        let text = &self.engine.text;
+        let mut done = Vec::new();
+        let mut index = 0;
+        while index < self.running.len() {
+            let seq = &mut self.running[index];
+            if let Some(logits) = seq.logits.take() {
+                accept_next(seq, text, &logits);
+            }
+            if seq.decoding.finished().is_none() {
+                index += 1;
+                continue;
+            }
+            let seq = self.running.remove(index);
+            self.pool.release(seq.slot);
+            done.push(finish(seq));
+        }
+        // The gauges first: a client that has its answer sees its slot free.
+        self.publish();
+        for (result, events) in done {
+            self.metrics.record(&result);
+            let _ = events.send(Event::Done(result));
+        }
+    }
+
+    /// Fails every sequence after a step went wrong and starts the pool afresh (its caches
+    /// may hold half a step).
+    pub fn fail_all(&mut self, error: ApiError) {
+        for seq in self.running.drain(..) {
+            let _ = seq.job.events.send(Event::Failed(error.clone()));
+        }
+        self.pool.clear();
+        self.engine.reset();
+        self.publish();
+    }
+
+    /// The batch and pool gauges of `/metrics`.
+    fn publish(&self) {
+        let usage: PoolUsage = self.pool.usage();
+        let m = &self.metrics;
+        m.running.store(self.running.len() as u64, Ordering::SeqCst);
+        m.kv_used.store(usage.used_tokens, Ordering::SeqCst);
+        m.kv_capacity.store(usage.total_tokens, Ordering::SeqCst);
+        m.kv_blocks_used.store(usage.used_blocks, Ordering::SeqCst);
+        m.kv_blocks_cached
+            .store(usage.cached_blocks, Ordering::SeqCst);
+        m.kv_blocks_total
+            .store(usage.total_blocks, Ordering::SeqCst);
+        m.slots.store(usage.slots, Ordering::SeqCst);
+    }
+}
+
+/// Samples from `logits`, records its log-probabilities if asked, and streams the token.
+fn accept_next(seq: &mut Sequence, text: &TextFront, logits: &[f32]) {
+    let before = seq.decoding.completion_len();
+    let next = seq.decoding.sample(logits);
+    let job = &seq.job;
+    seq.decoding
+        .accept(text, next, &mut |event| stream_event(job, event));
+    seq.first_token.get_or_insert_with(now_seconds);
+    let (Some(choices), Some(top)) = (seq.choices.as_mut(), job.logprobs) else {
+        return;
+    };
+    if seq.decoding.completion_len() > before {
+        choices.push(choice_of(&text.tokenizer, logits, next, top as usize));
+    }
+}
+
+/// The finished sequence's result, and where it goes.
+fn finish(seq: Sequence) -> (Finished, UnboundedSender<Event>) {
+    let now = now_seconds();
+    let first = seq.first_token.unwrap_or(now);
+    let timings = Timings {
+        prefill_seconds: first - seq.started,
+        decode_seconds: now - first,
+        mask_seconds: 0.0,
+    };
+    let generated = seq.decoding.into_generated(seq.cached, timings);
+    (finished(generated, seq.choices), seq.job.events)
+}
+
+/// Seconds on a monotonic clock.
+fn now_seconds() -> f64 {
+    use std::sync::OnceLock;
+    static START: OnceLock<std::time::Instant> = OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_secs_f64()
+}
