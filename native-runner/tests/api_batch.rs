@@ -177,7 +177,7 @@ fn assert_same_until_near_tie(prompt: &str, alone: &Greedy, batched: &Greedy) {
 
 async fn sixteen_together_match_their_lone_runs(server: &Target) {
     let client = Client::new();
-    let max_tokens = |index: usize| 8 + (index % 3) as u32 * 2;
+    let max_tokens = |index: usize| 6 + (index % 2) as u32 * 2;
     let mut alone = Vec::new();
     for (index, prompt) in PROMPTS.iter().enumerate() {
         alone.push(complete(&client, server, prompt, max_tokens(index)).await);
@@ -266,7 +266,7 @@ const SYSTEM: &str = "You are a careful assistant for a museum of natural histor
 
 async fn chat(client: &Client, server: &Target, question: &str) -> (Greedy, u64) {
     let body = json!({
-        "model": server.model, "max_tokens": 8, "temperature": 0,
+        "model": server.model, "max_tokens": 6, "temperature": 0,
         "logprobs": true, "top_logprobs": 2,
         "messages": [
             {"role": "system", "content": SYSTEM},
