@@ -53,7 +53,7 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub queue: u32,
     /// Sequences each model decodes together in one GPU step (slots of its KV pool); by
-    /// default as many --ctx slots as a KV budget holds (up to 4 on a CPU adapter, 32 on a GPU).
+    /// default as many --ctx slots as a KV budget holds (1 on a CPU adapter, where batching does not pay; up to 32 on a GPU).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=512))]
     pub parallel: Option<u32>,
     /// Longest context (prompt plus completion) of each sequence; the KV pool holds

@@ -222,10 +222,11 @@ fn default_parallel(engine: &Engine) -> usize {
     default_slots(slot_bytes, budget, most)
 }
 
-/// The default KV budgets and slot counts: on a CPU adapter a step of more rows costs
-/// about as much more, so a few slots; a GPU's step costs about the same up to dozens.
+/// The default KV budgets and slot counts: on a CPU adapter a batched step costs more than
+/// its rows' single steps (docs/perf.md, "Continuous batching on lavapipe"), so one slot; a
+/// GPU's step costs about the same up to dozens of rows.
 const KV_BUDGET_ON_CPU: u64 = 1 << 30;
-const MOST_SLOTS_ON_CPU: usize = 4;
+const MOST_SLOTS_ON_CPU: usize = 1;
 const KV_BUDGET_ON_GPU: u64 = 16 << 30;
 const MOST_SLOTS_ON_GPU: usize = 32;
 
