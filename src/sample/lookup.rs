@@ -1,0 +1,214 @@
+//! Prompt-lookup drafts for speculative decoding, and the adaptive draft length.
+//!
+//! A draft is what followed the latest earlier occurrence of the last `n` tokens (prompt and
+//! completion so far), trying `n` from `ngram_max` down to 1: answers that copy spans of
+//! their input (code edits, summaries, extraction) continue such spans token for token. The
+//! engine verifies a draft in one multi-token step and keeps the longest prefix that agrees
+//! with what it would have generated, so drafts change speed, never output.
+//!
+//! `DraftLength` decides how long the next draft may be: it doubles after a draft accepted
+//! whole, falls to one past the accepted prefix after a rejection, and when the recent
+//! acceptance rate is low it stops drafting for a while (longer each time it fails again), so
+//! an answer that repeats nothing runs at plain decoding's pace.
+
+/// Longest draft a step may verify: the head computes logits for at most 16 rows at once
+/// (the draft plus the token before it).
+pub const MAX_DRAFT: u32 = 15;
+/// Longest n-gram looked up: longer matches are rarer and predict little better.
+pub const DEFAULT_NGRAM_MAX: usize = 3;
+
+/// Speculation settings, as `--spec lookup --draft-max K` gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecConfig {
+    /// Most draft tokens per verification step (1..=`MAX_DRAFT`).
+    pub draft_max: u32,
+    /// Longest n-gram looked up (at least 1).
+    pub ngram_max: usize,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig {
+            draft_max: 8,
+            ngram_max: DEFAULT_NGRAM_MAX,
+        }
+    }
+}
+
+impl SpecConfig {
+    /// Lookup with drafts of at most `draft_max` tokens, or an error saying the bounds.
+    pub fn lookup(draft_max: u32) -> Result<SpecConfig, String> {
+        if !(1..=MAX_DRAFT).contains(&draft_max) {
+            return Err(format!(
+                "draft-max {draft_max} is outside 1..={MAX_DRAFT} (the head computes at most {} rows per step)",
+                MAX_DRAFT + 1
+            ));
+        }
+        Ok(SpecConfig {
+            draft_max,
+            ..SpecConfig::default()
+        })
+    }
+}
+
+/// Up to `max_len` tokens that followed the latest earlier occurrence of the longest suffix of
+/// `tokens` (of at most `ngram_max` tokens) seen before; empty when none recurs.
+pub fn lookup_draft(tokens: &[u32], ngram_max: usize, max_len: usize) -> Vec<u32> {
+    if max_len == 0 {
+        return Vec::new();
+    }
+    for n in (1..=ngram_max.min(tokens.len().saturating_sub(1))).rev() {
+        let pattern = &tokens[tokens.len() - n..];
+        // Latest first: the nearest repetition is the likeliest to continue.
+        let found = (0..tokens.len() - n)
+            .rev()
+            .find(|&start| &tokens[start..start + n] == pattern);
+        if let Some(start) = found {
+            let from = start + n;
+            let to = (from + max_len).min(tokens.len());
+            return tokens[from..to].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// Weight of the newest step in the running acceptance rate.
+const RATE_WEIGHT: f32 = 0.3;
+/// Below this running rate of accepted draft tokens, drafting pauses.
+const PAUSE_BELOW: f32 = 0.25;
+/// Plain tokens of the first pause; each pause that ends in another low rate doubles it.
+const FIRST_PAUSE: u32 = 8;
+const LONGEST_PAUSE: u32 = 256;
+/// The running rate a fresh start (or the end of a pause) assumes: one bad step pauses again.
+const START_RATE: f32 = 0.5;
+
+/// The adaptive draft length and the pause after low acceptance.
+#[derive(Debug, Clone)]
+pub struct DraftLength {
+    max: u32,
+    next: u32,
+    rate: f32,
+    /// Plain tokens left before drafting resumes.
+    paused_for: u32,
+    pause: u32,
+}
+
+impl DraftLength {
+    pub fn new(max: u32) -> DraftLength {
+        let max = max.max(1);
+        DraftLength {
+            max,
+            next: max.min(4),
+            rate: START_RATE,
+            paused_for: 0,
+            pause: FIRST_PAUSE,
+        }
+    }
+
+    /// How many draft tokens the next step may verify; 0 while drafting is paused.
+    pub fn allowed(&self) -> u32 {
+        if self.paused_for > 0 {
+            0
+        } else {
+            self.next
+        }
+    }
+
+    /// After a verification step that accepted `accepted` of `drafted` draft tokens.
+    pub fn record(&mut self, drafted: u32, accepted: u32) {
+        if drafted == 0 {
+            return;
+        }
+        let fraction = accepted as f32 / drafted as f32;
+        self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * fraction;
+        self.next = if accepted == drafted {
+            (self.next * 2).min(self.max)
+        } else {
+            (accepted + 1).min(self.max)
+        };
+        if self.rate < PAUSE_BELOW {
+            self.paused_for = self.pause;
+            self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+            self.rate = START_RATE;
+        } else if fraction >= 0.5 {
+            self.pause = FIRST_PAUSE;
+        }
+    }
+
+    /// After a token generated without a draft (paused, or no n-gram recurred).
+    pub fn record_plain(&mut self) {
+        self.paused_for = self.paused_for.saturating_sub(1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_latest_longest_match_is_continued() {
+        // "1 2 3 4 5 ... 1 2 3 9 ... 1 2 3": the latest "1 2 3" is followed by 9.
+        let tokens = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
+        assert_eq!(lookup_draft(&tokens, 3, 2), vec![9, 7]);
+        // A 3-gram that never recurred falls back to the 2-gram, then the 1-gram.
+        assert_eq!(lookup_draft(&[5, 6, 8, 6, 7, 8, 6], 3, 3), vec![7, 8, 6]);
+        assert_eq!(lookup_draft(&[1, 2, 3, 3], 3, 4), vec![3]);
+    }
+
+    #[test]
+    fn nothing_recurs_nothing_is_drafted() {
+        assert!(lookup_draft(&[1, 2, 3, 4], 3, 4).is_empty());
+        assert!(lookup_draft(&[7], 3, 4).is_empty());
+        assert!(lookup_draft(&[], 3, 4).is_empty());
+        assert!(lookup_draft(&[1, 1], 3, 0).is_empty());
+    }
+
+    #[test]
+    fn the_draft_stops_at_the_end_of_the_tokens() {
+        assert_eq!(lookup_draft(&[4, 5, 4], 2, 8), vec![5, 4]);
+    }
+
+    #[test]
+    fn the_length_grows_on_full_acceptance_and_falls_on_rejection() {
+        let mut length = DraftLength::new(8);
+        assert_eq!(length.allowed(), 4);
+        length.record(4, 4);
+        assert_eq!(length.allowed(), 8);
+        length.record(8, 8);
+        assert_eq!(length.allowed(), 8);
+        length.record(8, 2);
+        assert_eq!(length.allowed(), 3);
+    }
+
+    #[test]
+    fn low_acceptance_pauses_drafting_longer_each_time() {
+        let mut length = DraftLength::new(8);
+        length.record(4, 0);
+        assert_eq!(
+            length.allowed(),
+            1,
+            "one bad step after a fair start keeps drafting"
+        );
+        length.record(1, 0);
+        assert_eq!(length.allowed(), 0, "two bad steps pause it");
+        for _ in 0..FIRST_PAUSE {
+            assert_eq!(length.allowed(), 0);
+            length.record_plain();
+        }
+        assert_eq!(length.allowed(), 1);
+        length.record(1, 0);
+        length.record(1, 0);
+        for _ in 0..2 * FIRST_PAUSE {
+            assert_eq!(length.allowed(), 0);
+            length.record_plain();
+        }
+        assert_eq!(length.allowed(), 1);
+    }
+
+    #[test]
+    fn draft_max_is_bounded() {
+        assert!(SpecConfig::lookup(0).is_err());
+        assert!(SpecConfig::lookup(MAX_DRAFT + 1).is_err());
+        assert_eq!(SpecConfig::lookup(5).unwrap().draft_max, 5);
+    }
+}
