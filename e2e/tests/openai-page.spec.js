@@ -168,7 +168,7 @@ test('a bad request throws an error naming its field, and the engine serves on',
 test('speculative decoding (spec: lookup) gives the same greedy ids, drafts accepted', async () => {
   const prompt = 'Colours: red, green, blue, yellow, purple, orange, white. Colours again: red, green, blue,';
   const generate = (extra) =>
-    page.evaluate(({ prompt, extra }) => window.__webshard.generate(prompt, { n: 8, temp: 0, ...extra }), { prompt, extra });
+    page.evaluate(({ prompt, extra }) => window.__webshard.generate(prompt, { n: 10, temp: 0, ...extra }), { prompt, extra });
   const plain = await generate({});
   const spec = await generate({ spec: 'lookup', draft_max: 4 });
   console.log(`plain ${plain.ids} (${plain.decodeTokS.toFixed(2)} tok/s); spec ${spec.ids} (${spec.decodeTokS.toFixed(2)} tok/s), accepted ${spec.accepted} of ${spec.drafted}`);

@@ -21,7 +21,7 @@ use crate::model::StageInput;
 use crate::sample::lookup::lookup_draft;
 use crate::sample::{DraftLength, SpecConfig};
 
-use super::{Engine, EngineError};
+use super::{now_seconds, Engine, EngineError};
 
 /// Draft tokens verified and kept in one request.
 #[derive(Debug, Default, Clone, Copy)]
@@ -65,7 +65,7 @@ impl Engine {
         on_event: &mut OnEvent<'_>,
     ) -> Result<DraftCounts, EngineError> {
         let greedy = decoding.sampler().argmax_suffices();
-        let mut length = DraftLength::new(config.draft_max);
+        let mut length = DraftLength::new(&config);
         let mut counts = DraftCounts::default();
         while decoding.finished().is_none() {
             if greedy && length.allowed() == 0 {
@@ -73,11 +73,13 @@ impl Engine {
                 continue;
             }
             let draft = self.draft(decoding, config, length.allowed());
+            let started = now_seconds();
             let accepted = self.verify(decoding, &draft, greedy, on_event).await?;
+            let seconds = (now_seconds() - started) as f32;
             if draft.is_empty() {
-                length.record_plain();
+                length.record_plain(seconds);
             } else {
-                length.record(draft.len() as u32, accepted);
+                length.record(draft.len() as u32, accepted, seconds);
                 counts.drafted += draft.len() as u32;
                 counts.accepted += accepted;
             }
@@ -142,9 +144,12 @@ impl Engine {
         let position = self.cached.len() as u32;
         let mut decoder = self.stage.greedy_decoder(fed, position, DEFAULT_DEPTH)?;
         let mut ended = false;
+        let mut last_at = now_seconds();
         while !ended && length.allowed() == 0 {
             let next = decoder.next().await?;
-            length.record_plain();
+            let at = now_seconds();
+            length.record_plain((at - last_at) as f32);
+            last_at = at;
             self.cached.push(fed);
             fed = next;
             ended = decoding.accept(&self.text, next, on_event).is_some();

@@ -7,9 +7,11 @@
 //! with what it would have generated, so drafts change speed, never output.
 //!
 //! `DraftLength` decides how long the next draft may be: it doubles after a draft accepted
-//! whole, falls to one past the accepted prefix after a rejection, and when the recent
-//! acceptance rate is low it stops drafting for a while (longer each time it fails again), so
-//! an answer that repeats nothing runs at plain decoding's pace.
+//! whole, falls to one past the accepted prefix after a rejection, and stops drafting for a
+//! while (longer each time it fails again) when the recent acceptance rate is low or when the
+//! measured tokens per second of drafting fall below plain decoding's, so an answer that
+//! repeats nothing runs at plain decoding's pace. The second rule matters where a multi-token
+//! step costs several plain ones (CPU adapters: docs/perf.md); on a GPU it rarely fires.
 
 /// Longest draft a step may verify: the head computes logits for at most 16 rows at once
 /// (the draft plus the token before it).
@@ -18,12 +20,15 @@ pub const MAX_DRAFT: u32 = 15;
 pub const DEFAULT_NGRAM_MAX: usize = 3;
 
 /// Speculation settings, as `--spec lookup --draft-max K` gives them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SpecConfig {
     /// Most draft tokens per verification step (1..=`MAX_DRAFT`).
     pub draft_max: u32,
     /// Longest n-gram looked up (at least 1).
     pub ngram_max: usize,
+    /// Drafting pauses when its measured speed falls below this times plain decoding's; 0
+    /// keeps drafting whatever it costs (tests that compare outputs).
+    pub min_gain: f32,
 }
 
 impl Default for SpecConfig {
@@ -31,6 +36,7 @@ impl Default for SpecConfig {
         SpecConfig {
             draft_max: 8,
             ngram_max: DEFAULT_NGRAM_MAX,
+            min_gain: 1.0,
         }
     }
 }
@@ -72,8 +78,10 @@ pub fn lookup_draft(tokens: &[u32], ngram_max: usize, max_len: usize) -> Vec<u32
     Vec::new()
 }
 
-/// Weight of the newest step in the running acceptance rate.
+/// Weight of the newest step in the running acceptance rate and costs.
 const RATE_WEIGHT: f32 = 0.3;
+/// Plain tokens before the first draft: they measure what a plain token costs.
+const FIRST_PLAIN: u32 = 3;
 /// Below this running rate of accepted draft tokens, drafting pauses.
 const PAUSE_BELOW: f32 = 0.25;
 /// Plain tokens of the first pause; each pause that ends in another low rate doubles it.
@@ -82,7 +90,7 @@ const LONGEST_PAUSE: u32 = 256;
 /// The running rate a fresh start (or the end of a pause) assumes: one bad step pauses again.
 const START_RATE: f32 = 0.5;
 
-/// The adaptive draft length and the pause after low acceptance.
+/// The adaptive draft length and the pause after low acceptance or a measured loss.
 #[derive(Debug, Clone)]
 pub struct DraftLength {
     max: u32,
@@ -91,17 +99,31 @@ pub struct DraftLength {
     /// Plain tokens left before drafting resumes.
     paused_for: u32,
     pause: u32,
+    min_gain: f32,
+    /// Running seconds per plain token, and per drafting step with the tokens it gave.
+    plain_seconds: Option<f32>,
+    step_seconds: Option<f32>,
+    step_tokens: Option<f32>,
+}
+
+fn running(old: Option<f32>, new: f32) -> f32 {
+    old.map_or(new, |old| (1.0 - RATE_WEIGHT) * old + RATE_WEIGHT * new)
 }
 
 impl DraftLength {
-    pub fn new(max: u32) -> DraftLength {
-        let max = max.max(1);
+    pub fn new(config: &SpecConfig) -> DraftLength {
+        let max = config.draft_max.max(1);
+        let measure_first = config.min_gain > 0.0;
         DraftLength {
             max,
             next: max.min(4),
             rate: START_RATE,
-            paused_for: 0,
+            paused_for: if measure_first { FIRST_PLAIN } else { 0 },
             pause: FIRST_PAUSE,
+            min_gain: config.min_gain,
+            plain_seconds: None,
+            step_seconds: None,
+            step_tokens: None,
         }
     }
 
@@ -114,30 +136,57 @@ impl DraftLength {
         }
     }
 
-    /// After a verification step that accepted `accepted` of `drafted` draft tokens.
-    pub fn record(&mut self, drafted: u32, accepted: u32) {
+    /// After a verification step of `seconds` that kept `accepted` of `drafted` draft tokens.
+    pub fn record(&mut self, drafted: u32, accepted: u32, seconds: f32) {
         if drafted == 0 {
             return;
         }
         let fraction = accepted as f32 / drafted as f32;
-        self.rate = (1.0 - RATE_WEIGHT) * self.rate + RATE_WEIGHT * fraction;
+        self.rate = running(Some(self.rate), fraction);
+        self.step_seconds = Some(running(self.step_seconds, seconds));
+        self.step_tokens = Some(running(self.step_tokens, (accepted + 1) as f32));
         self.next = if accepted == drafted {
             (self.next * 2).min(self.max)
         } else {
             (accepted + 1).min(self.max)
         };
-        if self.rate < PAUSE_BELOW {
-            self.paused_for = self.pause;
-            self.pause = (self.pause * 2).min(LONGEST_PAUSE);
-            self.rate = START_RATE;
+        if self.rate < PAUSE_BELOW || self.gain() < self.min_gain {
+            self.pause_drafting();
         } else if fraction >= 0.5 {
             self.pause = FIRST_PAUSE;
         }
     }
 
-    /// After a token generated without a draft (paused, or no n-gram recurred).
-    pub fn record_plain(&mut self) {
+    /// Drafting's tokens per second over plain decoding's, as measured so far (1 until both
+    /// are known).
+    fn gain(&self) -> f32 {
+        match (self.plain_seconds, self.step_seconds, self.step_tokens) {
+            (Some(plain), Some(step), Some(tokens)) if step > 0.0 => tokens * plain / step,
+            _ => 1.0,
+        }
+    }
+
+    /// A pause long enough that probing costs little: doubled after each failed probe, and
+    /// stretched by how many plain tokens a drafting step costs.
+    fn pause_drafting(&mut self) {
+        let step_cost = match (self.plain_seconds, self.step_seconds) {
+            (Some(plain), Some(step)) if plain > 0.0 => (step / plain).ceil() as u32,
+            _ => 1,
+        };
+        self.paused_for = self.pause * step_cost.clamp(1, 16);
+        self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+        self.rate = START_RATE;
+        self.step_tokens = None;
+        self.step_seconds = None;
+    }
+
+    /// After a token generated without a draft (paused, or no n-gram recurred) in `seconds`
+    /// (0 when its cost is not known on its own).
+    pub fn record_plain(&mut self, seconds: f32) {
         self.paused_for = self.paused_for.saturating_sub(1);
+        if seconds > 0.0 {
+            self.plain_seconds = Some(running(self.plain_seconds, seconds));
+        }
     }
 }
 
@@ -170,39 +219,67 @@ mod tests {
 
     #[test]
     fn the_length_grows_on_full_acceptance_and_falls_on_rejection() {
-        let mut length = DraftLength::new(8);
+        let mut length = DraftLength::new(&uncosted(8));
         assert_eq!(length.allowed(), 4);
-        length.record(4, 4);
+        length.record(4, 4, 1.0);
         assert_eq!(length.allowed(), 8);
-        length.record(8, 8);
+        length.record(8, 8, 1.0);
         assert_eq!(length.allowed(), 8);
-        length.record(8, 2);
+        length.record(8, 2, 1.0);
         assert_eq!(length.allowed(), 3);
     }
 
     #[test]
     fn low_acceptance_pauses_drafting_longer_each_time() {
-        let mut length = DraftLength::new(8);
-        length.record(4, 0);
+        let mut length = DraftLength::new(&uncosted(8));
+        length.record(4, 0, 1.0);
         assert_eq!(
             length.allowed(),
             1,
             "one bad step after a fair start keeps drafting"
         );
-        length.record(1, 0);
+        length.record(1, 0, 1.0);
         assert_eq!(length.allowed(), 0, "two bad steps pause it");
         for _ in 0..FIRST_PAUSE {
             assert_eq!(length.allowed(), 0);
-            length.record_plain();
+            length.record_plain(0.0);
         }
         assert_eq!(length.allowed(), 1);
-        length.record(1, 0);
-        length.record(1, 0);
+        length.record(1, 0, 1.0);
+        length.record(1, 0, 1.0);
         for _ in 0..2 * FIRST_PAUSE {
             assert_eq!(length.allowed(), 0);
-            length.record_plain();
+            length.record_plain(0.0);
         }
         assert_eq!(length.allowed(), 1);
+    }
+
+    fn uncosted(draft_max: u32) -> SpecConfig {
+        SpecConfig {
+            min_gain: 0.0,
+            ..SpecConfig::lookup(draft_max).unwrap()
+        }
+    }
+
+    #[test]
+    fn drafting_that_is_slower_than_plain_decoding_pauses() {
+        let mut length = DraftLength::new(&SpecConfig::lookup(8).unwrap());
+        for _ in 0..FIRST_PLAIN {
+            assert_eq!(length.allowed(), 0, "plain tokens first, to measure them");
+            length.record_plain(0.1);
+        }
+        // Two of four kept: 3 tokens in a step of 0.2 s beat 0.1 s per plain token.
+        length.record(4, 2, 0.2);
+        assert_eq!(length.allowed(), 3);
+        // Three tokens in 0.6 s lose to plain decoding: a pause stretched by the step's cost.
+        length.record(3, 2, 0.6);
+        assert_eq!(length.allowed(), 0);
+        let mut paused = 0;
+        while length.allowed() == 0 {
+            length.record_plain(0.1);
+            paused += 1;
+        }
+        assert!(paused > FIRST_PAUSE, "paused {paused} tokens");
     }
 
     #[test]
