@@ -38,7 +38,7 @@ PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attentio
             "webshard::big_model", "webshard::ops_row_views", "webshard::ops_.*",
             "webshard::gpu_core", "webshard::model_.*", "webshard::gguf_.*",
             "webshard::quant_reference", "webshard::tokenizer_goldens", "webshard::sampler",
-            "webshard::chat_template", "webshard::constraint",
+            "webshard::chat_template", "webshard::constraint", "webshard::spec_decode",
             "webshard::shard_(chunk|frame|plan|validate|vocab)"]
 PRINT_LOCK = threading.Lock()
 

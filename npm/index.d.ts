@@ -159,6 +159,8 @@ interface SamplingParams {
   frequency_penalty?: 0;
   presence_penalty?: 0;
   user?: string;
+  /** webshard's extension: speculative decoding with prompt-lookup drafts (same output). */
+  webshard_spec?: { type: 'lookup'; draft_max?: number };
 }
 
 export interface StreamOptions {
@@ -207,6 +209,8 @@ export interface CompletionUsage {
   total_tokens: number;
   /** Prompt tokens whose state was reused from the previous request. */
   prompt_tokens_details: { cached_tokens: number };
+  /** With `webshard_spec`: draft tokens kept and rejected. */
+  completion_tokens_details?: { accepted_prediction_tokens: number; rejected_prediction_tokens: number };
 }
 
 export interface ChatCompletion {

@@ -14,8 +14,12 @@ use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
     self, LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
 };
-use crate::sample::{Constraint, ConstraintError, ConstraintSpec, MaskAhead, Masked, TokenView};
+use crate::sample::{
+    Constraint, ConstraintError, ConstraintSpec, MaskAhead, Masked, SpecConfig, TokenView,
+};
 use crate::tokenizer::TokenizerError;
+
+mod spec;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -74,6 +78,8 @@ pub struct Engine {
     per_token_below: usize,
     /// The vocabulary as constraints see it, built on first use.
     token_view: Option<TokenView>,
+    /// Speculative decoding with prompt-lookup drafts for unconstrained requests (`spec.rs`).
+    speculation: Option<SpecConfig>,
 }
 
 impl Engine {
@@ -103,6 +109,7 @@ impl Engine {
             cached: Vec::new(),
             on_prefill: None,
             token_view: None,
+            speculation: None,
         })
     }
 
@@ -221,6 +228,14 @@ impl Engine {
         // Plain argmax runs on the GPU, fed back without a host round trip per token.
         let on_gpu = decoding.sampler().argmax_suffices();
         let mut decoder = None;
+        let mut counts = spec::DraftCounts::default();
+        if let Some(config) = self.speculation {
+            if let Some(first) = logits.take().filter(|_| decoding.finished().is_none()) {
+                let next = decoding.sample(&first);
+                decoding.accept(&self.text, next, on_event);
+            }
+            counts = self.speculate(&mut decoding, config, on_event).await?;
+        }
         while decoding.finished().is_none() {
             let next = match logits.take() {
                 Some(l) => decoding.sample(&l),
@@ -245,7 +260,9 @@ impl Engine {
         let timings = Timings {
             prefill_seconds: decode_started - started,
             decode_seconds: now_seconds() - decode_started,
-            mask_seconds: 0.0,
+            drafted: counts.drafted,
+            accepted: counts.accepted,
+            ..Timings::default()
         };
         Ok(decoding.into_generated(reused as u32, timings))
     }
@@ -296,6 +313,7 @@ impl Engine {
             prefill_seconds: decode_started - started,
             decode_seconds: now_seconds() - decode_started,
             mask_seconds,
+            ..Timings::default()
         };
         Ok(decoding.into_generated(reused as u32, timings))
     }

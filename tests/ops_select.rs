@@ -205,3 +205,51 @@ fn top_k_reference_is_a_stable_descending_sort() {
     assert_eq!(select::top_k_reference(&values, 6), vec![1, 3, 0, 5, 4, 2]);
     assert_eq!(select::argmax_reference(&values), 1);
 }
+
+fn gpu_argmax_rows(gpu: &Gpu, variant: Variant, values: &[f32], n: usize) -> Vec<u32> {
+    let rows = values.len() / n;
+    let out = gpu::storage_buffer(gpu, "argmax rows", (rows * 4) as u64);
+    gpu::poison_f32(gpu, &out);
+    let mut rec = Recorder::with_variant(gpu, variant);
+    select::argmax_rows(
+        &mut rec,
+        &gpu::upload_f32(gpu, "logits", values),
+        n as u32,
+        rows as u32,
+        &out,
+    );
+    let bytes = pollster::block_on(rec.submit_and_read(&out, 0, (rows * 4) as u64)).unwrap();
+    bytemuck::pod_collect_to_vec(&bytes)
+}
+
+/// Each row's argmax on its own, as a speculative step reads the greedy token after each of
+/// its positions: rows with their maxima at different places, one row's maximum below
+/// another's, and a tie within a row.
+#[test]
+fn argmax_rows_takes_each_rows_own_maximum() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for (n, rows) in [(1, 3), (1000, 16), (49_152, 5), (151_936, 9)] {
+            let mut values = Vec::with_capacity(n * rows);
+            for row in 0..rows {
+                let row_seed = seed + 10 * row as u64;
+                let at = random_index(n, row_seed);
+                let twin = (row % 3 == 0 && n > 1).then_some((at + n / 2) % n);
+                let mut row_values = with_maximum(logits(n, row_seed), at, twin);
+                // Rows' maxima differ, so an argmax that looks past its own row is caught.
+                row_values[at] += row as f32;
+                if let Some(twin) = twin {
+                    row_values[twin] = row_values[at];
+                }
+                values.extend(row_values);
+            }
+            let got = gpu_argmax_rows(&gpu, variant, &values, n);
+            let want: Vec<u32> = values.chunks(n).map(select::argmax_reference).collect();
+            assert_eq!(
+                got, want,
+                "argmax_rows n={n} rows={rows} {} ({}) {variant} seed={seed}",
+                gpu.caps.adapter, gpu.caps.backend
+            );
+        }
+    }
+}

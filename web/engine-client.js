@@ -4,9 +4,9 @@
 //                                                 onReinitialised, ...settings });
 //   const out = await engine.generate(prompt, { n, temp, top_k, top_p, min_p,
 //                                               repeat_penalty, seed, stop, constraint,
-//                                               fit_context }, onToken);
+//                                               fit_context, spec, draft_max }, onToken);
 //   // out: { text, ids, promptIds, finishReason, usage, aborted, prefillTokens, prefillSeconds,
-//   //        decodeSeconds, decodeTokS }
+//   //        decodeSeconds, decodeTokS, drafted, accepted }
 //   const out = await engine.chat([{ role, content }], options, onToken);
 //   engine.abort();
 // openai.js puts the OpenAI-shaped API (chat.completions.create...) over this.

@@ -23,7 +23,10 @@ const ROLES = { system: 'system', developer: 'system', user: 'user', assistant: 
 const SAMPLING_FIELDS = [
   'model', 'stream', 'stream_options', 'max_tokens', 'temperature', 'top_p', 'seed', 'stop',
   'frequency_penalty', 'presence_penalty', 'top_k', 'min_p', 'repeat_penalty', 'n', 'logit_bias', 'user',
+  // webshard's extension (not OpenAI's): speculative decoding with prompt-lookup drafts.
+  'webshard_spec',
 ];
+const MAX_DRAFT = 15;
 const CHAT_FIELDS = new Set([
   ...SAMPLING_FIELDS, 'messages', 'max_completion_tokens', 'logprobs', 'top_logprobs', 'response_format',
   'tools', 'tool_choice', 'parallel_tool_calls',
@@ -105,7 +108,22 @@ function sampling(body) {
     // Without a seed every request draws differently, as OpenAI's do.
     seed: seed ?? Math.floor(Math.random() * Number.MAX_SAFE_INTEGER),
     stop: stopStrings(body),
+    ...speculation(body),
   };
+}
+
+/** `webshard_spec: { type: 'lookup', draft_max }` as the engine's `spec` and `draft_max`. */
+function speculation(body) {
+  const spec = body.webshard_spec;
+  if (!present(spec)) return {};
+  if (!isObject(spec)) throw new BadRequestError('webshard_spec', 'must be an object like { type: "lookup", draft_max: 8 }');
+  onlyKnown(spec, new Set(['type', 'draft_max']), 'webshard_spec');
+  if (spec.type !== 'lookup') throw new BadRequestError('webshard_spec.type', `must be "lookup", got ${JSON.stringify(spec.type)}`);
+  const draftMax = typed(spec, 'draft_max', 'integer', 'webshard_spec');
+  if (draftMax !== undefined && (draftMax < 1 || draftMax > MAX_DRAFT)) {
+    throw new BadRequestError('webshard_spec.draft_max', `must be between 1 and ${MAX_DRAFT}, got ${draftMax}`);
+  }
+  return draftMax === undefined ? { spec: 'lookup' } : { spec: 'lookup', draft_max: draftMax };
 }
 
 function streaming(body) {

@@ -2,6 +2,9 @@
 //   const engine = await createEngine({ model: '/models/x.gguf', onProgress, ...loadSettings });
 //   const reply = await engine.chat.completions.create({ messages, max_tokens, temperature,
 //     top_p, seed, stop, response_format });            // a ChatCompletion
+//   webshard_spec: { type: 'lookup', draft_max: 8 } is webshard's extension: speculative
+//   decoding with prompt-lookup drafts (same output; usage.completion_tokens_details counts
+//   the drafts kept and rejected).
 //   for await (const chunk of await engine.chat.completions.create({ messages, stream: true,
 //     stream_options: { include_usage: true } })) ...   // chat.completion.chunk objects
 //   await engine.completions.create({ prompt, max_tokens });  // a text_completion
@@ -45,12 +48,20 @@ function abortError() {
 
 function usage(result) {
   const { prompt_tokens, completion_tokens, cached_tokens } = result.usage;
-  return {
+  const counted = {
     prompt_tokens,
     completion_tokens,
     total_tokens: prompt_tokens + completion_tokens,
     prompt_tokens_details: { cached_tokens },
   };
+  // With `webshard_spec`: draft tokens kept and thrown away, in OpenAI's predicted-output terms.
+  if (result.drafted) {
+    counted.completion_tokens_details = {
+      accepted_prediction_tokens: result.accepted,
+      rejected_prediction_tokens: result.drafted - result.accepted,
+    };
+  }
+  return counted;
 }
 
 /** An engine error about a field the request set: named as the request names it. */

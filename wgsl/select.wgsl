@@ -9,6 +9,10 @@
 // that only a few candidates pass, because sorted insertion is the costly part.
 // Needs WG (a power of two), K, SUBSETS (per lane, for the threshold), MAXIMA = WG * SUBSETS
 // and PARTNER_SLOTS = WG / 2 * K.
+//
+// Several rows at once (the logits of a speculative step's positions): workgroup y is the row,
+// whose `n` candidates start at y * n in the input; the first pass writes row y's lists after
+// the lists of the rows before it, so the second pass reads them the same way.
 
 struct Params {
     // Candidates in this pass: logits in the first, groups * K list entries in the second.
@@ -38,6 +42,8 @@ struct Candidate {
 var<private> top_value: array<f32, K>;
 var<private> top_index: array<u32, K>;
 var<private> top_count: u32;
+// Where this workgroup's row starts in the input, in candidates.
+var<private> row_base: u32;
 
 // Lists handed from the upper half of the active lanes to the lower half while merging.
 var<workgroup> partner_value: array<f32, PARTNER_SLOTS>;
@@ -61,9 +67,10 @@ fn better(a: Candidate, b: Candidate) -> bool {
 // NaN would break the order of the lists, so it ranks as -inf. Tested on the bits: drivers
 // may fold `v != v` away.
 fn load(i: u32) -> Candidate {
-    var candidate = Candidate(bitcast<f32>(input[i]), i);
+    let at = row_base + i;
+    var candidate = Candidate(bitcast<f32>(input[at]), i);
     if (params.pairs != 0u) {
-        candidate = Candidate(bitcast<f32>(input[2u * i]), input[2u * i + 1u]);
+        candidate = Candidate(bitcast<f32>(input[2u * at]), input[2u * at + 1u]);
     }
     if ((bitcast<u32>(candidate.value) & 0x7fffffffu) > 0x7f800000u) {
         candidate.value = no_candidate().value;
@@ -203,14 +210,20 @@ fn collect(begin: u32, end: u32, lane: u32) {
 }
 
 @compute @workgroup_size(WG)
-fn select_partial(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+fn select_partial(
+    @builtin(workgroup_id) group: vec3<u32>,
+    @builtin(num_workgroups) groups: vec3<u32>,
+    @builtin(local_invocation_index) lane: u32,
+) {
+    row_base = group.y * params.n;
     let begin = group.x * params.chunk;
     collect(begin, min(begin + params.chunk, params.n), lane);
     if (lane == 0u) {
+        let list = group.y * groups.x + group.x;
         for (var j = 0u; j < K; j = j + 1u) {
             let entry = list_entry(j);
-            out_a[(group.x * K + j) * 2u] = bitcast<u32>(entry.value);
-            out_a[(group.x * K + j) * 2u + 1u] = entry.index;
+            out_a[(list * K + j) * 2u] = bitcast<u32>(entry.value);
+            out_a[(list * K + j) * 2u + 1u] = entry.index;
         }
     }
 }
@@ -218,6 +231,7 @@ fn select_partial(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invoca
 // The partial lists' padding entries are "no candidate": they rank below every real one.
 @compute @workgroup_size(WG)
 fn select_final(@builtin(local_invocation_index) lane: u32) {
+    row_base = 0u;
     collect(0u, params.n, lane);
     if (lane == 0u) {
         for (var j = 0u; j < K; j = j + 1u) {
@@ -229,9 +243,10 @@ fn select_final(@builtin(local_invocation_index) lane: u32) {
 }
 
 @compute @workgroup_size(WG)
-fn argmax_final(@builtin(local_invocation_index) lane: u32) {
+fn argmax_final(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    row_base = group.y * params.n;
     collect(0u, params.n, lane);
     if (lane == 0u) {
-        out_a[0] = list_entry(0u).index;
+        out_a[group.y] = list_entry(0u).index;
     }
 }

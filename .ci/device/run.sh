@@ -11,6 +11,10 @@
 #                    runner bench --matmul-tile TILE (ROWS,TOKENS,STAGED_COLS) for each tile on
 #                    every model: a line per run, every JSON
 #                    into $OUT/tiles.jsonl (default ARGS: -p 512 -n 16 -r 3)
+#   spec [ARGS]      speculative decoding (needs the real weights: assemble first): runner
+#                    bench --prompt-file P --spec lookup on every .ci/spec_prompts/*.txt and
+#                    model, plain and speculative in one process; a line per run, JSON into
+#                    $OUT/spec-PROMPT-MODEL.json (default ARGS: -n 256 -r 3 --draft-max 8)
 #   score MODEL IDS  teacher-forced top-5 (fidelity spot check), JSON into $OUT
 #   fidelity         the fidelity test (llama.cpp goldens, teacher-forced and greedy) on the
 #                    assembled real models, output into $OUT/fidelity.txt
@@ -100,6 +104,26 @@ print(sys.argv[1], sys.argv[2][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["t
       done
     done
     ;;
+  spec)
+    shift
+    vulkan_env
+    [ $# -gt 0 ] || set -- -n 256 -r 3 --draft-max 8
+    for prompt in .ci/spec_prompts/*.txt; do
+      for model in "$models"/*.gguf; do
+        out="$OUT/spec-$(basename "$prompt" .txt)-$(basename "$model" .gguf).json"
+        .device/bin/runner bench -m "$model" --quiet --json -p 0 --prompt-file "$prompt" \
+          --spec lookup "$@" > "$out"
+        python3 -c 'import json, sys
+run = json.load(open(sys.argv[1])); s = run["spec"]
+mean = lambda v: sum(v) / len(v)
+print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%.0f%%)  %d tokens  ids %s" % (
+    sys.argv[2], sys.argv[3][:28], mean(s["plain_tok_s"]), mean(s["spec_tok_s"]),
+    mean(s["spec_tok_s"]) / mean(s["plain_tok_s"]), s["accepted"], s["drafted"],
+    100 * s["acceptance"], s["tokens"], "identical" if s["identical"] else "DIFFER"))' \
+          "$out" "$(basename "$prompt" .txt)" "$(basename "$model")"
+      done
+    done
+    ;;
   fidelity)
     vulkan_env
     WEBSHARD_MODELS="$models" WEBSHARD_GOLDENS=.device/fidelity/goldens \
@@ -110,5 +134,5 @@ print(sys.argv[1], sys.argv[2][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["t
     vulkan_env
     .device/bin/runner score -m "$models/$2" --ids "$3" --top 5 --json --quiet > "$OUT/score-$2.json"
     ;;
-  *) echo "usage: run.sh setup|stash|assemble|synth|bench|tiles|fidelity|score"; exit 2 ;;
+  *) echo "usage: run.sh setup|stash|assemble|synth|bench|tiles|spec|fidelity|score"; exit 2 ;;
 esac

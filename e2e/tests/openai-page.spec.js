@@ -139,6 +139,8 @@ test('a bad request throws an error naming its field, and the engine serves on',
     [{ messages: MESSAGES, tempurature: 0 }, 'tempurature'],
     [{ messages: MESSAGES, model: 'gpt-4o' }, 'model'],
     [{ messages: MESSAGES, response_format: { type: 'xml' } }, 'response_format.type'],
+    [{ messages: MESSAGES, webshard_spec: { type: 'draft-model' } }, 'webshard_spec.type'],
+    [{ messages: MESSAGES, webshard_spec: { type: 'lookup', draft_max: 16 } }, 'webshard_spec.draft_max'],
     // Found by the engine in the worker: a schema llguidance cannot compile, a context overrun.
     [
       { messages: MESSAGES, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { $ref: '#/$defs/missing' } } } },
@@ -158,6 +160,26 @@ test('a bad request throws an error naming its field, and the engine serves on',
   }
   const { out } = await create({ messages: MESSAGES, max_tokens: 1, temperature: 0 });
   expect(out.usage.completion_tokens).toBe(1);
+});
+
+// Prompt-lookup drafts (webshard's extension) change speed, never output: the worker engine's
+// greedy ids equal plain decoding's on a prompt whose continuation copies it, with drafts
+// accepted; through openai.js the extension field counts them in usage.
+test('speculative decoding (spec: lookup) gives the same greedy ids, drafts accepted', async () => {
+  const prompt = 'Colours: red, green, blue, yellow, purple, orange, white. Colours again: red, green, blue,';
+  const generate = (extra) =>
+    page.evaluate(({ prompt, extra }) => window.__webshard.generate(prompt, { n: 10, temp: 0, ...extra }), { prompt, extra });
+  const plain = await generate({});
+  const spec = await generate({ spec: 'lookup', draft_max: 4 });
+  console.log(`plain ${plain.ids} (${plain.decodeTokS.toFixed(2)} tok/s); spec ${spec.ids} (${spec.decodeTokS.toFixed(2)} tok/s), accepted ${spec.accepted} of ${spec.drafted}`);
+  expect(spec.ids).toEqual(plain.ids);
+  expect(plain.drafted).toBe(0);
+  expect(spec.accepted).toBeGreaterThan(0);
+  const body = { model: MODEL_NAME, messages: [{ role: 'user', content: prompt }], max_tokens: 4, temperature: 0 };
+  const { out } = await create({ ...body, webshard_spec: { type: 'lookup', draft_max: 4 } });
+  const details = out.usage.completion_tokens_details;
+  if (details) expect(details.accepted_prediction_tokens + details.rejected_prediction_tokens).toBeGreaterThan(0);
+  expect((await create(body)).out.choices[0].message.content).toBe(out.choices[0].message.content);
 });
 
 test('an AbortSignal stops a stream after its current token', async () => {

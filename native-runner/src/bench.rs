@@ -10,11 +10,13 @@ use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
 
 use crate::bench_mask::{mask_cost, MaskCost};
+use crate::bench_spec::{spec_bench, SpecBench};
 use crate::constraint_args::ConstraintArgs;
 use crate::info::{model_label, parameter_count, quantization};
 use crate::memory;
 use crate::model_args::ModelArgs;
 use crate::profile::{profile_decode, profile_prefill, DecodeProfile, KernelTable};
+use crate::spec_args::SpecArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct BenchArgs {
@@ -41,6 +43,12 @@ pub struct BenchArgs {
     /// Also measure a constraint's mask cost per token over `-n` constrained tokens.
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    /// Also time `-n` greedy tokens after this file's text (as a user message), plain and,
+    /// with --spec, speculative: decode rates, acceptance, and whether the ids agree.
+    #[arg(long)]
+    pub prompt_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 /// Mean and sample standard deviation.
@@ -148,6 +156,22 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         (Some(spec), n) if n > 0 => Some(mask_cost(&mut engine, spec, n, args.repetitions).await?),
         _ => None,
     };
+    let spec = match (&args.prompt_file, args.n) {
+        (Some(path), n) if n > 0 => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|err| anyhow::anyhow!("--prompt-file {}: {err}", path.display()))?;
+            let config = args.spec.config();
+            Some(spec_bench(&mut engine, &text, n, args.repetitions, config).await?)
+        }
+        _ => None,
+    };
+    if let Some(spec) = &spec {
+        let name = format!("tg{}-file", args.n);
+        tests.push((name.clone(), mean_sd(&spec.plain)));
+        if !spec.spec.is_empty() {
+            tests.push((format!("{name}-spec"), mean_sd(&spec.spec)));
+        }
+    }
     let caps = &engine.stage.gpu.caps;
     let variant = engine.stage.gpu.variant();
     let resident = memory::resident_peak().unwrap_or(0);
@@ -174,6 +198,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             "prefill_profile": prefill_profile.as_ref().map(KernelTable::to_json),
             "prefill_grids": prefill_profile.as_ref().map(KernelTable::grids_json),
             "mask": mask.map(MaskCost::to_json),
+            "spec": spec.as_ref().map(SpecBench::to_json),
         });
         println!("{value}");
         return Ok(());
@@ -202,6 +227,21 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             mask.fraction() * 100.0,
             mask.step_ms,
             mask.tokens
+        );
+    }
+    if let Some(spec) = spec.as_ref().filter(|s| !s.spec.is_empty()) {
+        println!(
+            "speculative: {:.2}x plain, drafted {} accepted {} ({:.0}%) over {} tokens, ids {}",
+            mean_sd(&spec.spec).0 / mean_sd(&spec.plain).0,
+            spec.drafted,
+            spec.accepted,
+            spec.acceptance() * 100.0,
+            spec.tokens,
+            if spec.identical {
+                "identical"
+            } else {
+                "DIFFER"
+            }
         );
     }
     if let Some(profile) = &profile {

@@ -19,6 +19,7 @@ use crate::generate::timings;
 use crate::model_args::ModelArgs;
 use crate::progress;
 use crate::sampling_args::{parse_max_tokens, SamplerArgs};
+use crate::spec_args::SpecArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct ChatArgs {
@@ -35,6 +36,8 @@ pub struct ChatArgs {
     /// Every reply is constrained.
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 const HELP: &str = "\
@@ -117,6 +120,7 @@ pub fn announce_format(engine: &Engine, model: &str) {
 pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
+    engine.set_speculation(args.spec.config());
     announce_format(&engine, &args.model.model);
     if let Some(bar) = progress::prefill_bar(args.model.quiet) {
         engine.set_prefill_progress(bar);

@@ -14,6 +14,7 @@ use crate::constraint_args::ConstraintArgs;
 use crate::model_args::ModelArgs;
 use crate::progress;
 use crate::sampling_args::{parse_max_tokens, SamplerArgs};
+use crate::spec_args::SpecArgs;
 
 #[derive(clap::Args, Debug)]
 pub struct GenerateArgs {
@@ -38,11 +39,14 @@ pub struct GenerateArgs {
     pub json: bool,
     #[command(flatten)]
     pub constraint: ConstraintArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
+    engine.set_speculation(args.spec.config());
     let prompt = match args.chat {
         true => {
             announce_format(&engine, &args.model.model);
@@ -77,6 +81,7 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         let value = json!({
             "prompt_ids": out.prompt_ids, "ids": out.ids, "text": out.text,
             "finish_reason": out.finish_reason,
+            "drafted": out.timings.drafted, "accepted": out.timings.accepted,
         });
         println!("{value}");
     } else {
@@ -111,6 +116,13 @@ pub(crate) fn timings(
     ));
     if !sampler.is_greedy() {
         line.push_str(&format!(" | seed {}", sampler.seed));
+    }
+    if out.timings.drafted > 0 {
+        let (drafted, accepted) = (out.timings.drafted, out.timings.accepted);
+        let share = f64::from(accepted) * 100.0 / f64::from(drafted);
+        line.push_str(&format!(
+            " | drafted {drafted} accepted {accepted} ({share:.0}%)"
+        ));
     }
     if out.timings.mask_seconds > 0.0 {
         let per_token = out.timings.mask_seconds * 1e6 / out.ids.len().max(1) as f64;

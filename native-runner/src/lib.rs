@@ -4,6 +4,7 @@
 pub mod api;
 pub mod bench;
 pub mod bench_mask;
+pub mod bench_spec;
 pub mod catalog;
 pub mod chat;
 pub mod constraint_args;
@@ -20,3 +21,4 @@ pub mod sampling_args;
 pub mod score;
 pub mod serve;
 pub mod signal;
+pub mod spec_args;

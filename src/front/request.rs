@@ -91,6 +91,9 @@ pub struct Timings {
     pub decode_seconds: f64,
     /// CPU seconds spent computing constraint masks, overlapped with the GPU's steps.
     pub mask_seconds: f64,
+    /// Speculative decoding: draft tokens verified, and how many of them were kept.
+    pub drafted: u32,
+    pub accepted: u32,
 }
 
 /// Token counts, as an OpenAI-style `usage` reports them.

@@ -110,6 +110,11 @@ impl Decoding {
         (self.tokens.len() - self.prompt_len) as u32
     }
 
+    /// Completion tokens still allowed before `max_tokens`.
+    pub fn remaining(&self) -> u32 {
+        self.max_tokens.saturating_sub(self.completion_len())
+    }
+
     pub fn sampler(&self) -> &SamplerConfig {
         self.sampler.config()
     }

@@ -68,6 +68,17 @@ impl GreedyDecoder<'_> {
         Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
     }
 
+    /// Stops submitting and returns the tokens of the steps still in flight, in order: they
+    /// continue the sequence, so a caller switching to another kind of step keeps them.
+    pub async fn drain(mut self) -> Result<Vec<u32>, ModelError> {
+        let mut ids = Vec::with_capacity(self.in_flight.len());
+        while let Some(pending) = self.in_flight.pop_front() {
+            let bytes = pending.wait(&self.stage.gpu).await?;
+            ids.push(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]));
+        }
+        Ok(ids)
+    }
+
     fn submit_step(&mut self) -> Result<(), ModelError> {
         let stage = self.stage;
         let position = self.next_position;

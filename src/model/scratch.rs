@@ -26,6 +26,7 @@ pub struct Scratch {
     pub head_in: wgpu::Buffer,
     pub head_normed: wgpu::Buffer,
     pub logits: wgpu::Buffer,
+    /// The greedy id of each head row (`HEAD_ROWS` of them; a decode step uses the first).
     pub argmax: wgpu::Buffer,
 }
 
@@ -38,8 +39,7 @@ impl Scratch {
         let head = 2 * cfg.d_model + cfg.vocab;
         4 * (u64::from(max_batch) * u64::from(per_row)
             + u64::from(one_token)
-            + u64::from(HEAD_ROWS) * u64::from(head)
-            + 1)
+            + u64::from(HEAD_ROWS) * u64::from(head + 1))
     }
 
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: u32) -> Scratch {
@@ -63,7 +63,7 @@ impl Scratch {
             head_in: storage_buffer(gpu, "head_in", head * u64::from(cfg.d_model) * 4),
             head_normed: storage_buffer(gpu, "head_normed", head * u64::from(cfg.d_model) * 4),
             logits: storage_buffer(gpu, "logits", head * u64::from(cfg.vocab) * 4),
-            argmax: storage_buffer(gpu, "argmax", 4),
+            argmax: storage_buffer(gpu, "argmax", head * 4),
         }
     }
 }

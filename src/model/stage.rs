@@ -85,8 +85,8 @@ pub struct Stage {
 pub(super) type GraphKey = (&'static str, u32);
 
 /// More distinct step shapes than this and the graphs start over (prefill of odd lengths
-/// would otherwise keep adding them).
-const MAX_GRAPHS: usize = 16;
+/// would otherwise keep adding them). Speculative steps add one shape per draft length.
+const MAX_GRAPHS: usize = 40;
 
 impl Stage {
     /// Loads the stage's tensors of the opened `model` from `source`, streaming them into
@@ -276,6 +276,25 @@ impl Stage {
         })?;
         let bytes = pending.wait(&self.gpu).await?;
         Ok(u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]))
+    }
+
+    /// The greedy token after each position of `input` (a speculative step: the token before
+    /// a draft, then the draft), at most `HEAD_ROWS` tokens; 4 bytes per position come back.
+    pub async fn forward_argmax_rows(
+        &self,
+        input: &StageInput<'_>,
+        start_pos: u32,
+    ) -> Result<Vec<u32>, ModelError> {
+        let tokens = input.tokens(self.cfg.d_model) as u32;
+        let pending = self.with_recorder(("argmax rows", tokens), |mut rec| {
+            self.record_layers(&mut rec, input, start_pos)?;
+            self.record_head(&mut rec, 0..tokens)?;
+            let s = &self.scratch;
+            select::argmax_rows(&mut rec, &s.logits, self.cfg.vocab, tokens, &s.argmax);
+            Ok(rec.submit_with_read(&s.argmax, 0, u64::from(tokens) * 4))
+        })?;
+        let bytes = pending.wait(&self.gpu).await?;
+        Ok(bytemuck::pod_collect_to_vec(&bytes))
     }
 
     /// Head and argmax over the last of `tokens` rows, into the scratch's argmax slot.

@@ -75,15 +75,34 @@ struct SelectParams {
 
 /// out[0] = the index of the largest of logits[0..n] (the lowest such index on ties).
 pub fn argmax(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, out: &wgpu::Buffer) {
-    let lists = partial_lists(rec, logits, n, 1);
+    argmax_rows(rec, logits, n, 1, out);
+}
+
+/// out[r] = the index of the largest of row r, logits[r * n..(r + 1) * n], for r < rows:
+/// the greedy token after each position of a speculative step, in the same two dispatches.
+pub fn argmax_rows(
+    rec: &mut Recorder,
+    logits: &wgpu::Buffer,
+    n: u32,
+    rows: u32,
+    out: &wgpu::Buffer,
+) {
+    assert!(
+        (1..=MAX_ROWS).contains(&rows),
+        "argmax_rows needs 1..={MAX_ROWS} rows, got {rows}"
+    );
+    let lists = partial_lists(rec, logits, n, 1, rows);
     let pipeline = rec.pipeline(&ARGMAX_FINAL, &constants(1));
     rec.dispatch(
         &pipeline,
         &lists.params,
         &[lists.buffer.as_entire_binding(), out.as_entire_binding()],
-        [1, 1, 1],
+        [1, rows, 1],
     );
 }
+
+/// Most rows `argmax_rows` takes: WebGPU guarantees 65535 workgroups per dimension.
+pub const MAX_ROWS: u32 = 65535;
 
 /// The k largest of logits[0..n], largest first (lower index first on ties): k u32 ids into
 /// `out_ids` and their k f32 values into `out_values`. Needs 1 <= k <= min(n, 64).
@@ -99,7 +118,7 @@ pub fn top_k(
         (1..=MAX_TOP_K).contains(&k) && k <= n,
         "top_k needs 1 <= k <= min(n, {MAX_TOP_K}), got k = {k}, n = {n}"
     );
-    let lists = partial_lists(rec, logits, n, k);
+    let lists = partial_lists(rec, logits, n, k, 1);
     let pipeline = rec.pipeline(&SELECT_FINAL, &constants(k));
     rec.dispatch(
         &pipeline,
@@ -119,7 +138,13 @@ struct PartialLists {
     params: SelectParams,
 }
 
-fn partial_lists(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, k: u32) -> PartialLists {
+fn partial_lists(
+    rec: &mut Recorder,
+    logits: &wgpu::Buffer,
+    n: u32,
+    k: u32,
+    rows: u32,
+) -> PartialLists {
     assert!(
         (1..=MAX_N).contains(&n),
         "selection needs 1 <= n <= {MAX_N}, got {n}"
@@ -136,7 +161,7 @@ fn partial_lists(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, k: u32) -> P
     // A fresh scratch buffer per call: wgpu keeps it alive until the submit completes.
     let buffer = rec.gpu().device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("select partial lists"),
-        size: u64::from(groups * k) * 8,
+        size: u64::from(groups * k) * u64::from(rows) * 8,
         usage: wgpu::BufferUsages::STORAGE,
         mapped_at_creation: false,
     });
@@ -151,7 +176,7 @@ fn partial_lists(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, k: u32) -> P
         &pipeline,
         &first,
         &[logits.as_entire_binding(), buffer.as_entire_binding()],
-        [groups, 1, 1],
+        [groups, rows, 1],
     );
     let params = SelectParams {
         n: groups * k,

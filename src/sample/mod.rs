@@ -3,6 +3,7 @@
 //! Schema, regex, Lark) through llguidance.
 
 pub mod constraint;
+pub mod lookup;
 #[cfg(not(target_arch = "wasm32"))]
 #[path = "mask_thread.rs"]
 mod mask_ahead;
@@ -15,6 +16,7 @@ pub mod stop;
 pub mod token_view;
 
 pub use constraint::{Constraint, ConstraintError, ConstraintSpec, TokenMask};
+pub use lookup::{DraftLength, SpecConfig};
 pub use mask_ahead::{MaskAhead, Masked};
 pub use rng::Rng;
 pub use sampler::{Sampler, SamplerConfig};

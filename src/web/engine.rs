@@ -333,7 +333,9 @@ impl Run {
     async fn generate(self, prompt: Prompt) -> Result<JsValue, JsValue> {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
         let mut options = settings.options()?;
+        let speculation = settings.speculation()?;
         let mut engine = self.engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
+        engine.set_speculation(speculation);
         let prompt_ids = engine
             .prompt_ids(&prompt)
             .map_err(|e| WebError::Engine(e.into()))?;
@@ -378,6 +380,9 @@ struct GenerateResult {
     finish_reason: FinishReason,
     /// `{ prompt_tokens, completion_tokens, cached_tokens }`, as OpenAI's `usage` counts.
     usage: Usage,
+    /// Speculative decoding (`spec`): draft tokens verified, and how many were kept.
+    drafted: u32,
+    accepted: u32,
 }
 
 impl GenerateResult {
@@ -393,6 +398,8 @@ impl GenerateResult {
             prefill_tokens: out.prefill_tokens(),
             prefill_seconds: out.timings.prefill_seconds,
             decode_seconds: out.timings.decode_seconds,
+            drafted: out.timings.drafted,
+            accepted: out.timings.accepted,
             prompt_ids: out.prompt_ids,
             ids: out.ids,
             text: out.text,

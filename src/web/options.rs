@@ -7,7 +7,7 @@ use wasm_bindgen::JsValue;
 use super::error::WebError;
 use crate::front::GenerateOptions;
 use crate::model::LoadOptions;
-use crate::sample::{ConstraintSpec, SamplerConfig};
+use crate::sample::{ConstraintSpec, SamplerConfig, SpecConfig};
 
 /// Longest generation one call may ask for.
 const MAX_TOKENS: u32 = 1 << 16;
@@ -88,6 +88,10 @@ pub struct GenerateSettings {
     /// `n` is a ceiling: generate at most what the context leaves after the prompt (what
     /// OpenAI's API does when `max_tokens` is absent).
     pub fit_context: bool,
+    /// Speculative decoding, as `runner generate --spec`: `"lookup"` or absent.
+    pub spec: Option<String>,
+    /// Most draft tokens per step with `spec` (`--draft-max`).
+    pub draft_max: Option<u32>,
 }
 
 impl Default for GenerateSettings {
@@ -106,6 +110,8 @@ impl Default for GenerateSettings {
             stop: Vec::new(),
             constraint: None,
             fit_context: false,
+            spec: None,
+            draft_max: None,
         }
     }
 }
@@ -150,6 +156,23 @@ impl GenerateSettings {
                 .map_err(|e| WebError::Options(format!("constraint: {e}")))?;
         }
         Ok(self.constraint.clone())
+    }
+
+    /// The speculation `spec` and `draft_max` ask for (`None`: plain decoding).
+    pub fn speculation(&self) -> Result<Option<SpecConfig>, WebError> {
+        match (self.spec.as_deref(), self.draft_max) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(WebError::Options("draft_max needs spec: \"lookup\"".into())),
+            (Some("lookup"), draft_max) => {
+                let draft_max = draft_max.unwrap_or(SpecConfig::default().draft_max);
+                SpecConfig::lookup(draft_max)
+                    .map(Some)
+                    .map_err(WebError::Options)
+            }
+            (Some(other), _) => Err(WebError::Options(format!(
+                "spec \"{other}\" is not known (\"lookup\" is)"
+            ))),
+        }
     }
 
     /// The most tokens to generate after a prompt of `prompt_len` in a context of `context`:

@@ -475,6 +475,7 @@ impl<T: Transport> Coordinator<T> {
             prefill_seconds: (first_token_at - active.started_at).as_secs_f64(),
             decode_seconds: first_token_at.elapsed().as_secs_f64(),
             mask_seconds: active.constrained.as_ref().map_or(0.0, |c| c.mask_seconds),
+            ..Timings::default()
         };
         let index = active.decoding.request();
         session.outputs[index] = Some(active.decoding.into_generated(0, timings));

@@ -1,0 +1,97 @@
+//! `runner bench --prompt-file F [--spec lookup --draft-max K]`: greedy decode rate on a real
+//! prompt (the file's text as a user message in the model's chat template), with and without
+//! speculative decoding in the same process, the drafts' acceptance, and whether both
+//! produced the same ids (they must).
+
+use std::ops::ControlFlow;
+
+use serde_json::json;
+use webshard::engine::Engine;
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt};
+use webshard::sample::{SamplerConfig, SpecConfig};
+use webshard::tokenizer::ChatMessage;
+
+/// Decode rates on one prompt, plain and (if asked) speculative.
+pub struct SpecBench {
+    pub plain: Vec<f64>,
+    pub spec: Vec<f64>,
+    pub tokens: usize,
+    pub drafted: u32,
+    pub accepted: u32,
+    /// Every speculative run gave the plain run's ids.
+    pub identical: bool,
+}
+
+impl SpecBench {
+    pub fn acceptance(&self) -> f64 {
+        f64::from(self.accepted) / f64::from(self.drafted.max(1))
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        json!({
+            "plain_tok_s": self.plain, "spec_tok_s": self.spec, "tokens": self.tokens,
+            "drafted": self.drafted, "accepted": self.accepted,
+            "acceptance": self.acceptance(), "identical": self.identical,
+        })
+    }
+}
+
+async fn run_once(
+    engine: &mut Engine,
+    request: &GenerateRequest,
+    spec: Option<SpecConfig>,
+) -> anyhow::Result<Generated> {
+    engine.reset();
+    engine.set_speculation(spec);
+    let mut go_on = |_: webshard::front::TokenEvent<'_>| ControlFlow::Continue(());
+    Ok(engine.generate_one(request, &mut go_on).await?)
+}
+
+fn decode_rate(out: &Generated) -> f64 {
+    out.ids.len() as f64 / out.timings.decode_seconds.max(1e-9)
+}
+
+/// `repetitions` greedy generations of up to `tokens` tokens after `prompt`, alternating plain
+/// and speculative (when `spec` is given) so load changes hit both alike.
+pub async fn spec_bench(
+    engine: &mut Engine,
+    prompt: &str,
+    tokens: u32,
+    repetitions: u32,
+    spec: Option<SpecConfig>,
+) -> anyhow::Result<SpecBench> {
+    let options = GenerateOptions {
+        max_tokens: tokens,
+        sampler: SamplerConfig::greedy(),
+        ..GenerateOptions::default()
+    };
+    let prompt = Prompt::Chat(vec![ChatMessage::new("user", prompt)]);
+    let request = GenerateRequest::new(prompt, options);
+    // Warm-ups compile the pipelines of every step shape either way can use.
+    let reference = run_once(engine, &request, None).await?;
+    if spec.is_some() {
+        run_once(engine, &request, spec).await?;
+    }
+    let mut bench = SpecBench {
+        plain: Vec::new(),
+        spec: Vec::new(),
+        tokens: reference.ids.len(),
+        drafted: 0,
+        accepted: 0,
+        identical: true,
+    };
+    for _ in 0..repetitions.max(1) {
+        bench
+            .plain
+            .push(decode_rate(&run_once(engine, &request, None).await?));
+        if spec.is_some() {
+            let out = run_once(engine, &request, spec).await?;
+            bench.spec.push(decode_rate(&out));
+            bench.drafted += out.timings.drafted;
+            bench.accepted += out.timings.accepted;
+            bench.identical &= out.ids == reference.ids;
+        }
+    }
+    engine.set_speculation(None);
+    Ok(bench)
+}

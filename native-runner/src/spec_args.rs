@@ -1,0 +1,37 @@
+//! `--spec lookup [--draft-max K]`: speculative decoding with prompt-lookup drafts, for the
+//! commands that generate (`generate`, `chat`, `bench`).
+
+use webshard::sample::lookup::MAX_DRAFT;
+use webshard::sample::SpecConfig;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct SpecArgs {
+    /// Speculative decoding: `lookup` drafts from n-grams of the prompt and the output so
+    /// far and verifies each draft in one multi-token step (output unchanged).
+    #[arg(long, value_enum)]
+    pub spec: Option<SpecKind>,
+    /// Most draft tokens per step with --spec (1..=15, default 8).
+    #[arg(long, requires = "spec", value_parser = parse_draft_max)]
+    pub draft_max: Option<u32>,
+}
+
+#[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecKind {
+    Lookup,
+}
+
+impl SpecArgs {
+    pub fn config(&self) -> Option<SpecConfig> {
+        self.spec.map(|SpecKind::Lookup| SpecConfig {
+            draft_max: self.draft_max.unwrap_or(SpecConfig::default().draft_max),
+            ..SpecConfig::default()
+        })
+    }
+}
+
+fn parse_draft_max(text: &str) -> Result<u32, String> {
+    let value: u32 = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not a whole number of tokens (1..={MAX_DRAFT})"))?;
+    SpecConfig::lookup(value).map(|config| config.draft_max)
+}

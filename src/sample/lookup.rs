@@ -1,0 +1,291 @@
+//! Prompt-lookup drafts for speculative decoding, and the adaptive draft length.
+//!
+//! A draft is what followed the latest earlier occurrence of the last `n` tokens (prompt and
+//! completion so far), trying `n` from `ngram_max` down to 1: answers that copy spans of
+//! their input (code edits, summaries, extraction) continue such spans token for token. The
+//! engine verifies a draft in one multi-token step and keeps the longest prefix that agrees
+//! with what it would have generated, so drafts change speed, never output.
+//!
+//! `DraftLength` decides how long the next draft may be: it doubles after a draft accepted
+//! whole, falls to one past the accepted prefix after a rejection, and stops drafting for a
+//! while (longer each time it fails again) when the recent acceptance rate is low or when the
+//! measured tokens per second of drafting fall below plain decoding's, so an answer that
+//! repeats nothing runs at plain decoding's pace. The second rule matters where a multi-token
+//! step costs several plain ones (CPU adapters: docs/perf.md); on a GPU it rarely fires.
+
+/// Longest draft a step may verify: the head computes logits for at most 16 rows at once
+/// (the draft plus the token before it).
+pub const MAX_DRAFT: u32 = 15;
+/// Longest n-gram looked up: longer matches are rarer and predict little better.
+pub const DEFAULT_NGRAM_MAX: usize = 3;
+
+/// Speculation settings, as `--spec lookup --draft-max K` gives them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SpecConfig {
+    /// Most draft tokens per verification step (1..=`MAX_DRAFT`).
+    pub draft_max: u32,
+    /// Longest n-gram looked up (at least 1).
+    pub ngram_max: usize,
+    /// Drafting pauses when its measured speed falls below this times plain decoding's; 0
+    /// keeps drafting whatever it costs (tests that compare outputs).
+    pub min_gain: f32,
+}
+
+impl Default for SpecConfig {
+    fn default() -> Self {
+        SpecConfig {
+            draft_max: 8,
+            ngram_max: DEFAULT_NGRAM_MAX,
+            min_gain: 1.0,
+        }
+    }
+}
+
+impl SpecConfig {
+    /// Lookup with drafts of at most `draft_max` tokens, or an error saying the bounds.
+    pub fn lookup(draft_max: u32) -> Result<SpecConfig, String> {
+        if !(1..=MAX_DRAFT).contains(&draft_max) {
+            return Err(format!(
+                "draft-max {draft_max} is outside 1..={MAX_DRAFT} (the head computes at most {} rows per step)",
+                MAX_DRAFT + 1
+            ));
+        }
+        Ok(SpecConfig {
+            draft_max,
+            ..SpecConfig::default()
+        })
+    }
+}
+
+/// Up to `max_len` tokens that followed the latest earlier occurrence of the longest suffix of
+/// `tokens` (of at most `ngram_max` tokens) seen before; empty when none recurs.
+pub fn lookup_draft(tokens: &[u32], ngram_max: usize, max_len: usize) -> Vec<u32> {
+    if max_len == 0 {
+        return Vec::new();
+    }
+    for n in (1..=ngram_max.min(tokens.len().saturating_sub(1))).rev() {
+        let pattern = &tokens[tokens.len() - n..];
+        // Latest first: the nearest repetition is the likeliest to continue.
+        let found = (0..tokens.len() - n)
+            .rev()
+            .find(|&start| &tokens[start..start + n] == pattern);
+        if let Some(start) = found {
+            let from = start + n;
+            let to = (from + max_len).min(tokens.len());
+            return tokens[from..to].to_vec();
+        }
+    }
+    Vec::new()
+}
+
+/// Weight of the newest step in the running acceptance rate and costs.
+const RATE_WEIGHT: f32 = 0.3;
+/// Plain tokens before the first draft: they measure what a plain token costs.
+const FIRST_PLAIN: u32 = 3;
+/// Below this running rate of accepted draft tokens, drafting pauses.
+const PAUSE_BELOW: f32 = 0.25;
+/// Plain tokens of the first pause; each pause that ends in another low rate doubles it.
+const FIRST_PAUSE: u32 = 8;
+const LONGEST_PAUSE: u32 = 256;
+/// The running rate a fresh start (or the end of a pause) assumes: one bad step pauses again.
+const START_RATE: f32 = 0.5;
+
+/// The adaptive draft length and the pause after low acceptance or a measured loss.
+#[derive(Debug, Clone)]
+pub struct DraftLength {
+    max: u32,
+    next: u32,
+    rate: f32,
+    /// Plain tokens left before drafting resumes.
+    paused_for: u32,
+    pause: u32,
+    min_gain: f32,
+    /// Running seconds per plain token, and per drafting step with the tokens it gave.
+    plain_seconds: Option<f32>,
+    step_seconds: Option<f32>,
+    step_tokens: Option<f32>,
+}
+
+fn running(old: Option<f32>, new: f32) -> f32 {
+    old.map_or(new, |old| (1.0 - RATE_WEIGHT) * old + RATE_WEIGHT * new)
+}
+
+impl DraftLength {
+    pub fn new(config: &SpecConfig) -> DraftLength {
+        let max = config.draft_max.max(1);
+        let measure_first = config.min_gain > 0.0;
+        DraftLength {
+            max,
+            next: max.min(4),
+            rate: START_RATE,
+            paused_for: if measure_first { FIRST_PLAIN } else { 0 },
+            pause: FIRST_PAUSE,
+            min_gain: config.min_gain,
+            plain_seconds: None,
+            step_seconds: None,
+            step_tokens: None,
+        }
+    }
+
+    /// How many draft tokens the next step may verify; 0 while drafting is paused.
+    pub fn allowed(&self) -> u32 {
+        if self.paused_for > 0 {
+            0
+        } else {
+            self.next
+        }
+    }
+
+    /// After a verification step of `seconds` that kept `accepted` of `drafted` draft tokens.
+    pub fn record(&mut self, drafted: u32, accepted: u32, seconds: f32) {
+        if drafted == 0 {
+            return;
+        }
+        let fraction = accepted as f32 / drafted as f32;
+        self.rate = running(Some(self.rate), fraction);
+        self.step_seconds = Some(running(self.step_seconds, seconds));
+        self.step_tokens = Some(running(self.step_tokens, (accepted + 1) as f32));
+        self.next = if accepted == drafted {
+            (self.next * 2).min(self.max)
+        } else {
+            (accepted + 1).min(self.max)
+        };
+        if self.rate < PAUSE_BELOW || self.gain() < self.min_gain {
+            self.pause_drafting();
+        } else if fraction >= 0.5 {
+            self.pause = FIRST_PAUSE;
+        }
+    }
+
+    /// Drafting's tokens per second over plain decoding's, as measured so far (1 until both
+    /// are known).
+    fn gain(&self) -> f32 {
+        match (self.plain_seconds, self.step_seconds, self.step_tokens) {
+            (Some(plain), Some(step), Some(tokens)) if step > 0.0 => tokens * plain / step,
+            _ => 1.0,
+        }
+    }
+
+    /// A pause long enough that probing costs little: doubled after each failed probe, and
+    /// stretched by how many plain tokens a drafting step costs.
+    fn pause_drafting(&mut self) {
+        let step_cost = match (self.plain_seconds, self.step_seconds) {
+            (Some(plain), Some(step)) if plain > 0.0 => (step / plain).ceil() as u32,
+            _ => 1,
+        };
+        self.paused_for = self.pause * step_cost.clamp(1, 16);
+        self.pause = (self.pause * 2).min(LONGEST_PAUSE);
+        self.rate = START_RATE;
+        self.step_tokens = None;
+        self.step_seconds = None;
+    }
+
+    /// After a token generated without a draft (paused, or no n-gram recurred) in `seconds`
+    /// (0 when its cost is not known on its own).
+    pub fn record_plain(&mut self, seconds: f32) {
+        self.paused_for = self.paused_for.saturating_sub(1);
+        if seconds > 0.0 {
+            self.plain_seconds = Some(running(self.plain_seconds, seconds));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_latest_longest_match_is_continued() {
+        // "1 2 3 4 5 ... 1 2 3 9 ... 1 2 3": the latest "1 2 3" is followed by 9.
+        let tokens = [1, 2, 3, 4, 5, 1, 2, 3, 9, 7, 1, 2, 3];
+        assert_eq!(lookup_draft(&tokens, 3, 2), vec![9, 7]);
+        // A 3-gram that never recurred falls back to the 2-gram, then the 1-gram.
+        assert_eq!(lookup_draft(&[5, 6, 8, 6, 7, 8, 6], 3, 3), vec![7, 8, 6]);
+        assert_eq!(lookup_draft(&[1, 2, 3, 3], 3, 4), vec![3]);
+    }
+
+    #[test]
+    fn nothing_recurs_nothing_is_drafted() {
+        assert!(lookup_draft(&[1, 2, 3, 4], 3, 4).is_empty());
+        assert!(lookup_draft(&[7], 3, 4).is_empty());
+        assert!(lookup_draft(&[], 3, 4).is_empty());
+        assert!(lookup_draft(&[1, 1], 3, 0).is_empty());
+    }
+
+    #[test]
+    fn the_draft_stops_at_the_end_of_the_tokens() {
+        assert_eq!(lookup_draft(&[4, 5, 4], 2, 8), vec![5, 4]);
+    }
+
+    #[test]
+    fn the_length_grows_on_full_acceptance_and_falls_on_rejection() {
+        let mut length = DraftLength::new(&uncosted(8));
+        assert_eq!(length.allowed(), 4);
+        length.record(4, 4, 1.0);
+        assert_eq!(length.allowed(), 8);
+        length.record(8, 8, 1.0);
+        assert_eq!(length.allowed(), 8);
+        length.record(8, 2, 1.0);
+        assert_eq!(length.allowed(), 3);
+    }
+
+    #[test]
+    fn low_acceptance_pauses_drafting_longer_each_time() {
+        let mut length = DraftLength::new(&uncosted(8));
+        length.record(4, 0, 1.0);
+        assert_eq!(
+            length.allowed(),
+            1,
+            "one bad step after a fair start keeps drafting"
+        );
+        length.record(1, 0, 1.0);
+        assert_eq!(length.allowed(), 0, "two bad steps pause it");
+        for _ in 0..FIRST_PAUSE {
+            assert_eq!(length.allowed(), 0);
+            length.record_plain(0.0);
+        }
+        assert_eq!(length.allowed(), 1);
+        length.record(1, 0, 1.0);
+        length.record(1, 0, 1.0);
+        for _ in 0..2 * FIRST_PAUSE {
+            assert_eq!(length.allowed(), 0);
+            length.record_plain(0.0);
+        }
+        assert_eq!(length.allowed(), 1);
+    }
+
+    fn uncosted(draft_max: u32) -> SpecConfig {
+        SpecConfig {
+            min_gain: 0.0,
+            ..SpecConfig::lookup(draft_max).unwrap()
+        }
+    }
+
+    #[test]
+    fn drafting_that_is_slower_than_plain_decoding_pauses() {
+        let mut length = DraftLength::new(&SpecConfig::lookup(8).unwrap());
+        for _ in 0..FIRST_PLAIN {
+            assert_eq!(length.allowed(), 0, "plain tokens first, to measure them");
+            length.record_plain(0.1);
+        }
+        // Two of four kept: 3 tokens in a step of 0.2 s beat 0.1 s per plain token.
+        length.record(4, 2, 0.2);
+        assert_eq!(length.allowed(), 3);
+        // Three tokens in 0.6 s lose to plain decoding: a pause stretched by the step's cost.
+        length.record(3, 2, 0.6);
+        assert_eq!(length.allowed(), 0);
+        let mut paused = 0;
+        while length.allowed() == 0 {
+            length.record_plain(0.1);
+            paused += 1;
+        }
+        assert!(paused > FIRST_PAUSE, "paused {paused} tokens");
+    }
+
+    #[test]
+    fn draft_max_is_bounded() {
+        assert!(SpecConfig::lookup(0).is_err());
+        assert!(SpecConfig::lookup(MAX_DRAFT + 1).is_err());
+        assert_eq!(SpecConfig::lookup(5).unwrap().draft_max, 5);
+    }
+}

@@ -1,0 +1,146 @@
+//! Speculative decoding with prompt-lookup drafts (`--spec lookup`) against plain decoding on
+//! SmolLM2: the same ids, greedy and sampled, on an answer that copies its prompt (drafts
+//! accepted, so the comparison is not vacuous) and on one that does not; rejected drafts
+//! rolled back (later tokens still right, and the cache the next request reuses still holds
+//! the sequence's keys and values). One model load for the binary.
+
+mod support;
+
+use std::ops::ControlFlow;
+use std::sync::{Mutex, OnceLock};
+
+use webshard::engine::Engine;
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt};
+use webshard::gpu::GpuOptions;
+use webshard::sample::{SamplerConfig, SpecConfig};
+use webshard::tokenizer::ChatMessage;
+
+/// An answer that copies a span of its prompt.
+const REPEATS: &str = "Repeat this list exactly, once: apple, banana, cherry, grape, lemon, mango, orange, peach, plum.";
+/// An answer that does not.
+const FRESH: &str = "Write one sentence about the sea.";
+
+fn engine() -> &'static Mutex<Engine> {
+    static ENGINE: OnceLock<Mutex<Engine>> = OnceLock::new();
+    ENGINE.get_or_init(|| {
+        let file = support::SMOLLM2.1;
+        Mutex::new(pollster::block_on(support::load_engine(
+            file,
+            GpuOptions::default(),
+        )))
+    })
+}
+
+fn chat(text: &str) -> Prompt {
+    Prompt::Chat(vec![ChatMessage::new("user", text)])
+}
+
+fn options(max_tokens: u32, sampler: SamplerConfig) -> GenerateOptions {
+    GenerateOptions {
+        max_tokens,
+        sampler,
+        ..GenerateOptions::default()
+    }
+}
+
+/// One generation from an empty cache, with or without speculation.
+fn run(engine: &mut Engine, prompt: Prompt, options: GenerateOptions, spec: bool) -> Generated {
+    engine.reset();
+    // Drafting whatever it costs (`min_gain` 0): on lavapipe a multi-token step costs several
+    // plain ones, and the cost rule would pause the drafts these comparisons need.
+    let config = SpecConfig {
+        min_gain: 0.0,
+        ..SpecConfig::lookup(6).expect("draft-max 6")
+    };
+    engine.set_speculation(spec.then_some(config));
+    let request = GenerateRequest::new(prompt, options);
+    pollster::block_on(engine.generate_one(&request, &mut |_| ControlFlow::Continue(())))
+        .expect("generate")
+}
+
+#[test]
+fn greedy_ids_are_the_same_with_drafts_and_drafts_are_accepted() {
+    let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
+    let greedy = options(14, SamplerConfig::greedy());
+    let plain = run(&mut engine, chat(REPEATS), greedy.clone(), false);
+    let spec = run(&mut engine, chat(REPEATS), greedy, true);
+    assert_eq!(spec.ids, plain.ids, "ids with drafts: {:?}", spec.text);
+    assert!(
+        spec.timings.accepted >= 3,
+        "an answer that copies its prompt accepts drafts: {} of {} ({:?})",
+        spec.timings.accepted,
+        spec.timings.drafted,
+        spec.text
+    );
+    assert_eq!(plain.timings.drafted, 0, "no drafts without --spec");
+}
+
+#[test]
+fn greedy_ids_are_the_same_when_drafts_are_rejected() {
+    let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
+    let greedy = options(8, SamplerConfig::greedy());
+    let plain = run(&mut engine, chat(FRESH), greedy.clone(), false);
+    let spec = run(&mut engine, chat(FRESH), greedy, true);
+    assert_eq!(spec.ids, plain.ids, "ids with drafts: {:?}", spec.text);
+    assert!(
+        spec.timings.drafted > spec.timings.accepted,
+        "drafts were rejected and rolled back: {} of {}",
+        spec.timings.accepted,
+        spec.timings.drafted
+    );
+}
+
+/// Sampling each verified position in order with the request's seeded sampler draws exactly
+/// as plain decoding does, so a seed gives the same text.
+#[test]
+fn sampled_ids_are_the_same_for_a_seed() {
+    let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
+    let sampler = SamplerConfig {
+        temperature: 0.7,
+        seed: 7,
+        ..SamplerConfig::default()
+    };
+    let plain = run(
+        &mut engine,
+        chat(REPEATS),
+        options(8, sampler.clone()),
+        false,
+    );
+    let spec = run(&mut engine, chat(REPEATS), options(8, sampler), true);
+    assert_eq!(spec.ids, plain.ids, "ids with drafts: {:?}", spec.text);
+    assert!(spec.timings.drafted > 0, "the sampled path drafted");
+}
+
+/// After a speculative answer the cache holds exactly the sequence (rejected drafts rolled
+/// back), so a follow-up request reusing it continues as one from an empty cache does.
+#[test]
+fn the_cache_after_drafts_serves_the_next_request() {
+    let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
+    let greedy = options(10, SamplerConfig::greedy());
+    let first = run(&mut engine, chat(REPEATS), greedy.clone(), true);
+    assert!(first.timings.drafted > first.timings.accepted || first.timings.accepted > 0);
+    let mut follow_up = first.prompt_ids.clone();
+    follow_up.extend(&first.ids);
+    follow_up.extend(engine.tokenize_prompt(" and then").iter().skip(1));
+    let request = GenerateRequest::new(
+        Prompt::Ids(follow_up.clone()),
+        options(3, SamplerConfig::greedy()),
+    );
+    let reused =
+        pollster::block_on(engine.generate_one(&request, &mut |_| ControlFlow::Continue(())))
+            .expect("generate");
+    assert!(
+        reused.cached_tokens as usize > first.prompt_ids.len(),
+        "the cache was reused"
+    );
+    let fresh = run(
+        &mut engine,
+        Prompt::Ids(follow_up),
+        options(3, SamplerConfig::greedy()),
+        false,
+    );
+    assert_eq!(
+        reused.ids, fresh.ids,
+        "continuation after a speculative answer"
+    );
+}
