@@ -36,8 +36,8 @@ pub struct CoordinateArgs {
     /// Donors to wait for before planning.
     #[arg(long)]
     pub donors: usize,
-    /// The prompt; repeat it to generate for several prompts at once (up to 4 in the chain
-    /// at a time).
+    /// The prompt; repeat it to generate for several prompts at once (up to `--kv-slots` in
+    /// the chain at a time).
     #[arg(short = 'p', long, required = true)]
     pub prompt: Vec<String>,
     #[arg(short = 'n', long, default_value_t = 128)]
@@ -55,6 +55,10 @@ pub struct CoordinateArgs {
     /// Longest sequence every stage caches.
     #[arg(long, default_value_t = 2048)]
     pub ctx: u32,
+    /// Requests in the chain at once (micro-batching); every stage keeps a KV cache of
+    /// `--ctx` positions per slot.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub kv_slots: u32,
     /// Send activations between stages as f32 instead of f16.
     #[arg(long)]
     pub f32_activations: bool,
@@ -189,6 +193,7 @@ pub async fn run_coordinator<T: Transport>(
 ) -> anyhow::Result<()> {
     let mut config = CoordinatorConfig::new(&args.model, &args.fleet, args.donors);
     config.runtime.max_context = args.ctx;
+    config.runtime.kv_slots = args.kv_slots;
     if !(args.heartbeat_timeout > 0.0 && args.heartbeat_timeout <= 86_400.0) {
         bail!("--heartbeat-timeout must be more than 0 and at most 86400 seconds");
     }

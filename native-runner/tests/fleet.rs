@@ -425,3 +425,27 @@ fn donor_processes_serve_one_coordinator_after_another() {
         eprintln!("[stay] {}: {} then {}", donor.0.name, seen[0], seen[1]);
     }
 }
+
+/// Donor churn: `.ci/churn_soak.py` with 5 kills in one generation run (the documented soak
+/// runs 20). Before each kill a fresh donor joins; the script checks single-device ids, every
+/// token index exactly once, and one recovery per kill.
+#[test]
+fn five_donor_kills_in_one_generation_run_lose_and_repeat_no_token() {
+    let _turn = serial();
+    let started = Instant::now();
+    let output = std::process::Command::new("python3")
+        .arg(common::repo_root().join(".ci/churn_soak.py"))
+        .arg(runner())
+        .args(["--kills", "5", "--backend", BACKEND])
+        .env("WEBSHARD_MODELS", common::models_dir())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run python3 .ci/churn_soak.py");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!(
+        "[churn soak] {:.1} s\n{stdout}",
+        started.elapsed().as_secs_f64()
+    );
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+}

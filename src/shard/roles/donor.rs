@@ -206,7 +206,7 @@ impl<T: Transport> Donor<T> {
     }
 
     /// Forgets the coordinator (not the stage it loaded) and greets every peer again.
-    async fn return_to_room(&mut self) {
+    pub(super) async fn return_to_room(&mut self) {
         self.coordinator = None;
         self.status.coordinator = None;
         self.status.epoch = None;
@@ -385,6 +385,14 @@ impl<T: Transport> Donor<T> {
     }
 
     async fn serve_stage(&mut self, from: PeerId, host: StageHost, assign: &Assign, load_ms: u32) {
+        // Ready promises a working chain: the first Forward must find the next stage.
+        if !self.reach(assign.downstream).await {
+            self.host = Some(host);
+            if !self.closed {
+                self.rejoin_for_link(assign.downstream).await;
+            }
+            return;
+        }
         let input = if assign.embedding {
             InputKind::Tokens
         } else {

@@ -11,6 +11,7 @@ mod constrain;
 pub mod coordinator;
 pub mod donor;
 mod host;
+mod link;
 mod offload;
 pub mod probe;
 mod recovery;
