@@ -11,6 +11,8 @@
 #
 # Usage: .ci/build_embed_model.sh OUTPUT.gguf [WORKDIR]
 # WORKDIR (default: a fresh temporary directory) keeps the downloads and the environment.
+# With EMBED_SOURCE=nomic (.ci/build_nomic_model.sh) it builds instead a small nomic-bert of
+# seeded random weights (.ci/make_nomic_model.py) with MiniLM's WordPiece vocabulary.
 set -euo pipefail
 
 out=${1:?usage: build_embed_model.sh OUTPUT.gguf [WORKDIR]}
@@ -80,8 +82,14 @@ if [[ ! -x $venv/bin/python ]]; then
 fi
 "$venv/bin/pip" install --disable-pip-version-check --progress-bar off "${PY_DEPS[@]}" >&2
 
+model_dir=$work/minilm
+if [[ ${EMBED_SOURCE:-minilm} == nomic ]]; then
+    model_dir=$work/nomic
+    "$venv/bin/python" "$(dirname "$0")/make_nomic_model.py" "$work/minilm" "$model_dir" >&2
+fi
+
 mkdir -p "$(dirname "$out")"
-"$venv/bin/python" "$converter/convert_hf_to_gguf.py" "$work/minilm" \
+"$venv/bin/python" "$converter/convert_hf_to_gguf.py" "$model_dir" \
     --outtype f16 --outfile "$out.partial" >&2
 mv "$out.partial" "$out"
 sha256sum "$out"

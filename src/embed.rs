@@ -3,14 +3,22 @@
 //! (`[CLS] .. [SEP]` for WordPiece), run through the encoder on its own, pooled the way the
 //! GGUF's `*.pooling_type` says (or the caller asks), and optionally L2-normalised.
 //!
+//! Two kinds of model embed: encoders (`bert`, `nomic-bert`, with bidirectional attention) and any causal
+//! decoder the engine runs (`llama`, `qwen2`, `gemma3`), whose hidden states after the final
+//! RMS norm (llama.cpp's `t_embd`, the head's input) are pooled; their attention stays causal,
+//! as in llama.cpp.
+//!
 //! `Embedder::embed(texts)` is the entry point the CLI and the HTTP API share.
 
 use std::sync::Arc;
 
-use crate::gguf::{read_header, GgufError, RangeSource, SourceError};
+use crate::gguf::{read_header, GgmlType, GgufError, Header, RangeSource, SourceError};
 use crate::gpu::Gpu;
-use crate::model::bert::BertEncoder;
-use crate::model::{LoadProgress, ModelError};
+use crate::model::bert::{self, BertEncoder};
+use crate::model::{
+    LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
+};
+use crate::ops::norm::rms_norm_reference;
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// How per-token hidden states become one vector (llama.cpp's `llama_pooling_type`).
@@ -87,46 +95,93 @@ pub struct EmbedOptions {
     pub normalize: bool,
 }
 
+/// What turns token ids into per-token hidden states.
+enum Network {
+    Encoder(BertEncoder),
+    Decoder(PooledDecoder),
+}
+
+/// A causal decoder without its head: the stage's residual stream, then the final RMS norm
+/// on the host (a few rows of `d_model`, so the GPU's head buffers need not grow).
+struct PooledDecoder {
+    stage: Stage,
+    output_norm: Vec<f32>,
+}
+
 /// An embedding model loaded on one device.
 pub struct Embedder {
     tokenizer: Tokenizer,
-    encoder: BertEncoder,
-    /// From `bert.pooling_type`; `None` when the file names none usable.
+    network: Network,
+    /// From `*.pooling_type`; `None` when the file names none.
     model_pooling: Option<u32>,
 }
 
+/// Whether `general.architecture` names an encoder (rather than a causal decoder).
+pub fn is_encoder(header: &Header) -> bool {
+    header
+        .architecture()
+        .is_ok_and(|arch| bert::ENCODER_ARCHITECTURES.contains(&arch))
+}
+
 impl Embedder {
-    /// Reads the header, builds the tokenizer and loads the encoder.
+    /// Reads the header, builds the tokenizer and loads the network; a decoder's KV cache
+    /// holds `max_context` positions (at most the model's own context).
     pub async fn load(
         gpu: Arc<Gpu>,
         source: &dyn RangeSource,
+        max_context: u32,
         progress: &mut dyn FnMut(LoadProgress<'_>),
     ) -> Result<Embedder, EmbedError> {
         let header = read_header(source).await?;
         let tokenizer = Tokenizer::from_metadata(&header.metadata)?;
-        let encoder = BertEncoder::load(gpu, source, &header, progress).await?;
-        let model_pooling = encoder.cfg.pooling_type;
+        if is_encoder(&header) {
+            let encoder = BertEncoder::load(gpu, source, &header, progress).await?;
+            let model_pooling = encoder.cfg.pooling_type;
+            return Ok(Embedder {
+                tokenizer,
+                network: Network::Encoder(encoder),
+                model_pooling,
+            });
+        }
+        let arch = header.architecture()?.to_string();
+        let model_pooling = header.metadata.opt_u32(&format!("{arch}.pooling_type"))?;
+        let decoder = PooledDecoder::load(gpu, source, header, max_context, progress).await?;
         Ok(Embedder {
             tokenizer,
-            encoder,
+            network: Network::Decoder(decoder),
             model_pooling,
         })
     }
 
     /// Length of each embedding.
     pub fn dimensions(&self) -> usize {
-        self.encoder.cfg.d_model as usize
+        match &self.network {
+            Network::Encoder(encoder) => encoder.cfg.d_model as usize,
+            Network::Decoder(decoder) => decoder.stage.cfg.d_model as usize,
+        }
+    }
+
+    /// Token ids run from 0 to this, exclusive.
+    pub fn vocab(&self) -> u32 {
+        match &self.network {
+            Network::Encoder(encoder) => encoder.cfg.vocab,
+            Network::Decoder(decoder) => decoder.stage.cfg.vocab,
+        }
     }
 
     /// The most tokens one input may have, special tokens included.
     pub fn context_length(&self) -> u32 {
-        self.encoder.cfg.context_length
+        match &self.network {
+            Network::Encoder(encoder) => encoder.cfg.context_length,
+            Network::Decoder(decoder) => decoder.stage.spec.max_context,
+        }
     }
 
-    /// The pooling used when a call names none: the file's, else mean.
+    /// The pooling used when a call names none: the file's, else mean (llama.cpp would give
+    /// per-token vectors, which an embedding API has no place for).
     pub fn default_pooling(&self) -> Result<Pooling, EmbedError> {
         match self.model_pooling {
-            None => Ok(Pooling::Mean),
+            None | Some(0) => Ok(Pooling::Mean),
             Some(code) => Pooling::from_llama(code).ok_or(EmbedError::UnsupportedPooling(code)),
         }
     }
@@ -176,7 +231,7 @@ impl Embedder {
         }
         let mut out = Vec::with_capacity(inputs.len());
         for ids in inputs {
-            let hidden = self.encoder.hidden_states(ids).await?;
+            let hidden = self.hidden_states(ids).await?;
             let mut vector = pool(&hidden, self.dimensions(), pooling);
             if options.normalize {
                 l2_normalize(&mut vector);
@@ -184,6 +239,94 @@ impl Embedder {
             out.push(vector);
         }
         Ok(out)
+    }
+}
+
+impl Embedder {
+    async fn hidden_states(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        match &self.network {
+            Network::Encoder(encoder) => encoder.hidden_states(ids).await,
+            Network::Decoder(decoder) => decoder.hidden_states(ids).await,
+        }
+    }
+}
+
+impl PooledDecoder {
+    async fn load(
+        gpu: Arc<Gpu>,
+        source: &dyn RangeSource,
+        header: Header,
+        max_context: u32,
+        progress: &mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<PooledDecoder, ModelError> {
+        let model = OpenModel::from_header(header)?;
+        let d = model.cfg.d_model;
+        let output_norm = host_vector(source, &model.header, "output_norm.weight", d).await?;
+        let spec = StageSpec {
+            head: false,
+            ..StageSpec::whole(&model.cfg, max_context, &gpu)
+        };
+        let options = LoadOptions::default();
+        let stage = Stage::load(gpu, source, &model, spec, options, progress).await?;
+        Ok(PooledDecoder { stage, output_norm })
+    }
+
+    /// Normed hidden states of every token, the prompt fed in chunks of the stage's batch.
+    async fn hidden_states(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+        let max = self.stage.spec.max_context;
+        if ids.is_empty() || ids.len() > max as usize {
+            return Err(ModelError::ContextFull {
+                needed: u32::try_from(ids.len()).unwrap_or(u32::MAX),
+                max,
+            });
+        }
+        let vocab = self.stage.cfg.vocab;
+        if let Some(bad) = ids.iter().find(|&&id| id >= vocab) {
+            return Err(ModelError::Plan(format!(
+                "token id {bad} outside the vocabulary of {vocab}"
+            )));
+        }
+        let batch = self.stage.spec.max_batch as usize;
+        let mut residual = Vec::with_capacity(ids.len() * self.output_norm.len());
+        for (index, chunk) in ids.chunks(batch).enumerate() {
+            let start = (index * batch) as u32;
+            let input = StageInput::Tokens(chunk);
+            residual.extend(self.stage.forward_hidden(&input, start).await?);
+        }
+        let eps = self.stage.cfg.rms_eps;
+        Ok(rms_norm_reference(&residual, &self.output_norm, eps))
+    }
+}
+
+/// The values of vector tensor `name` (F32 or F16) of `len` elements, on the host.
+async fn host_vector(
+    source: &dyn RangeSource,
+    header: &Header,
+    name: &str,
+    len: u32,
+) -> Result<Vec<f32>, ModelError> {
+    let bad = |message: String| ModelError::Tensor {
+        tensor: name.into(),
+        message,
+    };
+    let info = header
+        .tensor(name)
+        .ok_or_else(|| bad("missing from the file".into()))?;
+    if info.n_elements() != u64::from(len) {
+        return Err(bad(format!("shape {:?}, expected [{len}]", info.shape)));
+    }
+    let bytes = source.read_range(info.offset, info.bytes).await?;
+    let values: Vec<f32> = match info.ggml_type {
+        GgmlType::F32 => bytemuck::pod_collect_to_vec(&bytes),
+        GgmlType::F16 => bytes
+            .chunks_exact(2)
+            .map(|h| half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+            .collect(),
+        other => return Err(ModelError::unsupported(name, other)),
+    };
+    match values.iter().position(|v| !v.is_finite()) {
+        Some(index) => Err(bad(format!("element {index} is not finite"))),
+        None => Ok(values),
     }
 }
 

@@ -1,7 +1,9 @@
 //! Embedding fidelity against llama.cpp (`tests/goldens/embed/README.md`): on every backend
 //! under test (lavapipe and llvmpipe's GL in CI), webshard's token ids equal llama.cpp's and
 //! every input's embedding has cosine similarity >= 0.999 to llama.cpp's, with and without
-//! normalisation; an input beyond the context is refused with its index.
+//! normalisation; an input beyond the context is refused with its index. A causal decoder
+//! (SmolLM2) pooled mean and last is held to llama.cpp's goldens made with that pooling, and
+//! nomic-bert (rotary, SwiGLU, fused qkv) to its own.
 
 mod support;
 
@@ -13,7 +15,12 @@ use webshard::gguf::open_source;
 use webshard::gpu::{Gpu, GpuOptions};
 
 const MINILM: (&str, &str) = ("all-minilm-l6-v2-f16", "all-MiniLM-L6-v2.f16.gguf");
+const NOMIC: (&str, &str) = ("nomic-bert-tiny-f16", "nomic-bert-tiny.f16.gguf");
 const MIN_COSINE: f64 = 0.999;
+/// SmolLM2's goldens, made with `make_goldens.py ... mean` and `... last`.
+const SMOLLM2_MEAN: &str = "smollm2-135m-instruct-q4_1-mean";
+const SMOLLM2_LAST: &str = "smollm2-135m-instruct-q4_1-last";
+const SMOLLM2_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 
 fn golden(name: &str) -> Value {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -38,7 +45,7 @@ async fn load(file: &str, options: GpuOptions) -> Embedder {
     let source = open_source(path.to_str().expect("utf-8 path"))
         .await
         .expect("open model");
-    Embedder::load(gpu, source.as_ref(), &mut |_| {})
+    Embedder::load(gpu, source.as_ref(), 512, &mut |_| {})
         .await
         .expect("load embedding model")
 }
@@ -94,9 +101,74 @@ fn check_model((name, file): (&str, &str)) {
     }
 }
 
+/// The worst cosine over `golden`'s inputs of `embedder`'s vectors pooled as the golden says;
+/// fails on any id that differs or any cosine under MIN_COSINE.
+fn check_pooled(embedder: &Embedder, golden: &Value, normalize: bool, label: &str) -> f64 {
+    let inputs = golden["inputs"].as_array().expect("inputs");
+    let texts: Vec<&str> = inputs
+        .iter()
+        .map(|r| r["text"].as_str().expect("text"))
+        .collect();
+    for (record, text) in inputs.iter().zip(&texts) {
+        let want: Vec<u32> = numbers(&record["ids"], |v| v.as_u64().map(|x| x as u32));
+        assert_eq!(embedder.tokenize(text), want, "{label} ids of {text:?}");
+    }
+    let pooling = Pooling::parse(golden["pooling"].as_str().expect("pooling"));
+    let options = EmbedOptions { pooling, normalize };
+    let got = pollster::block_on(embedder.embed(&texts, options)).expect("embed");
+    let mut worst = 1.0f64;
+    for ((record, text), vector) in inputs.iter().zip(&texts).zip(&got) {
+        let want: Vec<f32> = numbers(&record["embedding"], |v| v.as_f64().map(|x| x as f32));
+        let cosine = cosine_similarity(vector, &want);
+        assert!(
+            cosine >= MIN_COSINE,
+            "{label}: cosine {cosine:.6} < {MIN_COSINE} for {text:?}"
+        );
+        worst = worst.min(cosine);
+    }
+    println!("{label}: worst cosine {worst:.7} over {} inputs", got.len());
+    worst
+}
+
+#[test]
+fn pooled_decoder_matches_llama_cpp_mean_and_last_on_every_backend() {
+    let (mean, last) = (golden(SMOLLM2_MEAN), golden(SMOLLM2_LAST));
+    for golden in [&mean, &last] {
+        assert_eq!(
+            golden["model_file"], SMOLLM2_FILE,
+            "golden made from another file"
+        );
+    }
+    for backend in support::backends() {
+        let options = GpuOptions {
+            backend,
+            ..Default::default()
+        };
+        let embedder = pollster::block_on(load(SMOLLM2_FILE, options));
+        assert_eq!(embedder.dimensions(), 576);
+        check_pooled(
+            &embedder,
+            &mean,
+            false,
+            &format!("{SMOLLM2_MEAN} {backend:?}"),
+        );
+        check_pooled(
+            &embedder,
+            &last,
+            true,
+            &format!("{SMOLLM2_LAST} {backend:?} normalized"),
+        );
+    }
+}
+
 #[test]
 fn minilm_matches_llama_cpp_on_every_backend() {
     check_model(MINILM);
+}
+
+#[test]
+fn nomic_bert_matches_llama_cpp_on_every_backend() {
+    check_model(NOMIC);
 }
 
 #[test]

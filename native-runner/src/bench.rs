@@ -9,6 +9,7 @@ use webshard::engine::Engine;
 use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
 
+use crate::bench_embed::{bench_embed, EmbedBench};
 use crate::bench_mask::{mask_cost, MaskCost};
 use crate::bench_spec::{spec_bench, SpecBench};
 use crate::constraint_args::ConstraintArgs;
@@ -49,17 +50,27 @@ pub struct BenchArgs {
     pub prompt_file: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub spec: SpecArgs,
+    /// Measure embedding throughput instead (sequences/s at each `--embed-batch`, inputs of
+    /// `--embed-tokens` random ids): an encoder (bert) or a decoder's pooled hidden states.
+    #[arg(long)]
+    pub embed: bool,
+    /// Tokens per input for `--embed`.
+    #[arg(long, default_value_t = 128, value_parser = clap::value_parser!(u32).range(1..))]
+    pub embed_tokens: u32,
+    /// Batch sizes for `--embed`, comma-separated.
+    #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 64])]
+    pub embed_batch: Vec<u32>,
 }
 
 /// Mean and sample standard deviation.
-fn mean_sd(values: &[f64]) -> (f64, f64) {
+pub(crate) fn mean_sd(values: &[f64]) -> (f64, f64) {
     let n = values.len() as f64;
     let mean = values.iter().sum::<f64>() / n;
     let var = values.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / (n - 1.0).max(1.0);
     (mean, var.sqrt())
 }
 
-fn random_ids(count: u32, vocab: u32, seed: u64) -> Vec<u32> {
+pub(crate) fn random_ids(count: u32, vocab: u32, seed: u64) -> Vec<u32> {
     let mut state = seed | 1;
     (0..count)
         .map(|_| {
@@ -112,6 +123,16 @@ async fn layers_only_rate(engine: &mut Engine, tokens: u32) -> anyhow::Result<f6
 }
 
 pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
+    if args.embed {
+        let embed = EmbedBench {
+            model: &args.model,
+            tokens: args.embed_tokens,
+            batches: &args.embed_batch,
+            repetitions: args.repetitions,
+            json: args.json,
+        };
+        return bench_embed(&embed).await;
+    }
     let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
     // One warm-up of each test compiles every pipeline before timing.

@@ -28,7 +28,7 @@ pub struct EmbedArgs {
     #[arg(long, conflicts_with = "texts")]
     pub file: Option<PathBuf>,
     /// One JSON object: {"model", "pooling", "normalize", "dimensions", "data": [{"index",
-    /// "tokens", "embedding"}]}.
+    /// "tokens", "ids", "embedding"}]}.
     #[arg(long)]
     pub json: bool,
     /// The texts to embed.
@@ -72,9 +72,14 @@ pub async fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
     let source = open_source(&args.model.model)
         .await
         .with_context(|| format!("opening {}", args.model.model))?;
-    let embedder = Embedder::load(Arc::clone(&gpu), source.as_ref(), &mut |_| {})
-        .await
-        .with_context(|| format!("loading {}", args.model.model))?;
+    let embedder = Embedder::load(
+        Arc::clone(&gpu),
+        source.as_ref(),
+        args.model.ctx,
+        &mut |_| {},
+    )
+    .await
+    .with_context(|| format!("loading {}", args.model.model))?;
     let pooling = match args.pooling {
         Some(p) => p,
         None => embedder.default_pooling()?,
@@ -92,7 +97,8 @@ pub async fn embed(args: &EmbedArgs) -> anyhow::Result<()> {
             .iter()
             .enumerate()
             .map(|(index, v)| {
-                json!({ "index": index, "tokens": embedder.tokenize(&texts[index]).len(), "embedding": v })
+                let ids = embedder.tokenize(&texts[index]);
+                json!({ "index": index, "tokens": ids.len(), "ids": ids, "embedding": v })
             })
             .collect();
         let out = json!({

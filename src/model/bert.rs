@@ -8,6 +8,10 @@
 //! x = layer_norm(x + Wdown · gelu(Wup·x + bup) + bdown)
 //! ```
 //!
+//! `nomic-bert` (nomic-embed-text) is the same encoder with rotary positions instead of learned
+//! ones (NeoX pairs, `nomic-bert.rope.freq_base`), q, k and v in one fused `attn_qkv` tensor,
+//! no biases, and a SwiGLU feed-forward: `Wdown · (silu(Wgate·x) * Wup·x)`.
+//!
 //! The output is the hidden state of every token; pooling (`crate::embed`) makes embeddings.
 //! The encoder runs one sequence per call: its keys and values go through a `KvCache` of the
 //! model's context so the attention kernels are the decoders' own.
@@ -17,15 +21,20 @@ use std::sync::Arc;
 use crate::gguf::{Header, Metadata, RangeSource};
 use crate::gpu::{self, Gpu, Recorder};
 use crate::ops::attention::{bidirectional_attention, kv_write, AttentionParams, KvCache};
-use crate::ops::elementwise::{activate, add_bias, add_in_place, Activation};
+use crate::ops::elementwise::{activate, add_bias, add_in_place, gated_activation, Activation};
 use crate::ops::norm::layer_norm;
 use crate::ops::quant::{embed, matmul};
+use crate::ops::rope::{rope, RopeParams};
 
 use super::loader::{LoadOptions, LoadProgress, Loader, Matrix, Vector};
 use super::ModelError;
 
 /// `general.architecture` of the files this module runs.
 pub const ARCHITECTURE: &str = "bert";
+/// nomic-bert's `general.architecture`.
+pub const NOMIC_ARCHITECTURE: &str = "nomic-bert";
+/// Every encoder architecture this module runs.
+pub const ENCODER_ARCHITECTURES: &[&str] = &[ARCHITECTURE, NOMIC_ARCHITECTURE];
 /// Upper bound on the context an encoder may declare (BERT's is 512; long-context ones 8192).
 const MAX_CONTEXT: u32 = 1 << 16;
 
@@ -42,6 +51,8 @@ pub struct BertConfig {
     pub norm_eps: f32,
     /// `bert.pooling_type` as llama.cpp numbers it (0 none, 1 mean, 2 CLS, 3 last, 4 rank).
     pub pooling_type: Option<u32>,
+    /// nomic-bert's rotary positions; `None` for learned ones (bert).
+    pub rope: Option<RopeParams>,
 }
 
 fn positive(meta: &Metadata, key: &str) -> Result<u32, ModelError> {
@@ -54,13 +65,13 @@ fn positive(meta: &Metadata, key: &str) -> Result<u32, ModelError> {
 impl BertConfig {
     pub fn from_header(header: &Header) -> Result<BertConfig, ModelError> {
         let arch = header.architecture()?;
-        if arch != ARCHITECTURE {
+        if !ENCODER_ARCHITECTURES.contains(&arch) {
             return Err(ModelError::Plan(format!(
-                "general.architecture is {arch:?}, not an encoder this engine runs ({ARCHITECTURE:?})"
+                "general.architecture is {arch:?}, not an encoder this engine runs ({ENCODER_ARCHITECTURES:?})"
             )));
         }
         let meta = &header.metadata;
-        let key = |suffix: &str| format!("{ARCHITECTURE}.{suffix}");
+        let key = |suffix: &str| format!("{arch}.{suffix}");
         let d_model = positive(meta, &key("embedding_length"))?;
         let n_heads = positive(meta, &key("attention.head_count"))?;
         let vocab = header
@@ -81,6 +92,16 @@ impl BertConfig {
             context_length: positive(meta, &key("context_length"))?,
             norm_eps: meta.get_f32(&key("attention.layer_norm_epsilon"))?,
             pooling_type: meta.opt_u32(&key("pooling_type"))?,
+            rope: match arch == NOMIC_ARCHITECTURE {
+                true => Some(RopeParams {
+                    head_dim: d_model / n_heads,
+                    rope_dims: d_model / n_heads,
+                    freq_base: meta.opt_f32(&key("rope.freq_base"))?.unwrap_or(10_000.0),
+                    freq_scale: 1.0,
+                    neox: true,
+                }),
+                false => None,
+            },
         };
         cfg.validate()
     }
@@ -98,6 +119,12 @@ impl BertConfig {
                 "context length {} beyond the limit of {MAX_CONTEXT}",
                 self.context_length
             ));
+        }
+        if let Some(rope) = self
+            .rope
+            .filter(|r| !(r.freq_base.is_finite() && r.freq_base > 0.0))
+        {
+            return fail(format!("rope.freq_base {} is not valid", rope.freq_base));
         }
         if !(self.norm_eps.is_finite() && self.norm_eps >= 0.0) {
             return fail(format!("layer_norm_epsilon {} is not valid", self.norm_eps));
@@ -143,6 +170,8 @@ struct BertLayer {
     out: Linear,
     attn_norm: Norm,
     up: Linear,
+    /// SwiGLU's gate (nomic-bert); `None` for GELU.
+    gate: Option<Linear>,
     down: Linear,
     out_norm: Norm,
 }
@@ -160,6 +189,8 @@ struct Buffers {
     v: wgpu::Buffer,
     attn: wgpu::Buffer,
     ff: wgpu::Buffer,
+    gate: wgpu::Buffer,
+    gated: wgpu::Buffer,
 }
 
 /// A loaded encoder on one device.
@@ -167,7 +198,8 @@ pub struct BertEncoder {
     gpu: Arc<Gpu>,
     pub cfg: BertConfig,
     token_embd: Matrix,
-    position_embd: Matrix,
+    /// Learned positions (bert); nomic-bert rotates q and k instead.
+    position_embd: Option<Matrix>,
     token_types: Option<Matrix>,
     embd_norm: Norm,
     layers: Vec<BertLayer>,
@@ -189,9 +221,14 @@ impl BertEncoder {
         let mut loader = Loader::new(&gpu, source, header, options, total, progress);
         let d = cfg.d_model;
         let token_embd = loader.matrix("token_embd.weight", d, cfg.vocab).await?;
-        let position_embd = loader
-            .matrix("position_embd.weight", d, cfg.context_length)
-            .await?;
+        let position_embd = match cfg.rope {
+            Some(_) => None,
+            None => Some(
+                loader
+                    .matrix("position_embd.weight", d, cfg.context_length)
+                    .await?,
+            ),
+        };
         let token_types = match header.tensor("token_types.weight") {
             Some(info) => {
                 let rows = info.shape.get(1).copied().unwrap_or(0).clamp(1, 16) as u32;
@@ -263,15 +300,10 @@ impl BertEncoder {
         let b = &self.buffers;
         let (d, eps) = (self.cfg.d_model, self.cfg.norm_eps);
         embed(rec, &self.token_embd.view(), &b.ids, &b.tmp, tokens, 1.0);
-        embed(
-            rec,
-            &self.position_embd.view(),
-            &b.positions,
-            &b.attn,
-            tokens,
-            1.0,
-        );
-        add_in_place(rec, &b.tmp, &b.attn, tokens * d);
+        if let Some(positions) = &self.position_embd {
+            embed(rec, &positions.view(), &b.positions, &b.attn, tokens, 1.0);
+            add_in_place(rec, &b.tmp, &b.attn, tokens * d);
+        }
         if let Some(types) = &self.token_types {
             // llama.cpp gives every token type 0 ("sentence A").
             embed(rec, &types.view(), &b.zeros, &b.attn, tokens, 1.0);
@@ -287,6 +319,10 @@ impl BertEncoder {
         linear(rec, &layer.q, &b.x, &b.q, tokens);
         linear(rec, &layer.k, &b.x, &b.k, tokens);
         linear(rec, &layer.v, &b.x, &b.v, tokens);
+        if let Some(params) = &cfg.rope {
+            rope(rec, &b.q, tokens, cfg.n_heads, 0, params);
+            rope(rec, &b.k, tokens, cfg.n_heads, 0, params);
+        }
         kv_write(rec, &self.cache, index, &b.k, &b.v, 0, tokens);
         let params = AttentionParams {
             heads: cfg.n_heads,
@@ -303,8 +339,19 @@ impl BertEncoder {
             .attn_norm
             .record(rec, &b.tmp, &b.x, [tokens, d], cfg.norm_eps);
         linear(rec, &layer.up, &b.x, &b.ff, tokens);
-        activate(rec, &b.ff, tokens * cfg.ff_dim, Activation::GeluTanh);
-        linear(rec, &layer.down, &b.ff, &b.tmp, tokens);
+        let ff = tokens * cfg.ff_dim;
+        let activated = match &layer.gate {
+            Some(gate) => {
+                linear(rec, gate, &b.x, &b.gate, tokens);
+                gated_activation(rec, &b.gate, &b.ff, &b.gated, ff, Activation::Silu);
+                &b.gated
+            }
+            None => {
+                activate(rec, &b.ff, ff, Activation::GeluTanh);
+                &b.ff
+            }
+        };
+        linear(rec, &layer.down, activated, &b.tmp, tokens);
         add_in_place(rec, &b.tmp, &b.x, tokens * d);
         layer
             .out_norm
@@ -341,6 +388,31 @@ async fn linear_weights(
     Ok(Linear { weight, bias })
 }
 
+/// q, k and v from one `[d, 3d]` tensor (rows q, then k, then v), each a view of its rows;
+/// a fused bias is split the same way, a missing one is zero.
+async fn fused_qkv(loader: &mut Loader<'_>, name: &str, d: u32) -> Result<[Linear; 3], ModelError> {
+    let fused = loader.matrix(&format!("{name}.weight"), d, 3 * d).await?;
+    let bias_name = format!("{name}.bias");
+    let biases = match loader.has(&bias_name) {
+        true => loader.vector_values(&bias_name, 3 * d).await?,
+        false => vec![0.0; 3 * d as usize],
+    };
+    let part = |index: u32| Linear {
+        weight: Matrix {
+            weights: Arc::clone(&fused.weights),
+            row_offset: fused.row_offset + index * d,
+            quant: fused.quant,
+            cols: d,
+            rows: d,
+        },
+        bias: loader.upload_vector(
+            &bias_name,
+            &biases[(index * d) as usize..((index + 1) * d) as usize],
+        ),
+    };
+    Ok([part(0), part(1), part(2)])
+}
+
 async fn load_layer(
     loader: &mut Loader<'_>,
     cfg: &BertConfig,
@@ -348,13 +420,26 @@ async fn load_layer(
 ) -> Result<BertLayer, ModelError> {
     let (d, ff) = (cfg.d_model, cfg.ff_dim);
     let name = |n: &str| format!("blk.{layer}.{n}");
+    let [q, k, v] = match loader.has(&name("attn_qkv.weight")) {
+        true => fused_qkv(loader, &name("attn_qkv"), d).await?,
+        false => [
+            linear_weights(loader, &name("attn_q"), d, d).await?,
+            linear_weights(loader, &name("attn_k"), d, d).await?,
+            linear_weights(loader, &name("attn_v"), d, d).await?,
+        ],
+    };
+    let gate = match cfg.rope {
+        Some(_) => Some(linear_weights(loader, &name("ffn_gate"), d, ff).await?),
+        None => None,
+    };
     Ok(BertLayer {
-        q: linear_weights(loader, &name("attn_q"), d, d).await?,
-        k: linear_weights(loader, &name("attn_k"), d, d).await?,
-        v: linear_weights(loader, &name("attn_v"), d, d).await?,
+        q,
+        k,
+        v,
         out: linear_weights(loader, &name("attn_output"), d, d).await?,
         attn_norm: norm(loader, &name("attn_output_norm"), d).await?,
         up: linear_weights(loader, &name("ffn_up"), d, ff).await?,
+        gate,
         down: linear_weights(loader, &name("ffn_down"), ff, d).await?,
         out_norm: norm(loader, &name("layer_output_norm"), d).await?,
     })
@@ -377,6 +462,8 @@ impl Buffers {
             v: activations("bert v", cfg.d_model),
             attn: activations("bert attn", cfg.d_model),
             ff: activations("bert ff", cfg.ff_dim),
+            gate: activations("bert gate", cfg.ff_dim),
+            gated: activations("bert gated", cfg.ff_dim),
         }
     }
 }

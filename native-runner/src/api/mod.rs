@@ -1,15 +1,18 @@
 //! An OpenAI-compatible HTTP API next to `runner serve`'s pages, models and signaling:
-//! `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`, `GET /health`,
-//! `GET /metrics`.
+//! `GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`,
+//! `POST /v1/embeddings`, `GET /health`, `GET /metrics`.
 //!
 //! - `types`: strict request and response bodies;
 //! - `validate`: a request's fields checked and its prompt rendered into a job;
 //! - `worker`: the thread per model that owns its engine and drives its scheduler;
 //! - `batch` and `pool`: continuous batching over the KV pool, and its prefix cache;
+//! - `embeddings`: `/v1/embeddings` and the thread per embedding model (an encoder such as
+//!   `bert` is served for embeddings only; a chat model too under `--embeddings`);
 //! - `reply` and `sse`: the answer, whole or streamed;
 //! - `errors`, `metrics`, `routes`: OpenAI-shaped errors, `/metrics`, the axum routes.
 
 pub mod batch;
+pub mod embeddings;
 pub mod errors;
 pub mod metrics;
 pub mod pool;
@@ -30,6 +33,7 @@ use anyhow::{bail, Context};
 
 use crate::model_args::ModelArgs;
 use crate::serve::{banner, ServeOptions, Server};
+use embeddings::EmbedHandle;
 use metrics::Responses;
 use routes::ApiState;
 use worker::ModelHandle;
@@ -69,6 +73,10 @@ pub struct ApiArgs {
     /// Do not use subgroup operations.
     #[arg(long)]
     pub no_subgroups: bool,
+    /// Also answer /v1/embeddings with each chat model (pooled hidden states; the model is
+    /// loaded a second time, without its head). Encoder models (bert) always embed.
+    #[arg(long)]
+    pub embeddings: bool,
 }
 
 impl ApiArgs {
@@ -141,23 +149,23 @@ fn file_stem(source: &str) -> String {
 pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
     let names = args.names()?;
     let (failed, mut failures) = tokio::sync::mpsc::unbounded_channel();
-    let models = names
-        .iter()
-        .zip(&args.model)
-        .map(|(name, source)| {
-            ModelHandle::start(
-                name.clone(),
-                args.model_args(source),
-                args.queue as usize,
-                args.parallel,
-                failed.clone(),
-            )
-        })
-        .collect::<std::io::Result<Vec<_>>>()
-        .context("starting the model workers")?;
+    let (mut models, mut embedders) = (Vec::new(), Vec::new());
+    for (name, source) in names.iter().zip(&args.model) {
+        let (load, queue) = (args.model_args(source), args.queue as usize);
+        let encoder = is_encoder(source).await?;
+        if encoder || args.embeddings {
+            let handle = EmbedHandle::start(name.clone(), load.clone(), queue, failed.clone());
+            embedders.push(handle.context("starting an embedding worker")?);
+        }
+        if !encoder {
+            let handle = ModelHandle::start(name.clone(), load, queue, args.parallel, failed.clone());
+            models.push(handle.context("starting the model workers")?);
+        }
+    }
     drop(failed);
     let state = Arc::new(ApiState {
         models,
+        embedders,
         api_key: args.api_key.clone(),
         responses: Responses::default(),
         started: unix_seconds(),
@@ -176,6 +184,17 @@ pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
         served = server.run() => Ok(served?),
         Some(why) = failures.recv() => bail!("{why}"),
     }
+}
+
+/// Whether the model at `source` is an encoder (embeddings only), from its header.
+async fn is_encoder(source: &str) -> anyhow::Result<bool> {
+    let file = webshard::gguf::open_source(source)
+        .await
+        .with_context(|| format!("opening {source}"))?;
+    let header = webshard::gguf::read_header(file.as_ref())
+        .await
+        .with_context(|| format!("reading the header of {source}"))?;
+    Ok(webshard::embed::is_encoder(&header))
 }
 
 fn unix_seconds() -> u64 {
@@ -202,6 +221,7 @@ mod tests {
             backend: "auto".into(),
             no_f16: false,
             no_subgroups: false,
+            embeddings: false,
         };
         assert!(args.names().unwrap_err().to_string().contains("`one`"));
         args.alias = vec!["first".into()];

@@ -15,6 +15,7 @@ use subtle::ConstantTimeEq;
 use tokio::sync::mpsc::unbounded_channel;
 use tower_http::catch_panic::CatchPanicLayer;
 
+use super::embeddings::{self, EmbedHandle};
 use super::errors::{parse_body, ApiError};
 use super::metrics::{render, Responses};
 use super::reply::{Endpoint, Reply};
@@ -26,6 +27,8 @@ use super::{sse, MAX_BODY_BYTES};
 /// What the handlers share.
 pub struct ApiState {
     pub models: Vec<ModelHandle>,
+    /// Models answering `/v1/embeddings` (encoders, and chat models under `--embeddings`).
+    pub embedders: Vec<EmbedHandle>,
     pub api_key: Option<String>,
     pub responses: Responses,
     pub started: u64,
@@ -48,6 +51,7 @@ pub fn router(state: Shared) -> Router {
         .route("/v1/models", get(list_models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings::create))
         .route_layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .route_layer(middleware::from_fn_with_state(
             Arc::clone(&state),
@@ -90,11 +94,17 @@ async fn count_responses(State(state): State<Shared>, req: Request, next: Next) 
 }
 
 async fn list_models(State(state): State<Shared>) -> Json<ModelList> {
-    let data = state
-        .models
-        .iter()
-        .map(|model| ModelCard {
-            id: model.name.clone(),
+    let mut names: Vec<&String> = state.models.iter().map(|model| &model.name).collect();
+    // A chat model that also embeds (`--embeddings`) is listed once.
+    let embedding_only: Vec<&String> = (state.embedders.iter())
+        .map(|model| &model.name)
+        .filter(|name| !names.contains(name))
+        .collect();
+    names.extend(embedding_only);
+    let data = names
+        .into_iter()
+        .map(|name| ModelCard {
+            id: name.clone(),
             object: "model",
             created: state.started,
             owned_by: "webshard",
@@ -110,6 +120,11 @@ async fn list_models(State(state): State<Shared>) -> Json<ModelList> {
 async fn health(State(state): State<Shared>) -> Response {
     for model in &state.models {
         if let Err(loading) = model.front() {
+            return loading.into_response();
+        }
+    }
+    for model in &state.embedders {
+        if let Err(loading) = model.ready() {
             return loading.into_response();
         }
     }

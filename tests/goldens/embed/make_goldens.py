@@ -4,7 +4,9 @@
 Writes tests/goldens/embed/<name>.json in the format README.md beside this file describes:
 for each text, llama.cpp's token ids and its pooled, unnormalised embedding.
 
-Usage: python3 tests/goldens/embed/make_goldens.py MODEL.gguf NAME
+Usage: python3 tests/goldens/embed/make_goldens.py MODEL.gguf NAME [POOLING]
+POOLING (mean, cls or last) overrides the GGUF's pooling type, as llama.cpp's `--pooling` does:
+a causal decoder states none, and llama.cpp then gives per-token vectors only.
 Needs llama-cpp-python==0.3.36 (it builds llama.cpp from source on pip install:
 CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF
 -DGGML_AMX_BF16=OFF" MAKEFLAGS=-j1 pip install llama-cpp-python==0.3.36).
@@ -19,6 +21,7 @@ import llama_cpp
 from llama_cpp import Llama
 
 HERE = Path(__file__).resolve().parent
+POOLING_CODES = {"mean": 1, "cls": 2, "last": 3}
 
 # Plain sentences, case and punctuation, accents, CJK, digits and symbols, an emoji (unknown
 # to the vocabulary), a [SEP]-looking text (not parsed as special), whitespace runs, and one
@@ -53,7 +56,9 @@ def sha256_of(path):
 
 def main():
     model, name = Path(sys.argv[1]), sys.argv[2]
-    llm = Llama(model_path=str(model), embedding=True, n_ctx=512, n_batch=512, verbose=False)
+    pooling = POOLING_CODES[sys.argv[3]] if len(sys.argv) > 3 else llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED
+    llm = Llama(model_path=str(model), embedding=True, n_ctx=512, n_batch=512,
+                n_ubatch=512, pooling_type=pooling, verbose=False)
     records = []
     for text in TEXTS:
         ids = llm.tokenize(text.encode("utf-8"), add_bos=True, special=False)
