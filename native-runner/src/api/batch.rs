@@ -351,6 +351,7 @@ fn finish(seq: Sequence) -> (Finished, UnboundedSender<Event>) {
         prefill_seconds: first - seq.started,
         decode_seconds: now - first,
         mask_seconds: 0.0,
+        ..Timings::default()
     };
     let generated = seq.decoding.into_generated(seq.cached, timings);
     (finished(generated, seq.choices), seq.job.events)
