@@ -52,6 +52,33 @@ function create(page, body) {
   }, body);
 }
 
+test('tool-calls.js reads a call the same whole and in streamed pieces of any size', async ({ page }) => {
+  await page.goto('/');
+  const CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa}ris\\"", "days": [1, {"a": 2}]}}\n</tool_call>';
+  const out = await page.evaluate(async (CALL) => {
+    const { CallReader, readCall } = await import('/tool-calls.js');
+    const streamed = [1, 2, 3, 7, 500].map((size) => {
+      const reader = new CallReader();
+      const pieces = [];
+      for (let at = 0; at < CALL.length; at += size) pieces.push(...reader.push(CALL.slice(at, at + size)));
+      return { pieces, call: reader.call() };
+    });
+    const text = new CallReader();
+    const textPieces = [...text.push(''), ...text.push('Hi'), ...text.push(' <b>')];
+    return { whole: readCall(CALL), prose: readCall('Sunny, 18 degrees.'), cut: readCall(CALL.slice(0, 40)), streamed, textPieces, textCall: text.call() };
+  }, CALL);
+  expect(out.whole).toEqual({ name: 'get_weather', arguments: '{"city": "Pa}ris\\"", "days": [1, {"a": 2}]}' });
+  expect(out.prose).toBeNull();
+  expect(out.cut).toBeNull();
+  for (const { pieces, call } of out.streamed) {
+    expect(pieces[0]).toEqual({ name: 'get_weather' });
+    expect(pieces.slice(1).map((piece) => piece.arguments).join('')).toBe(out.whole.arguments);
+    expect(call).toEqual(out.whole);
+  }
+  expect(out.textPieces).toEqual([{ content: 'Hi' }, { content: ' <b>' }]);
+  expect(out.textCall).toBeNull();
+});
+
 test('tools on a template without tools are refused naming `tools`; tool_choice none passes', async ({ browser }) => {
   const page = await loadedPage(browser, MODEL_URL);
   const refused = await create(page, { messages: QUESTION, tools: [WEATHER], max_tokens: 2 });
