@@ -59,7 +59,9 @@ function requestError(err, plan) {
   if (err.kind !== 'options') return err;
   if (/^bad options: tools: /.test(err.message)) return new BadRequestError('tools', err.message.replace(/^bad options: tools: /, ''));
   if (/^bad options: constraint: /.test(err.message)) {
-    return new BadRequestError('response_format', err.message.replace(/^bad options: constraint: /, ''));
+    // A tool call's constraint holds the functions' `parameters`; otherwise it is the format.
+    const param = plan.toolCalls ? 'tools' : 'response_format';
+    return new BadRequestError(param, err.message.replace(/^bad options: constraint: /, ''));
   }
   if (/context/.test(err.message)) {
     return new BadRequestError(plan.options.fit_context ? 'messages' : 'max_tokens', err.message.replace(/^bad options: /, ''));
