@@ -1,7 +1,7 @@
 // The OpenAI-shaped in-page API, as WebLLM users write it:
 //   const engine = await createEngine({ model: '/models/x.gguf', onProgress, ...loadSettings });
 //   const reply = await engine.chat.completions.create({ messages, max_tokens, temperature,
-//     top_p, seed, stop, response_format });            // a ChatCompletion
+//     top_p, seed, stop, response_format, tools, tool_choice });  // a ChatCompletion
 //   for await (const chunk of await engine.chat.completions.create({ messages, stream: true,
 //     stream_options: { include_usage: true } })) ...   // chat.completion.chunk objects
 //   await engine.completions.create({ prompt, max_tokens });  // a text_completion
@@ -13,6 +13,7 @@
 // npm/index.d.ts, kept in step by hand.
 import { WorkerEngine, EngineError } from './engine-client.js';
 import { chatPlan, completionPlan, BadRequestError } from './openai-request.js';
+import { CallReader, readCall } from './tool-calls.js';
 
 export { BadRequestError, EngineError };
 
@@ -56,8 +57,11 @@ function usage(result) {
 /** An engine error about a field the request set: named as the request names it. */
 function requestError(err, plan) {
   if (err.kind !== 'options') return err;
+  if (/^bad options: tools: /.test(err.message)) return new BadRequestError('tools', err.message.replace(/^bad options: tools: /, ''));
   if (/^bad options: constraint: /.test(err.message)) {
-    return new BadRequestError('response_format', err.message.replace(/^bad options: constraint: /, ''));
+    // A tool call's constraint holds the functions' `parameters`; otherwise it is the format.
+    const param = plan.toolCalls ? 'tools' : 'response_format';
+    return new BadRequestError(param, err.message.replace(/^bad options: constraint: /, ''));
   }
   if (/context/.test(err.message)) {
     return new BadRequestError(plan.options.fit_context ? 'messages' : 'max_tokens', err.message.replace(/^bad options: /, ''));
@@ -134,9 +138,9 @@ class OpenAIEngine {
 
   async createChat(body, { signal } = {}) {
     this.checkModel(body);
-    const plan = chatPlan(body, { maxContext: this.info.maxContext });
+    const plan = chatPlan(body, { maxContext: this.info.maxContext, toolSupport: this.info.toolSupport });
     const run = (onToken) => this.engine.chat(plan.messages, plan.options, onToken);
-    const shape = chatShape(newId('chatcmpl'), this.model);
+    const shape = (plan.toolCalls ? toolChatShape : chatShape)(newId('chatcmpl'), this.model);
     return plan.stream ? this.stream(plan, run, shape, signal) : shape.whole(await this.whole(plan, run, signal));
   }
 
@@ -184,7 +188,7 @@ class OpenAIEngine {
         let finished = false;
         try {
           if (shape.first) yield shape.first();
-          for await (const text of tokens) if (text) yield shape.piece(text);
+          for await (const text of tokens) if (text) yield* shape.pieces(text);
           finished = true;
           if (tokens.error) throw tokens.error;
           yield shape.last(tokens.result);
@@ -221,9 +225,42 @@ function chatShape(id, model) {
       usage: usage(result),
     }),
     first: () => chunk({ role: 'assistant', content: '' }),
-    piece: (text) => chunk({ content: text }),
+    pieces: (text) => [chunk({ content: text })],
     last: (result) => chunk({}, result.finishReason),
     usage: (result) => ({ id, object: 'chat.completion.chunk', created, model, choices: [], usage: usage(result) }),
+    chunk,
+  };
+}
+
+/** Chat completions whose answer may be a tool call (as the HTTP API's `reply.rs` shapes them):
+ * whole, `message.tool_calls` with `content: null` and `finish_reason: 'tool_calls'`;
+ * streamed, the call's first delta carries its id, type and name, the next ones pieces of
+ * the arguments. A call cut short (max_tokens) stays text, with `finish_reason: 'length'`. */
+function toolChatShape(id, model) {
+  const plain = chatShape(id, model);
+  const callId = `call_${id.replace(/^chatcmpl-/, '')}`;
+  const reader = new CallReader();
+  const callDelta = (piece) => {
+    if (piece.content !== undefined) return { content: piece.content };
+    const call = piece.name !== undefined
+      ? { index: 0, id: callId, type: 'function', function: { name: piece.name, arguments: '' } }
+      : { index: 0, function: { arguments: piece.arguments } };
+    return { tool_calls: [call] };
+  };
+  return {
+    ...plain,
+    whole: (result) => {
+      const reply = plain.whole(result);
+      const call = readCall(result.text);
+      if (call) {
+        reply.choices[0].message = { role: 'assistant', content: null, tool_calls: [{ id: callId, type: 'function', function: call }] };
+        reply.choices[0].finish_reason = 'tool_calls';
+      }
+      return reply;
+    },
+    first: () => plain.chunk({ role: 'assistant' }),
+    pieces: (text) => reader.push(text).map((piece) => plain.chunk(callDelta(piece))),
+    last: (result) => plain.chunk({}, reader.call() ? 'tool_calls' : result.finishReason),
   };
 }
 
@@ -239,7 +276,7 @@ function completionShape(id, model) {
   });
   return {
     whole: (result) => ({ ...chunk(result.text, result.finishReason), usage: usage(result) }),
-    piece: (text) => chunk(text),
+    pieces: (text) => [chunk(text)],
     last: (result) => chunk('', result.finishReason),
     usage: (result) => ({ id, object: 'text_completion', created, model, choices: [], usage: usage(result) }),
   };

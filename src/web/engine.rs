@@ -20,7 +20,7 @@ use crate::front::{
 };
 use crate::gpu::{BackendChoice, Gpu, GpuError, GpuOptions};
 use crate::model::LoadProgress;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatMessage, ToolSupport};
 
 /// What a page shows about a loaded model and the device it runs on.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -46,6 +46,9 @@ struct EngineInfo {
     /// Loaded from the cache with the server unreachable.
     offline: bool,
     wasm_memory_bytes: f64,
+    /// How the chat template shows tools: `hermes` (calls in `<tool_call>` tags, which the
+    /// page can constrain and read), `none` or `other`.
+    tool_support: &'static str,
 }
 
 /// A loaded model on a WebGPU device.
@@ -266,8 +269,9 @@ impl WebEngine {
         wasm_bindgen_futures::future_to_promise(run.generate(Prompt::Text(prompt)))
     }
 
-    /// Renders `messages` (`[{ role, content }]`) with the model's chat template, then
-    /// generates as `generate` does.
+    /// Renders `messages` (`[{ role, content, tool_calls?, tool_call_id? }]`) with the
+    /// model's chat template (with `options.tools` where given), then generates as
+    /// `generate` does.
     pub fn chat(
         &self,
         messages: JsValue,
@@ -334,6 +338,7 @@ impl Run {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
         let mut options = settings.options()?;
         let mut engine = self.engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
+        let prompt = with_tools(prompt, &settings, engine.text.template.tool_support())?;
         let prompt_ids = engine
             .prompt_ids(&prompt)
             .map_err(|e| WebError::Engine(e.into()))?;
@@ -361,6 +366,29 @@ impl Run {
         self.gpu_errors.check()?;
         to_js(&GenerateResult::new(out, self.stop.get()))
     }
+}
+
+/// A chat with `tools` as a `Prompt::ToolChat`, on a template that shows them.
+fn with_tools(
+    prompt: Prompt,
+    settings: &GenerateSettings,
+    support: ToolSupport,
+) -> Result<Prompt, WebError> {
+    if settings.tools.is_empty() {
+        return Ok(prompt);
+    }
+    let Prompt::Chat(messages) = prompt else {
+        return Err(WebError::Options("tools: only a chat takes tools".into()));
+    };
+    if support != ToolSupport::Hermes {
+        return Err(WebError::Options(
+            "tools: this model's chat template has no tools in Hermes' <tool_call> format".into(),
+        ));
+    }
+    Ok(Prompt::ToolChat {
+        messages,
+        tools: settings.tools.clone(),
+    })
 }
 
 #[derive(serde::Serialize)]
@@ -435,5 +463,10 @@ fn engine_info(
         cache: source.cache_stats(),
         offline: source.offline(),
         wasm_memory_bytes: wasm_memory_bytes(),
+        tool_support: match engine.text.template.tool_support() {
+            ToolSupport::Hermes => "hermes",
+            ToolSupport::None => "none",
+            ToolSupport::Other => "other",
+        },
     }
 }
