@@ -276,6 +276,9 @@ export interface Completion {
 export interface RequestOptions {
   /** Stops the request after its current token; it then rejects with an `AbortError`. */
   signal?: AbortSignal;
+  /** While the prompt is processed: prompt tokens done so far of those to do (tokens the
+   * cache already held are not counted). Not part of OpenAI's client. */
+  onPrefill?: (done: number, total: number) => void;
 }
 
 export interface ChatCompletions {

@@ -43,6 +43,8 @@ const state = {
 };
 const fleetPanel = new FleetPanel();
 window.__webshard_progress = [];
+// Every prefill report of the page's turns, `{ done, total }`, for the e2e tests.
+window.__webshard_prefill = [];
 window.__webshard_reinits = 0;
 window.__webshard_live_speeds = [];
 window.__webshard = {
@@ -353,17 +355,25 @@ function chatRequest(options) {
 
 /** Appends streamed text to `reply` (as Markdown when `markdown`) and shows the speed so far:
  * tokens after the first over the time since the first, so prefill is not counted. Until the
- * first token it shows that the prompt is being processed, and for how long. */
+ * first token it shows how far the prompt is processed (`onPrefill`'s "n / N" tokens; a fleet
+ * reports none) and for how long. */
 function tokenCounter(reply, maxTokens, markdown) {
-  const counter = { tokens: 0, firstAt: 0, text: '' };
+  const counter = { tokens: 0, firstAt: 0, text: '', prefilled: null };
   const fleet = state.engine instanceof FleetEngine;
   const started = performance.now();
   const prefill = () => {
     const seconds = ((performance.now() - started) / 1000).toFixed(0);
-    $('speed').textContent = `processing prompt… ${seconds} s`;
+    const done = counter.prefilled;
+    const tokens = done ? ` ${done.done} / ${done.total}` : '…';
+    $('speed').textContent = `processing prompt${tokens} · ${seconds} s`;
   };
   prefill();
   counter.timer = setInterval(prefill, 500);
+  counter.onPrefill = (done, total) => {
+    window.__webshard_prefill.push({ done, total });
+    counter.prefilled = { done, total };
+    if (!counter.firstAt) prefill();
+  };
   counter.onToken = (text) => {
     clearInterval(counter.timer);
     counter.tokens += 1;
@@ -391,7 +401,7 @@ async function runTurn(promptText, options, request) {
   const counter = tokenCounter(reply, options.n, Boolean(request));
   setGenerating(true);
   try {
-    if (!request) return await state.engine.generate(promptText, options, counter.onToken);
+    if (!request) return await state.engine.generate(promptText, options, counter.onToken, counter.onPrefill);
     return await chatTurn(promptText, request, counter);
   } finally {
     clearInterval(counter.timer);
@@ -408,7 +418,10 @@ async function chatTurn(promptText, request, counter) {
   const turn = { chat: true, text: '', aborted: false };
   try {
     const sent = withSystem($('system-prompt').value, messages);
-    const chunks = await state.api.chat.completions.create({ ...request, messages: sent }, { signal: controller.signal });
+    const chunks = await state.api.chat.completions.create(
+      { ...request, messages: sent },
+      { signal: controller.signal, onPrefill: counter.onPrefill },
+    );
     for await (const chunk of chunks) {
       const [choice] = chunk.choices;
       if (choice?.delta.content) {

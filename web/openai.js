@@ -8,7 +8,7 @@
 // The model runs in a Web Worker (engine-client.js, worker.js); `wrapEngine` puts the same
 // API over an engine already loaded (the worker's, or a fleet's). Requests run one at a time
 // in call order. `create(body, { signal })` stops on an AbortSignal and rejects with an
-// AbortError. Bad requests reject with a `BadRequestError` whose message and `param` name the
+// AbortError; `{ onPrefill(done, total) }` there reports prompt processing (not OpenAI's). Bad requests reject with a `BadRequestError` whose message and `param` name the
 // field (openai-request.js). This is the npm package's main entry; its types are in
 // npm/index.d.ts, kept in step by hand.
 import { WorkerEngine, EngineError } from './engine-client.js';
@@ -136,18 +136,18 @@ class OpenAIEngine {
     }
   }
 
-  async createChat(body, { signal } = {}) {
+  async createChat(body, { signal, onPrefill } = {}) {
     this.checkModel(body);
     const plan = chatPlan(body, { maxContext: this.info.maxContext, toolSupport: this.info.toolSupport });
-    const run = (onToken) => this.engine.chat(plan.messages, plan.options, onToken);
+    const run = (onToken) => this.engine.chat(plan.messages, plan.options, onToken, onPrefill);
     const shape = (plan.toolCalls ? toolChatShape : chatShape)(newId('chatcmpl'), this.model);
     return plan.stream ? this.stream(plan, run, shape, signal) : shape.whole(await this.whole(plan, run, signal));
   }
 
-  async createCompletion(body, { signal } = {}) {
+  async createCompletion(body, { signal, onPrefill } = {}) {
     this.checkModel(body);
     const plan = completionPlan(body);
-    const run = (onToken) => this.engine.generate(plan.prompt, plan.options, onToken);
+    const run = (onToken) => this.engine.generate(plan.prompt, plan.options, onToken, onPrefill);
     const shape = completionShape(newId('cmpl'), this.model);
     return plan.stream ? this.stream(plan, run, shape, signal) : shape.whole(await this.whole(plan, run, signal));
   }

@@ -222,9 +222,10 @@ impl WebEngine {
                 let _ = callback.call1(&JsValue::NULL, &event);
             }
         };
-        let engine = Engine::load(gpu.clone(), &abortable, &engine_options, &mut on_progress)
+        let mut engine = Engine::load(gpu.clone(), &abortable, &engine_options, &mut on_progress)
             .await
             .map_err(|e| abortable.explain(e.into()))?;
+        engine.set_prefill_progress(Box::new(report_prefill));
         gpu_errors.check()?;
         let info = engine_info(
             &url,
@@ -256,7 +257,8 @@ impl WebEngine {
         Ok(engine.tokenize_prompt(text))
     }
 
-    /// Generates after `prompt`; `onToken(text)` gets each printable piece. Resolves to
+    /// Generates after `prompt`; `onToken(text)` gets each printable piece and
+    /// `onPrefill(done, total)` the prompt tokens processed so far. Resolves to
     /// `{ promptIds, ids, text, prefillTokens, prefillSeconds, decodeSeconds, decodeTokS,
     /// aborted, finishReason, usage }`.
     pub fn generate(
@@ -264,8 +266,9 @@ impl WebEngine {
         prompt: String,
         options: JsValue,
         on_token: Option<Function>,
+        on_prefill: Option<Function>,
     ) -> js_sys::Promise {
-        let run = self.runner(options, on_token);
+        let run = self.runner(options, on_token, on_prefill);
         wasm_bindgen_futures::future_to_promise(run.generate(Prompt::Text(prompt)))
     }
 
@@ -277,8 +280,9 @@ impl WebEngine {
         messages: JsValue,
         options: JsValue,
         on_token: Option<Function>,
+        on_prefill: Option<Function>,
     ) -> js_sys::Promise {
-        let run = self.runner(options, on_token);
+        let run = self.runner(options, on_token, on_prefill);
         wasm_bindgen_futures::future_to_promise(async move {
             let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
                 .map_err(|e| WebError::Options(format!("messages: {e}")))?;
@@ -306,7 +310,12 @@ impl WebEngine {
         self.gpu.device.destroy();
     }
 
-    fn runner(&self, options: JsValue, on_token: Option<Function>) -> Run {
+    fn runner(
+        &self,
+        options: JsValue,
+        on_token: Option<Function>,
+        on_prefill: Option<Function>,
+    ) -> Run {
         self.stop.set(false);
         Run {
             engine: self.engine.clone(),
@@ -314,6 +323,7 @@ impl WebEngine {
             gpu_errors: self.gpu_errors.clone(),
             options,
             on_token,
+            on_prefill,
         }
     }
 }
@@ -331,6 +341,40 @@ struct Run {
     gpu_errors: GpuErrors,
     options: JsValue,
     on_token: Option<Function>,
+    on_prefill: Option<Function>,
+}
+
+thread_local! {
+    /// The running call's `onPrefill`. The engine's prefill callback must be `Send`, which a
+    /// JS function is not, so the callback reaches it through here (a worker has one thread,
+    /// and the engine runs one call at a time).
+    static ON_PREFILL: RefCell<Option<Function>> = const { RefCell::new(None) };
+}
+
+/// The engine's prefill progress, handed to the running call's `onPrefill`.
+fn report_prefill(done: usize, total: usize) {
+    ON_PREFILL.with(|hook| {
+        if let Some(callback) = hook.borrow().as_ref() {
+            let (done, total) = (JsValue::from(done as f64), JsValue::from(total as f64));
+            let _ = callback.call2(&JsValue::NULL, &done, &total);
+        }
+    });
+}
+
+/// Makes a call's `onPrefill` the one `report_prefill` calls, until dropped.
+struct PrefillHook;
+
+impl PrefillHook {
+    fn install(callback: Option<Function>) -> PrefillHook {
+        ON_PREFILL.with(|hook| *hook.borrow_mut() = callback);
+        PrefillHook
+    }
+}
+
+impl Drop for PrefillHook {
+    fn drop(&mut self) {
+        ON_PREFILL.with(|hook| *hook.borrow_mut() = None);
+    }
 }
 
 impl Run {
@@ -359,6 +403,7 @@ impl Run {
                 false => ControlFlow::Continue(()),
             }
         };
+        let _prefill = PrefillHook::install(self.on_prefill.clone());
         let out = engine
             .generate_one(&request, &mut on_event)
             .await
