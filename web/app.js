@@ -171,6 +171,11 @@ window.__webshard_reinits = 0;
     state.api = api;
     window.__webshard_info = engine.info;
     renderInfo(engine.info);
+    // A load by URL (a link's ?model=, the page's API) leaves the picker saying what runs.
+    if (url !== modelUrl()) {
+      pickModel(url);
+      showFit();
+    }
     return engine;
   } finally {
     state.loadController = null;
@@ -564,6 +569,14 @@ function showFit() {
   $('model-fit').dataset.fits = fits === null ? 'unknown' : String(fits);
 }
 
+/** Shows `url` in the picker: its catalogue entry, else "other" with the URL. */
+function pickModel(url) {
+  const known = [...$('model').options].some((o) => o.value === url);
+  $('model').value = known ? url : 'other';
+  $('model-url').hidden = known;
+  if (!known) $('model-url').value = url;
+}
+
 async function loadCatalog() {
   [state.catalog, state.limits] = await Promise.all([fetchCatalog(), adapterLimits()]);
   fillPicker($('model'), state.catalog);
@@ -576,12 +589,7 @@ async function main() {
   fillFleetPanel();
   restoreConversation();
   await loadCatalog();
-  if (params.has('model')) {
-    const known = [...$('model').options].some((o) => o.value === params.get('model'));
-    $('model').value = known ? params.get('model') : 'other';
-    $('model-url').hidden = known;
-    if (!known) $('model-url').value = params.get('model');
-  }
+  if (params.has('model')) pickModel(params.get('model'));
   showFit();
   const missing = await checkWebGpu();
   if (missing) {
