@@ -305,6 +305,13 @@ impl Engine {
         let read = on_gpu.is_none();
         let (logits, masked) = futures::join!(self.prefill_then(&prompt, read), ahead.finish());
         let (mut logits, mut masked) = (logits?, masked?);
+        if !read {
+            // The prompt's last chunk was only submitted: its time is prefill's, not decode's.
+            let _ = self.stage.gpu.device.poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            });
+        }
         let decode_started = now_seconds();
         let mut mask_seconds = 0.0;
         while decoding.finished().is_none() {
