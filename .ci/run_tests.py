@@ -35,7 +35,8 @@ TIMED = re.compile(r"^test (\S+) \.\.\. (\w+) <([\d.]+)s>")
 # beside another. Listed heaviest first, the order they start in.
 PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attention",
             "webshard::ops_select", "webshard::ops_matvec", "webshard::embed_fidelity",
-            "webshard::big_model", "webshard::ops_row_views", "webshard::ops_.*",
+            "webshard::big_model", "webshard::engine_constrained", "webshard::ops_row_views",
+            "webshard::ops_.*",
             "webshard::gpu_core", "webshard::model_.*", "webshard::gguf_.*",
             "webshard::quant_reference", "webshard::tokenizer_goldens", "webshard::sampler",
             "webshard::chat_template", "webshard::constraint", "webshard::spec_decode",

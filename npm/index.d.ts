@@ -93,6 +93,8 @@ export interface EngineInfo {
   wasmMemoryBytes: number;
   wasmMemoryBefore: number;
   wasmMemoryPeak: number;
+  /** How the chat template shows tools: `hermes` (`<tool_call>` tags: `tools` work), `none` or `other` (refused). */
+  toolSupport: 'hermes' | 'none' | 'other';
 }
 
 /** `createEngine`'s options: the model's URL, the load settings, and callbacks. */
@@ -121,7 +123,7 @@ export interface CreateEngineOptions {
   onReinitFailed?: (error: EngineError) => void;
 }
 
-export type ChatRole = 'system' | 'developer' | 'user' | 'assistant';
+export type ChatRole = 'system' | 'developer' | 'user' | 'assistant' | 'tool';
 
 export interface TextContentPart {
   type: 'text';
@@ -132,6 +134,34 @@ export interface ChatMessage {
   role: ChatRole;
   content: string | TextContentPart[] | null;
   name?: string;
+  /** An assistant turn's calls, sent back for the round trip. */
+  tool_calls?: ToolCall[];
+  /** A `tool` turn: the id of the call it answers. */
+  tool_call_id?: string;
+}
+
+/** A function the model may call; `parameters` (a JSON Schema) holds its arguments. */
+export interface Tool {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: JsonSchema; strict?: boolean };
+}
+
+/** `auto` (text or a call), `none` (text, tools not shown), `required` (a call), or one function. */
+export type ToolChoice = 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } };
+
+/** A call the model made; `arguments` is JSON text valid under the function's `parameters`. */
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
+/** A streamed piece of a call: the first carries `id`, `type` and `function.name`, the next ones `function.arguments` text. */
+export interface ToolCallDelta {
+  index: 0;
+  id?: string;
+  type?: 'function';
+  function: { name?: string; arguments: string };
 }
 
 export type ResponseFormat =
@@ -139,7 +169,7 @@ export type ResponseFormat =
   | { type: 'json_object' }
   | { type: 'json_schema'; json_schema: { name?: string; description?: string; schema: JsonSchema; strict?: boolean } };
 
-export type FinishReason = 'stop' | 'length' | 'cancelled';
+export type FinishReason = 'stop' | 'length' | 'cancelled' | 'tool_calls';
 
 /** Sampling fields both endpoints take; OpenAI's defaults where absent (temperature 1, top_p 1). */
 interface SamplingParams {
@@ -173,6 +203,11 @@ export interface ChatCompletionCreateParamsBase extends SamplingParams {
   max_completion_tokens?: number;
   /** Constrains the reply to JSON (any object, or one a JSON Schema allows). */
   response_format?: ResponseFormat;
+  /** Functions the model may call (models whose template shows tools: `info.toolSupport === 'hermes'`). */
+  tools?: Tool[];
+  tool_choice?: ToolChoice;
+  /** Accepted; at most one call is made. */
+  parallel_tool_calls?: boolean;
 }
 
 export interface ChatCompletionCreateParamsNonStreaming extends ChatCompletionCreateParamsBase {
@@ -219,7 +254,7 @@ export interface ChatCompletion {
   /** Seconds since the epoch. */
   created: number;
   model: string;
-  choices: [{ index: 0; message: { role: 'assistant'; content: string }; finish_reason: FinishReason; logprobs: null }];
+  choices: [{ index: 0; message: { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] }; finish_reason: FinishReason; logprobs: null }];
   usage: CompletionUsage;
 }
 
@@ -229,7 +264,7 @@ export interface ChatCompletionChunk {
   created: number;
   model: string;
   /** One choice; none in the usage chunk. */
-  choices: { index: 0; delta: { role?: 'assistant'; content?: string }; finish_reason: FinishReason | null; logprobs: null }[];
+  choices: { index: 0; delta: { role?: 'assistant'; content?: string; tool_calls?: ToolCallDelta[] }; finish_reason: FinishReason | null; logprobs: null }[];
   usage?: CompletionUsage;
 }
 
@@ -245,6 +280,9 @@ export interface Completion {
 export interface RequestOptions {
   /** Stops the request after its current token; it then rejects with an `AbortError`. */
   signal?: AbortSignal;
+  /** While the prompt is processed: prompt tokens done so far of those to do (tokens the
+   * cache already held are not counted). Not part of OpenAI's client. */
+  onPrefill?: (done: number, total: number) => void;
 }
 
 export interface ChatCompletions {
@@ -273,9 +311,9 @@ export interface OpenAIEngine {
 
 /** What `wrapEngine` needs: the worker engine's methods (or a fleet's). */
 export interface LoadedEngine {
-  info: { maxContext: number; url?: string; model?: string };
+  info: { maxContext: number; url?: string; model?: string; toolSupport?: EngineInfo['toolSupport'] };
   generate(prompt: string, options: object, onToken?: (text: string) => void): Promise<object>;
-  chat(messages: { role: string; content: string }[], options: object, onToken?: (text: string) => void): Promise<object>;
+  chat(messages: { role: string; content: string; tool_calls?: object[]; tool_call_id?: string }[], options: object, onToken?: (text: string) => void): Promise<object>;
   abort(): void;
 }
 

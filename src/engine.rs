@@ -14,8 +14,10 @@ use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::{
     self, LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
 };
+use crate::ops::select;
 use crate::sample::{
-    Constraint, ConstraintError, ConstraintSpec, MaskAhead, Masked, SpecConfig, TokenView,
+    Constraint, ConstraintError, ConstraintSpec, MaskAhead, Masked, SpecConfig, TokenMask,
+    TokenView,
 };
 use crate::tokenizer::TokenizerError;
 
@@ -165,6 +167,12 @@ impl Engine {
     /// Feeds `ids` after whatever the cache already holds in common with them, and returns
     /// the logits of the last position.
     async fn prefill(&mut self, ids: &[u32]) -> Result<Vec<f32>, EngineError> {
+        self.prefill_then(ids, true).await
+    }
+
+    /// `prefill`, the last position's logits read back when `read`, else left on the device
+    /// for a masked pick (and an empty vector returned).
+    async fn prefill_then(&mut self, ids: &[u32], read: bool) -> Result<Vec<f32>, EngineError> {
         let common = common_prefix(&self.cached, ids).min(ids.len() - 1);
         self.cached.truncate(common);
         let max_batch = self.stage.spec.max_batch as usize;
@@ -175,13 +183,11 @@ impl Engine {
             let start = self.cached.len() as u32;
             let is_last = self.cached.len() + chunk.len() == ids.len();
             if chunk.len() < self.per_token_below {
-                logits = self.prefill_per_token(chunk, is_last).await?;
+                logits = self.prefill_per_token(chunk, is_last, read).await?;
             } else if is_last {
-                let rows = self
-                    .stage
-                    .forward_logits(&StageInput::Tokens(chunk), start, 1)
+                logits = self
+                    .last_logits(&StageInput::Tokens(chunk), start, read)
                     .await?;
-                logits = rows.into_iter().next().unwrap_or_default();
             } else {
                 self.stage.forward(&StageInput::Tokens(chunk), start)?;
             }
@@ -192,11 +198,12 @@ impl Engine {
     }
 
     /// Feeds `chunk` one token at a time through the decode path (matrix-vector kernels),
-    /// returning the last position's logits when `want_logits`.
+    /// with the last position's logits when `want_logits` (read back when `read`).
     async fn prefill_per_token(
         &mut self,
         chunk: &[u32],
         want_logits: bool,
+        read: bool,
     ) -> Result<Vec<f32>, EngineError> {
         let start = self.cached.len() as u32;
         let (last, rest) = chunk.split_last().expect("chunks are not empty");
@@ -210,7 +217,22 @@ impl Engine {
             self.stage.forward(&input, position)?;
             return Ok(Vec::new());
         }
-        let rows = self.stage.forward_logits(&input, position, 1).await?;
+        self.last_logits(&input, position, read).await
+    }
+
+    /// The logits after `input`'s last token: read back, or (`read` false) left on the device
+    /// for `Stage::masked_argmax` / `masked_top_k`, returning an empty vector.
+    async fn last_logits(
+        &self,
+        input: &StageInput<'_>,
+        position: u32,
+        read: bool,
+    ) -> Result<Vec<f32>, EngineError> {
+        if !read {
+            self.stage.submit_logits(input, position)?;
+            return Ok(Vec::new());
+        }
+        let rows = self.stage.forward_logits(input, position, 1).await?;
         Ok(rows.into_iter().next().unwrap_or_default())
     }
 
@@ -275,9 +297,12 @@ impl Engine {
         Ok(self.token_view.clone().expect("just built"))
     }
 
-    /// `run` under a constraint: every step samples from logits masked to the allowed tokens,
-    /// so the GPU's greedy fast path is not used. The next mask is computed on the CPU while
-    /// the GPU computes the step; the request ends when the constraint is complete.
+    /// `run` under a constraint: every step picks from logits masked to the allowed tokens.
+    /// The next mask is computed on the CPU while the GPU computes the step; then it goes to
+    /// the GPU, which masks the logits and takes the argmax (greedy) or the top k (sampling
+    /// with top-k on), so only those come back. Penalties or top-k off need every logit: those
+    /// read the logits back and mask them on the CPU. The request ends when the constraint is
+    /// complete.
     async fn run_constrained(
         &mut self,
         mut decoding: Decoding,
@@ -290,14 +315,31 @@ impl Engine {
         let reused = common_prefix(&self.cached, decoding.tokens()).min(prompt_len - 1);
         let ahead = MaskAhead::start(constraint);
         let prompt = decoding.tokens().to_vec();
-        let (logits, masked) = futures::join!(self.prefill(&prompt), ahead.finish());
+        let on_gpu = decoding.sampler().candidates_needed(
+            select::MAX_TOP_K.min(self.model.cfg.vocab.saturating_sub(1)) as usize,
+        );
+        let read = on_gpu.is_none();
+        let (logits, masked) = futures::join!(self.prefill_then(&prompt, read), ahead.finish());
         let (mut logits, mut masked) = (logits?, masked?);
+        if !read {
+            // The prompt's last chunk was only submitted: its time is prefill's, not decode's.
+            let _ = self.stage.gpu.device.poll(wgpu::PollType::Wait {
+                submission_index: None,
+                timeout: None,
+            });
+        }
         let decode_started = now_seconds();
         let mut mask_seconds = 0.0;
         while decoding.finished().is_none() {
             mask_seconds += masked.seconds;
-            masked.mask?.apply(&mut logits);
-            let next = decoding.sample(&logits);
+            let mask = masked.mask?;
+            let next = match on_gpu {
+                Some(k) => self.pick_masked(&mut decoding, &mask, k as u32).await?,
+                None => {
+                    mask.apply(&mut logits);
+                    decoding.sample(&logits)
+                }
+            };
             let mut constraint = masked.constraint;
             constraint.commit(next)?;
             if decoding.accept(&self.text, next, on_event).is_some() {
@@ -307,7 +349,7 @@ impl Engine {
                 decoding.stop();
                 break;
             }
-            (logits, masked) = self.decode_with_mask(next, constraint).await?;
+            (logits, masked) = self.decode_with_mask(next, constraint, read).await?;
         }
         let timings = Timings {
             prefill_seconds: decode_started - started,
@@ -318,22 +360,37 @@ impl Engine {
         Ok(decoding.into_generated(reused as u32, timings))
     }
 
-    /// One decode step of `last` on the GPU, joined with the next mask on the CPU.
+    /// The token the GPU picks among `mask`'s ids from the logits it holds: the argmax, or a
+    /// draw from the best `k`.
+    async fn pick_masked(
+        &self,
+        decoding: &mut Decoding,
+        mask: &TokenMask,
+        k: u32,
+    ) -> Result<u32, EngineError> {
+        let words = mask.words(self.model.cfg.vocab as usize);
+        if k == 1 {
+            return Ok(self.stage.masked_argmax(&words).await?);
+        }
+        let (ids, values) = self.stage.masked_top_k(&words, k).await?;
+        Ok(decoding.sample_among(&ids, &values))
+    }
+
+    /// One decode step of `last` on the GPU, joined with the next mask on the CPU; its logits
+    /// read back when `read`, else left on the device (an empty vector).
     async fn decode_with_mask(
         &mut self,
         last: u32,
         constraint: Constraint,
+        read: bool,
     ) -> Result<(Vec<f32>, Masked), EngineError> {
         let ahead = MaskAhead::start(constraint);
         let input = StageInput::Tokens(std::slice::from_ref(&last));
         let position = self.cached.len() as u32;
-        let (rows, masked) = futures::join!(
-            self.stage.forward_logits(&input, position, 1),
-            ahead.finish()
-        );
+        let (logits, masked) =
+            futures::join!(self.last_logits(&input, position, read), ahead.finish());
         self.cached.push(last);
-        let logits = rows?.into_iter().next().unwrap_or_default();
-        Ok((logits, masked?))
+        Ok((logits?, masked?))
     }
 
     /// Teacher-forced logits after every prefix `ids[..=i]`, starting from an empty cache.

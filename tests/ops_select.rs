@@ -253,3 +253,115 @@ fn argmax_rows_takes_each_rows_own_maximum() {
         }
     }
 }
+
+/// A random allowed set of `n` ids as `select::mask_words(n)` words: each id allowed with
+/// probability `density / 256` (0 allows one random id only), bits past `n` set to show that
+/// the mask ignores them.
+fn allowed_set(n: usize, density: u32, seed: u64) -> Vec<u32> {
+    let words = select::mask_words(n as u32) as usize;
+    let mut allowed = vec![0u32; words];
+    if density == 0 {
+        let only = random_index(n, seed);
+        allowed[only / 32] = 1 << (only % 32);
+    } else {
+        for (id, &byte) in testing::random_bytes(n, seed).iter().enumerate() {
+            if u32::from(byte) < density {
+                allowed[id / 32] |= 1 << (id % 32);
+            }
+        }
+    }
+    if n % 32 != 0 {
+        allowed[words - 1] |= u32::MAX << (n % 32);
+    }
+    allowed
+}
+
+/// The best allowed id, found without the mask: the first id of the largest allowed logit.
+fn argmax_among_allowed(values: &[f32], allowed: &[u32]) -> u32 {
+    let is_allowed = |id: usize| allowed[id / 32] & (1 << (id % 32)) != 0;
+    let mut best: Option<usize> = None;
+    for id in (0..values.len()).filter(|&id| is_allowed(id)) {
+        if best.map_or(true, |b| values[id] > values[b]) {
+            best = Some(id);
+        }
+    }
+    best.expect("an allowed id") as u32
+}
+
+/// Masks `values` on the GPU, then takes the argmax and the top `k` of the masked logits in
+/// the same submit: (masked logits, argmax, top-k ids, top-k values).
+fn gpu_masked(
+    gpu: &Gpu,
+    variant: Variant,
+    values: &[f32],
+    allowed: &[u32],
+    k: usize,
+) -> (Vec<f32>, u32, Vec<u32>, Vec<f32>) {
+    let n = values.len() as u32;
+    let logits_buf = gpu::upload_f32(gpu, "logits", values);
+    let allowed_buf = gpu::upload_u32(gpu, "allowed", allowed);
+    let argmax = gpu::storage_buffer(gpu, "argmax", 4);
+    let ids = gpu::storage_buffer(gpu, "ids", (k * 4) as u64);
+    let out_values = gpu::storage_buffer(gpu, "values", (k * 4) as u64);
+    for out in [&argmax, &ids, &out_values] {
+        gpu::poison_f32(gpu, out);
+    }
+    let mut rec = Recorder::with_variant(gpu, variant);
+    select::mask(&mut rec, &logits_buf, n, &allowed_buf);
+    select::argmax(&mut rec, &logits_buf, n, &argmax);
+    select::top_k(&mut rec, &logits_buf, n, k as u32, &ids, &out_values);
+    rec.submit();
+    let read_u32 = |buffer: &wgpu::Buffer, count: usize| -> Vec<u32> {
+        let bytes = pollster::block_on(gpu::read_back(gpu, buffer, 0, (count * 4) as u64));
+        bytemuck::pod_collect_to_vec(&bytes.unwrap())
+    };
+    let masked = pollster::block_on(gpu::read_f32(gpu, &logits_buf, 0, n as u64)).unwrap();
+    let top_values = pollster::block_on(gpu::read_f32(gpu, &out_values, 0, k as u64)).unwrap();
+    (
+        masked,
+        read_u32(&argmax, 1)[0],
+        read_u32(&ids, k),
+        top_values,
+    )
+}
+
+#[test]
+fn masked_argmax_and_top_k_pick_among_the_allowed_ids() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for n in [1000usize, 49_152, 151_936] {
+            // One id, about 1%, about half, and all of them allowed.
+            for density in [0u32, 3, 128, 256] {
+                let case_seed = seed + (n as u64) * 1000 + u64::from(density);
+                let mut values = logits(n, case_seed);
+                // The largest logit of all, on an id the sparse sets most likely disallow.
+                values[random_index(n, case_seed + 1)] = 30.0;
+                let allowed = allowed_set(n, density, case_seed);
+                let k = 40;
+                let (masked, argmax, ids, top_values) =
+                    gpu_masked(&gpu, variant, &values, &allowed, k);
+                let what = format!(
+                    "n={n} density={density} {} ({}) {variant} seed={case_seed}",
+                    gpu.caps.adapter, gpu.caps.backend
+                );
+                let mut want = values.clone();
+                select::mask_reference(&mut want, &allowed);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&masked), bits(&want), "{what}: masked logits");
+                assert_eq!(
+                    argmax,
+                    argmax_among_allowed(&values, &allowed),
+                    "{what}: argmax"
+                );
+                let want_ids = select::top_k_reference(&want, k);
+                assert_eq!(ids, want_ids, "{what}: top-k ids");
+                let want_values: Vec<f32> = want_ids.iter().map(|&i| want[i as usize]).collect();
+                assert_eq!(
+                    bits(&top_values),
+                    bits(&want_values),
+                    "{what}: top-k values"
+                );
+            }
+        }
+    }
+}

@@ -352,3 +352,78 @@ fn stop_checker_stops_on_eog_and_on_streamed_stop_strings() {
     assert_eq!(step.stop, Some(StopReason::EndOfGeneration(2)));
     assert_eq!(stop.push_token(&tok, 6).text, "", "nothing after the end");
 }
+
+/// The ids of the `k` best logits and their values, best first, lower id first on ties: what
+/// the GPU's top-k reads back.
+fn best_k(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_by(|&a, &b| {
+        logits[b as usize]
+            .total_cmp(&logits[a as usize])
+            .then(a.cmp(&b))
+    });
+    order.truncate(k);
+    let values = order.iter().map(|&id| logits[id as usize]).collect();
+    (order, values)
+}
+
+#[test]
+fn sampling_among_the_top_k_draws_as_sampling_the_whole_vector() {
+    let mut rng = Rng::new(20_261_201);
+    for trial in 0..300u64 {
+        // More ids than k: a top-k that keeps every id leaves them in id order, not sorted.
+        let n = 65 + (rng.next_f64() * 2000.0) as usize;
+        let mut logits = random_logits(&mut rng, n);
+        // A masked step: most ids at -inf, sometimes fewer allowed than k.
+        let keep = 1 + (rng.next_f64() * 120.0) as usize;
+        for (id, logit) in logits.iter_mut().enumerate() {
+            if (id * 7 + trial as usize) % n >= keep {
+                *logit = f32::NEG_INFINITY;
+            }
+        }
+        let k = 1 + (rng.next_f64() * 64.0) as usize;
+        let config = SamplerConfig {
+            temperature: 0.2 + rng.next_f64() as f32 * 1.5,
+            top_k: k,
+            top_p: [1.0, 0.9, 0.5][trial as usize % 3],
+            min_p: [0.0, 0.05][trial as usize % 2],
+            seed: trial,
+            ..plain(trial)
+        };
+        assert_eq!(config.candidates_needed(64), Some(k), "trial {trial}");
+        let (ids, values) = best_k(&logits, k);
+        let mut whole = Sampler::new(config.clone());
+        let mut among = Sampler::new(config);
+        for draw in 0..4 {
+            assert_eq!(
+                among.sample_among(&ids, &values),
+                whole.sample(&logits, &[]),
+                "trial {trial} draw {draw}: n={n} k={k} allowed={keep}"
+            );
+        }
+    }
+}
+
+#[test]
+fn penalties_and_top_k_off_need_every_logit() {
+    let greedy = SamplerConfig::greedy();
+    assert_eq!(greedy.candidates_needed(64), Some(1));
+    let penalised = SamplerConfig {
+        frequency_penalty: 0.5,
+        ..greedy.clone()
+    };
+    assert_eq!(penalised.candidates_needed(64), None);
+    assert_eq!(plain(1).candidates_needed(64), None, "top-k off");
+    let wide = SamplerConfig {
+        top_k: 65,
+        ..plain(1)
+    };
+    assert_eq!(wide.candidates_needed(64), None);
+    let repeat = SamplerConfig {
+        top_k: 40,
+        repeat_penalty: 1.1,
+        repeat_last_n: 64,
+        ..plain(1)
+    };
+    assert_eq!(repeat.candidates_needed(64), None);
+}

@@ -43,6 +43,8 @@ const state = {
 };
 const fleetPanel = new FleetPanel();
 window.__webshard_progress = [];
+// Every prefill report of the page's turns, `{ done, total }`, for the e2e tests.
+window.__webshard_prefill = [];
 window.__webshard_reinits = 0;
 window.__webshard_live_speeds = [];
 window.__webshard = {
@@ -169,6 +171,11 @@ window.__webshard_reinits = 0;
     state.api = api;
     window.__webshard_info = engine.info;
     renderInfo(engine.info);
+    // A load by URL (a link's ?model=, the page's API) leaves the picker saying what runs.
+    if (url !== modelUrl()) {
+      pickModel(url);
+      showFit();
+    }
     return engine;
   } finally {
     state.loadController = null;
@@ -353,17 +360,25 @@ function chatRequest(options) {
 
 /** Appends streamed text to `reply` (as Markdown when `markdown`) and shows the speed so far:
  * tokens after the first over the time since the first, so prefill is not counted. Until the
- * first token it shows that the prompt is being processed, and for how long. */
+ * first token it shows how far the prompt is processed (`onPrefill`'s "n / N" tokens; a fleet
+ * reports none) and for how long. */
 function tokenCounter(reply, maxTokens, markdown) {
-  const counter = { tokens: 0, firstAt: 0, text: '' };
+  const counter = { tokens: 0, firstAt: 0, text: '', prefilled: null };
   const fleet = state.engine instanceof FleetEngine;
   const started = performance.now();
   const prefill = () => {
     const seconds = ((performance.now() - started) / 1000).toFixed(0);
-    $('speed').textContent = `processing prompt… ${seconds} s`;
+    const done = counter.prefilled;
+    const tokens = done ? ` ${done.done} / ${done.total}` : '…';
+    $('speed').textContent = `processing prompt${tokens} · ${seconds} s`;
   };
   prefill();
   counter.timer = setInterval(prefill, 500);
+  counter.onPrefill = (done, total) => {
+    window.__webshard_prefill.push({ done, total });
+    counter.prefilled = { done, total };
+    if (!counter.firstAt) prefill();
+  };
   counter.onToken = (text) => {
     clearInterval(counter.timer);
     counter.tokens += 1;
@@ -391,7 +406,7 @@ async function runTurn(promptText, options, request) {
   const counter = tokenCounter(reply, options.n, Boolean(request));
   setGenerating(true);
   try {
-    if (!request) return await state.engine.generate(promptText, options, counter.onToken);
+    if (!request) return await state.engine.generate(promptText, options, counter.onToken, counter.onPrefill);
     return await chatTurn(promptText, request, counter);
   } finally {
     clearInterval(counter.timer);
@@ -408,7 +423,10 @@ async function chatTurn(promptText, request, counter) {
   const turn = { chat: true, text: '', aborted: false };
   try {
     const sent = withSystem($('system-prompt').value, messages);
-    const chunks = await state.api.chat.completions.create({ ...request, messages: sent }, { signal: controller.signal });
+    const chunks = await state.api.chat.completions.create(
+      { ...request, messages: sent },
+      { signal: controller.signal, onPrefill: counter.onPrefill },
+    );
     for await (const chunk of chunks) {
       const [choice] = chunk.choices;
       if (choice?.delta.content) {
@@ -551,6 +569,14 @@ function showFit() {
   $('model-fit').dataset.fits = fits === null ? 'unknown' : String(fits);
 }
 
+/** Shows `url` in the picker: its catalogue entry, else "other" with the URL. */
+function pickModel(url) {
+  const known = [...$('model').options].some((o) => o.value === url);
+  $('model').value = known ? url : 'other';
+  $('model-url').hidden = known;
+  if (!known) $('model-url').value = url;
+}
+
 async function loadCatalog() {
   [state.catalog, state.limits] = await Promise.all([fetchCatalog(), adapterLimits()]);
   fillPicker($('model'), state.catalog);
@@ -563,12 +589,7 @@ async function main() {
   fillFleetPanel();
   restoreConversation();
   await loadCatalog();
-  if (params.has('model')) {
-    const known = [...$('model').options].some((o) => o.value === params.get('model'));
-    $('model').value = known ? params.get('model') : 'other';
-    $('model-url').hidden = known;
-    if (!known) $('model-url').value = params.get('model');
-  }
+  if (params.has('model')) pickModel(params.get('model'));
   showFit();
   const missing = await checkWebGpu();
   if (missing) {

@@ -4,6 +4,14 @@
 const COLORS = { ms: '#2a6adf', in: '#2a9a4a', out: '#d07a10' };
 const MAX_POINTS = 120;
 
+/** A scale's top: the first step is the prompt (its prefill and, on a fresh page, the kernels'
+ * compilation: often a hundred times a token's step), so with later steps to show it is clipped
+ * at the top rather than flattening them all to the axis. */
+function scaleOf(points, value, floor) {
+  const shown = points.length > 2 && points[0].step === 1 ? points.slice(1) : points;
+  return Math.max(floor, ...shown.map(value));
+}
+
 /** Points `{ step, ms, kbIn, kbOut }`, newest last; keeps the latest MAX_POINTS. */
 export class StepChart {
   constructor(canvas) {
@@ -41,9 +49,11 @@ export class StepChart {
       return;
     }
     const box = { left: 58, right: width - 62, top: 8, bottom: height - 18 };
-    const maxMs = Math.max(1, ...this.points.map((p) => p.ms));
-    const maxKb = Math.max(0.1, ...this.points.map((p) => Math.max(p.kbIn, p.kbOut)));
+    const maxMs = scaleOf(this.points, (p) => p.ms, 1);
+    const maxKb = scaleOf(this.points, (p) => Math.max(p.kbIn, p.kbOut), 0.1);
     this.axes(ctx, box, maxMs, maxKb);
+    const first = this.points[0];
+    if (first.ms > maxMs && first.step === 1) ctx.fillText(`(step 1, the prompt: ${first.ms.toFixed(0)} ms, off the scale)`, box.left + 50, box.bottom + 13);
     this.line(ctx, box, (p) => p.ms / maxMs, COLORS.ms);
     this.line(ctx, box, (p) => p.kbIn / maxKb, COLORS.in);
     this.line(ctx, box, (p) => p.kbOut / maxKb, COLORS.out);

@@ -20,7 +20,7 @@ export function describeStatus(status, sinceMs) {
       };
     case 'Loading':
       return {
-        title: 'Loading the layers the coordinator assigned',
+        title: status.layers ? `Loading layers ${layerRange(status.layers)}` : 'Loading the layers the coordinator assigned',
         detail:
           `The coordinator picked this GPU for part of the model. It is downloading those layers' weights ` +
           `(only their byte ranges) and uploading them to the GPU: ${seconds(sinceMs)} so far.`,

@@ -7,7 +7,8 @@
 //                                               fit_context, spec, draft_max }, onToken);
 //   // out: { text, ids, promptIds, finishReason, usage, aborted, prefillTokens, prefillSeconds,
 //   //        decodeSeconds, decodeTokS, drafted, accepted }
-//   const out = await engine.chat([{ role, content }], options, onToken);
+//   const out = await engine.chat([{ role, content }], options, onToken, onPrefill);
+//   // onPrefill(done, total): prompt tokens processed so far, while the prompt is prefilled
 //   engine.abort();
 // openai.js puts the OpenAI-shaped API (chat.completions.create...) over this.
 
@@ -46,6 +47,7 @@ class WorkerChannel {
     if (!call) return;
     if (data.type === 'progress') call.onProgress?.(data.event);
     else if (data.type === 'token') call.onToken?.(data.text);
+    else if (data.type === 'prefill') call.onPrefill?.(data.done, data.total);
     else {
       this.pending.delete(data.id);
       if (data.type === 'result') call.resolve(data.value);
@@ -106,12 +108,12 @@ export class WorkerEngine {
     return new WorkerChannel(startWorker());
   }
 
-  generate(prompt, options = {}, onToken) {
-    return this.channel.request({ type: 'generate', prompt, options }, { onToken });
+  generate(prompt, options = {}, onToken, onPrefill) {
+    return this.channel.request({ type: 'generate', prompt, options }, { onToken, onPrefill });
   }
 
-  chat(messages, options = {}, onToken) {
-    return this.channel.request({ type: 'chat', messages, options }, { onToken });
+  chat(messages, options = {}, onToken, onPrefill) {
+    return this.channel.request({ type: 'chat', messages, options }, { onToken, onPrefill });
   }
 
   tokenize(text) {

@@ -1,6 +1,7 @@
 // Checks an OpenAI-shaped request body and maps it onto the engine's generate options, with
 // the rules of the HTTP API (native-runner/src/api/validate.rs and types.rs): unknown or
-// wrongly typed fields, values out of range and features the engine lacks are refused with
+// wrongly typed fields, values out of range and features the engine lacks (tools on a
+// template without them) are refused with
 // an error naming the field, before anything is sent to the worker.
 
 /** A request the engine cannot run; `param` names the field, as OpenAI's 400s do. */
@@ -18,7 +19,10 @@ export class BadRequestError extends Error {
 const MAX_STOPS = 4;
 const MAX_TOKENS = 1 << 16;
 const COMPLETION_DEFAULT_MAX_TOKENS = 16;
-const ROLES = { system: 'system', developer: 'system', user: 'user', assistant: 'assistant' };
+const ROLES = { system: 'system', developer: 'system', user: 'user', assistant: 'assistant', tool: 'tool' };
+// The HTTP API's limits on tools (native-runner/src/api/structured.rs).
+const MAX_TOOLS = 64;
+const FUNCTION_NAME = /^[A-Za-z0-9_-]{1,64}$/;
 
 const SAMPLING_FIELDS = [
   'model', 'stream', 'stream_options', 'max_tokens', 'temperature', 'top_p', 'seed', 'stop',
@@ -159,19 +163,111 @@ function messageText(content, index) {
     .join('');
 }
 
+/** An assistant turn's calls as templates print them: `arguments` parsed to JSON. */
+function messageToolCalls(calls, where) {
+  if (!Array.isArray(calls)) throw new BadRequestError(`${where}.tool_calls`, 'must be a list of tool calls');
+  return calls.map((call, index) => {
+    const at = `${where}.tool_calls[${index}]`;
+    if (!isObject(call) || !isObject(call.function)) throw new BadRequestError(at, 'must be `{ id, type, function: { name, arguments } }`');
+    const name = typed(call.function, 'name', 'string', `${at}.function`);
+    const text = typed(call.function, 'arguments', 'string', `${at}.function`) ?? '{}';
+    let args;
+    try {
+      args = JSON.parse(text);
+    } catch {
+      args = text;
+    }
+    return { id: typed(call, 'id', 'string', at) ?? '', type: 'function', function: { name, arguments: args } };
+  });
+}
+
 function chatMessages(messages) {
   if (!Array.isArray(messages)) throw new BadRequestError('messages', 'must be a list of messages');
   if (!messages.length) throw new BadRequestError('messages', 'must not be empty');
   return messages.map((message, index) => {
     const where = `messages[${index}]`;
     if (!isObject(message)) throw new BadRequestError(where, 'must be an object');
-    onlyKnown(message, new Set(['role', 'content', 'name']), where);
+    onlyKnown(message, new Set(['role', 'content', 'name', 'tool_calls', 'tool_call_id']), where);
     const role = ROLES[message.role];
     if (!role) {
       throw new BadRequestError(`${where}.role`, `must be one of ${Object.keys(ROLES).join(', ')}, got ${JSON.stringify(message.role)}`);
     }
-    return { role, content: messageText(message.content, index) };
+    const out = { role, content: messageText(message.content, index) };
+    if (present(message.tool_calls)) {
+      if (role !== 'assistant') throw new BadRequestError(`${where}.tool_calls`, 'only assistant messages carry `tool_calls`');
+      out.tool_calls = messageToolCalls(message.tool_calls, where);
+    }
+    const callId = typed(message, 'tool_call_id', 'string', where);
+    if (role === 'tool' && callId === undefined) {
+      throw new BadRequestError(`${where}.tool_call_id`, 'a `tool` message needs the `tool_call_id` of the call it answers');
+    }
+    if (role !== 'tool' && callId !== undefined) throw new BadRequestError(`${where}.tool_call_id`, 'only `tool` messages carry `tool_call_id`');
+    if (callId !== undefined) out.tool_call_id = callId;
+    return out;
   });
+}
+
+function checkTools(tools) {
+  if (!Array.isArray(tools)) throw new BadRequestError('tools', 'must be a list of tools');
+  if (tools.length > MAX_TOOLS) throw new BadRequestError('tools', `at most ${MAX_TOOLS} tools per request, got ${tools.length}`);
+  const names = new Set();
+  tools.forEach((tool, index) => {
+    const where = `tools[${index}]`;
+    if (!isObject(tool)) throw new BadRequestError(where, 'must be an object');
+    onlyKnown(tool, new Set(['type', 'function']), where);
+    if (tool.type !== 'function') throw new BadRequestError(`${where}.type`, `tool type ${JSON.stringify(tool.type)} is not supported (function only)`);
+    if (!isObject(tool.function)) throw new BadRequestError(`${where}.function`, 'must be an object');
+    onlyKnown(tool.function, new Set(['name', 'description', 'parameters', 'strict']), `${where}.function`);
+    const name = tool.function.name;
+    if (typeof name !== 'string' || !FUNCTION_NAME.test(name)) {
+      throw new BadRequestError(`${where}.function.name`, `function names are 1 to 64 of a-z, A-Z, 0-9, _ and -; got ${JSON.stringify(name)}`);
+    }
+    if (names.has(name)) throw new BadRequestError(`${where}.function.name`, `the function \`${name}\` is defined twice`);
+    names.add(name);
+    typed(tool.function, 'description', 'string', `${where}.function`);
+    const parameters = tool.function.parameters;
+    if (present(parameters) && !isObject(parameters)) throw new BadRequestError(`${where}.function.parameters`, 'must be a JSON Schema (an object)');
+  });
+}
+
+/** `tool_choice` read against `tools`: 'none', 'auto', 'required' or `{ function }`. */
+function readChoice(choice, tools) {
+  let read;
+  if (!present(choice)) read = 'auto';
+  else if (typeof choice === 'string') {
+    if (!['none', 'auto', 'required'].includes(choice)) {
+      throw new BadRequestError('tool_choice', `\`tool_choice\` ${JSON.stringify(choice)} is not one of none, auto, required or a function`);
+    }
+    read = choice;
+  } else {
+    if (!isObject(choice)) throw new BadRequestError('tool_choice', 'must be none, auto, required or `{ type: "function", function: { name } }`');
+    if (choice.type !== 'function') throw new BadRequestError('tool_choice.type', `\`tool_choice.type\` ${JSON.stringify(choice.type)} is not \`function\``);
+    const name = isObject(choice.function) ? choice.function.name : undefined;
+    if (!tools.some((tool) => tool.function.name === name)) {
+      throw new BadRequestError('tool_choice.function.name', `\`tool_choice\` names the function ${JSON.stringify(name)}, which is not in \`tools\``);
+    }
+    read = { function: name };
+  }
+  if (!tools.length && read !== 'none' && read !== 'auto') {
+    throw new BadRequestError('tool_choice', '`tool_choice` asks for a call but `tools` is empty');
+  }
+  return read;
+}
+
+/** `options.tools` and `options.tool_call` for the engine, or null when no call can be made. */
+function toolOptions(body, toolSupport) {
+  const tools = body.tools ?? [];
+  checkTools(tools);
+  const choice = readChoice(body.tool_choice, tools);
+  typed(body, 'parallel_tool_calls', 'boolean');
+  if (!tools.length || choice === 'none') return null;
+  if (toolSupport !== 'hermes') {
+    const why = toolSupport === 'other'
+      ? 'the chat template of this model writes tool calls in a format the page cannot constrain (only Hermes\' <tool_call> tags)'
+      : 'the chat template of this model has no tools (it never shows them to the model); send no `tools` or `tool_choice: "none"`';
+    throw new BadRequestError('tools', why);
+  }
+  return { tools, tool_call: { function: choice.function ?? null, or_text: choice === 'auto' } };
 }
 
 /** `response_format` as the engine's constraint: json_object is any object, json_schema its schema. */
@@ -203,21 +299,24 @@ function refuse(body, param, why) {
   if (present(body[param]) && body[param] !== false) throw new BadRequestError(param, why);
 }
 
-/** A checked chat request: `{ messages, options, stream, includeUsage }` for the engine. */
-export function chatPlan(body, { maxContext }) {
+/** A checked chat request: `{ messages, options, toolCalls, stream, includeUsage }` for the
+ * engine; `toolSupport` is the engine's `info.toolSupport` (`hermes`, `none` or `other`). */
+export function chatPlan(body, { maxContext, toolSupport }) {
   if (!isObject(body)) throw new BadRequestError('body', 'the request must be an object');
   onlyKnown(body, CHAT_FIELDS);
-  refuse(body, 'tools', '`tools` is not supported in the page yet (the HTTP API has them)');
-  refuse(body, 'tool_choice', '`tool_choice` is not supported in the page yet');
-  refuse(body, 'parallel_tool_calls', '`parallel_tool_calls` is not supported in the page yet');
   refuse(body, 'logprobs', '`logprobs` is not supported in the page');
   refuse(body, 'top_logprobs', '`top_logprobs` is not supported in the page');
   const messages = chatMessages(body.messages);
   const maxTokens = positive(body, 'max_completion_tokens') ?? positive(body, 'max_tokens');
   const options = { ...sampling(body), ...length(maxTokens, maxContext) };
   const spec = constraint(body.response_format);
+  const tools = toolOptions(body, toolSupport);
+  if (spec && tools) {
+    throw new BadRequestError('response_format', '`response_format` and a possible tool call cannot be combined; send `tool_choice: "none"` or no `response_format`');
+  }
   if (spec) options.constraint = spec;
-  return { messages, options, ...streaming(body) };
+  if (tools) Object.assign(options, tools);
+  return { messages, options, toolCalls: Boolean(tools), ...streaming(body) };
 }
 
 /** A checked legacy completion request: `{ prompt, options, stream, includeUsage }`. */

@@ -1,7 +1,7 @@
 // The OpenAI-shaped in-page API, as WebLLM users write it:
 //   const engine = await createEngine({ model: '/models/x.gguf', onProgress, ...loadSettings });
 //   const reply = await engine.chat.completions.create({ messages, max_tokens, temperature,
-//     top_p, seed, stop, response_format });            // a ChatCompletion
+//     top_p, seed, stop, response_format, tools, tool_choice });  // a ChatCompletion
 //   webshard_spec: { type: 'lookup', draft_max: 8 } is webshard's extension: speculative
 //   decoding with prompt-lookup drafts (same output; usage.completion_tokens_details counts
 //   the drafts kept and rejected).
@@ -11,11 +11,12 @@
 // The model runs in a Web Worker (engine-client.js, worker.js); `wrapEngine` puts the same
 // API over an engine already loaded (the worker's, or a fleet's). Requests run one at a time
 // in call order. `create(body, { signal })` stops on an AbortSignal and rejects with an
-// AbortError. Bad requests reject with a `BadRequestError` whose message and `param` name the
+// AbortError; `{ onPrefill(done, total) }` there reports prompt processing (not OpenAI's). Bad requests reject with a `BadRequestError` whose message and `param` name the
 // field (openai-request.js). This is the npm package's main entry; its types are in
 // npm/index.d.ts, kept in step by hand.
 import { WorkerEngine, EngineError } from './engine-client.js';
 import { chatPlan, completionPlan, BadRequestError } from './openai-request.js';
+import { CallReader, readCall } from './tool-calls.js';
 
 export { BadRequestError, EngineError };
 
@@ -67,8 +68,11 @@ function usage(result) {
 /** An engine error about a field the request set: named as the request names it. */
 function requestError(err, plan) {
   if (err.kind !== 'options') return err;
+  if (/^bad options: tools: /.test(err.message)) return new BadRequestError('tools', err.message.replace(/^bad options: tools: /, ''));
   if (/^bad options: constraint: /.test(err.message)) {
-    return new BadRequestError('response_format', err.message.replace(/^bad options: constraint: /, ''));
+    // A tool call's constraint holds the functions' `parameters`; otherwise it is the format.
+    const param = plan.toolCalls ? 'tools' : 'response_format';
+    return new BadRequestError(param, err.message.replace(/^bad options: constraint: /, ''));
   }
   if (/context/.test(err.message)) {
     return new BadRequestError(plan.options.fit_context ? 'messages' : 'max_tokens', err.message.replace(/^bad options: /, ''));
@@ -143,18 +147,18 @@ class OpenAIEngine {
     }
   }
 
-  async createChat(body, { signal } = {}) {
+  async createChat(body, { signal, onPrefill } = {}) {
     this.checkModel(body);
-    const plan = chatPlan(body, { maxContext: this.info.maxContext });
-    const run = (onToken) => this.engine.chat(plan.messages, plan.options, onToken);
-    const shape = chatShape(newId('chatcmpl'), this.model);
+    const plan = chatPlan(body, { maxContext: this.info.maxContext, toolSupport: this.info.toolSupport });
+    const run = (onToken) => this.engine.chat(plan.messages, plan.options, onToken, onPrefill);
+    const shape = (plan.toolCalls ? toolChatShape : chatShape)(newId('chatcmpl'), this.model);
     return plan.stream ? this.stream(plan, run, shape, signal) : shape.whole(await this.whole(plan, run, signal));
   }
 
-  async createCompletion(body, { signal } = {}) {
+  async createCompletion(body, { signal, onPrefill } = {}) {
     this.checkModel(body);
     const plan = completionPlan(body);
-    const run = (onToken) => this.engine.generate(plan.prompt, plan.options, onToken);
+    const run = (onToken) => this.engine.generate(plan.prompt, plan.options, onToken, onPrefill);
     const shape = completionShape(newId('cmpl'), this.model);
     return plan.stream ? this.stream(plan, run, shape, signal) : shape.whole(await this.whole(plan, run, signal));
   }
@@ -195,7 +199,7 @@ class OpenAIEngine {
         let finished = false;
         try {
           if (shape.first) yield shape.first();
-          for await (const text of tokens) if (text) yield shape.piece(text);
+          for await (const text of tokens) if (text) yield* shape.pieces(text);
           finished = true;
           if (tokens.error) throw tokens.error;
           yield shape.last(tokens.result);
@@ -232,9 +236,42 @@ function chatShape(id, model) {
       usage: usage(result),
     }),
     first: () => chunk({ role: 'assistant', content: '' }),
-    piece: (text) => chunk({ content: text }),
+    pieces: (text) => [chunk({ content: text })],
     last: (result) => chunk({}, result.finishReason),
     usage: (result) => ({ id, object: 'chat.completion.chunk', created, model, choices: [], usage: usage(result) }),
+    chunk,
+  };
+}
+
+/** Chat completions whose answer may be a tool call (as the HTTP API's `reply.rs` shapes them):
+ * whole, `message.tool_calls` with `content: null` and `finish_reason: 'tool_calls'`;
+ * streamed, the call's first delta carries its id, type and name, the next ones pieces of
+ * the arguments. A call cut short (max_tokens) stays text, with `finish_reason: 'length'`. */
+function toolChatShape(id, model) {
+  const plain = chatShape(id, model);
+  const callId = `call_${id.replace(/^chatcmpl-/, '')}`;
+  const reader = new CallReader();
+  const callDelta = (piece) => {
+    if (piece.content !== undefined) return { content: piece.content };
+    const call = piece.name !== undefined
+      ? { index: 0, id: callId, type: 'function', function: { name: piece.name, arguments: '' } }
+      : { index: 0, function: { arguments: piece.arguments } };
+    return { tool_calls: [call] };
+  };
+  return {
+    ...plain,
+    whole: (result) => {
+      const reply = plain.whole(result);
+      const call = readCall(result.text);
+      if (call) {
+        reply.choices[0].message = { role: 'assistant', content: null, tool_calls: [{ id: callId, type: 'function', function: call }] };
+        reply.choices[0].finish_reason = 'tool_calls';
+      }
+      return reply;
+    },
+    first: () => plain.chunk({ role: 'assistant' }),
+    pieces: (text) => reader.push(text).map((piece) => plain.chunk(callDelta(piece))),
+    last: (result) => plain.chunk({}, reader.call() ? 'tool_calls' : result.finishReason),
   };
 }
 
@@ -250,7 +287,7 @@ function completionShape(id, model) {
   });
   return {
     whole: (result) => ({ ...chunk(result.text, result.finishReason), usage: usage(result) }),
-    piece: (text) => chunk(text),
+    pieces: (text) => [chunk(text)],
     last: (result) => chunk('', result.finishReason),
     usage: (result) => ({ id, object: 'text_completion', created, model, choices: [], usage: usage(result) }),
   };

@@ -1,7 +1,7 @@
 // The engine's thread. The page talks to it only through messages (see engine-client.js):
 //   page -> worker  { id, type: 'load' | 'generate' | 'chat' | 'abort' | 'cancel-load' |
 //                      'reset' | 'clear-cache' | 'lose-device', ... }
-//   worker -> page  { id, type: 'result' | 'error' | 'progress' | 'token' } and, unasked,
+//   worker -> page  { id, type: 'result' | 'error' | 'progress' | 'token' | 'prefill' } and, unasked,
 //                   { type: 'device-lost' | 'reinitialised' | 'reinit-failed' }.
 // The wasm package is found relative to this file (pkg/ beside it): `runner serve` puts web/ at
 // / and pkg/ at /pkg/, and the npm package (.ci/build-npm.sh) has the same layout, so the page
@@ -72,6 +72,9 @@ async function recover(reason, message) {
   }
 }
 
+/** `onPrefill(done, total)` for request `id`: the prompt tokens processed so far. */
+const prefillPoster = (id) => (done, total) => post({ id, type: 'prefill', done, total });
+
 function requireEngine() {
   if (!engine) {
     const err = new Error('no model is loaded');
@@ -84,9 +87,9 @@ function requireEngine() {
 const handlers = {
   load: ({ id, url, settings }) => load(id, url, settings),
   generate: ({ id, prompt, options }) =>
-    requireEngine().generate(prompt, options, (text) => post({ id, type: 'token', text })),
+    requireEngine().generate(prompt, options, (text) => post({ id, type: 'token', text }), prefillPoster(id)),
   chat: ({ id, messages, options }) =>
-    requireEngine().chat(messages, options, (text) => post({ id, type: 'token', text })),
+    requireEngine().chat(messages, options, (text) => post({ id, type: 'token', text }), prefillPoster(id)),
   tokenize: ({ text }) => Array.from(requireEngine().tokenize(text)),
   abort: () => engine?.abort(),
   'cancel-load': () => loadController?.abort(),

@@ -126,12 +126,21 @@ test('a real chat reply: prefill shown, Markdown rendered, speed over decode onl
   await expect(reply).not.toBeEmpty();
   const texts = await page.evaluate(() => window.__speed_texts);
   expect(texts.some((t) => t.startsWith('processing prompt'))).toBe(true);
+  // The engine's prefill progress reaches the page: "processing prompt n / N", from 0 to N.
+  const prefills = await page.evaluate(() => window.__webshard_prefill);
+  const total = prefills.at(-1)?.total;
+  expect(total).toBeGreaterThan(0);
+  expect(prefills[0]).toEqual({ done: 0, total });
+  expect(prefills.at(-1)).toEqual({ done: total, total });
+  const shown = new RegExp(`^processing prompt 0 / ${total} · \\d+ s$`);
+  expect(texts.some((t) => shown.test(t)), texts.join(' | ')).toBe(true);
   const live = await page.evaluate(() => window.__webshard_live_speeds);
   const final = await page.textContent('#speed');
   console.log(`live tokens/s ${live.map((r) => r.toFixed(2))}; final: ${final}`);
   // The bug: one token over the first token's few microseconds read 10526 tokens/s.
   const finalRate = Number(final.match(/([\d.]+) tokens\/s/)[1]);
   for (const rate of live) expect(rate).toBeLessThan(Math.max(10 * finalRate, 1));
+  expect(Number(final.match(/prompt (\d+) tokens/)[1])).toBeGreaterThanOrEqual(total);
   const markdown = await reply.getAttribute('data-markdown');
   await page.screenshot({ path: test.info().outputPath('chat-reply.png'), fullPage: true });
 

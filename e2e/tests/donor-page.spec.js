@@ -73,6 +73,13 @@ test('the page waits for a coordinator, then shows its layers, a chart of its st
   const { start: first, end } = status.layers;
   expect(end).toBeGreaterThan(first);
   await expect(page.locator('#layers')).toContainText(`${first}–${end - 1}`);
+  // While loading, the page already knew (and said) which layers it was loading.
+  const loadingTitle = await page.evaluate(async () => {
+    const loading = window.__donor.statuses.find((seen) => seen.phase === 'Loading');
+    const { describeStatus } = await import('/donor-words.js');
+    return { layers: loading.layers, title: describeStatus(loading, 0).title };
+  });
+  expect(loadingTitle).toEqual({ layers: status.layers, title: `Loading layers ${first}–${end - 1}` });
   const points = await page.evaluate(() => window.__donor.chart);
   expect(points.length).toBeGreaterThanOrEqual(1);
   for (const point of points) {

@@ -32,7 +32,7 @@ const APPS = [
 function expectFreshInstall(app) {
   const installed = path.join(EXAMPLES, app.dir, 'node_modules', 'webshard');
   const hint = 'run .ci/build-wasm.sh and .ci/build-npm.sh';
-  for (const file of ['openai.js', 'openai-request.js', 'engine-client.js', 'worker.js']) {
+  for (const file of ['openai.js', 'openai-request.js', 'tool-calls.js', 'engine-client.js', 'worker.js']) {
     const copy = path.join(installed, file);
     if (!fs.existsSync(copy)) throw new Error(`${copy} is missing: ${hint}`);
     if (fs.readFileSync(copy, 'utf8') !== fs.readFileSync(path.join(WEB, file), 'utf8')) {

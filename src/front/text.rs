@@ -131,6 +131,11 @@ impl Decoding {
             .sample_completion(logits, &self.tokens, self.prompt_len)
     }
 
+    /// The next token from the best logits only (see `Sampler::sample_among`).
+    pub fn sample_among(&mut self, ids: &[u32], values: &[f32]) -> u32 {
+        self.sampler.sample_among(ids, values)
+    }
+
     /// Takes token `id`: applies the stop rules, streams it through `on_event`, and returns
     /// why the request ends with it, if it does.
     pub fn accept(

@@ -12,6 +12,7 @@ pub mod fit;
 pub mod gemma3;
 pub mod llama;
 pub mod loader;
+mod masked;
 pub mod open;
 pub mod qwen2;
 mod scratch;

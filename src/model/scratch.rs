@@ -1,6 +1,7 @@
 //! Activation buffers of a stage, sized once for its largest batch.
 
 use crate::gpu::{storage_buffer, Gpu};
+use crate::ops::select::{mask_words, MAX_TOP_K};
 
 use super::config::ModelConfig;
 
@@ -28,6 +29,11 @@ pub struct Scratch {
     pub logits: wgpu::Buffer,
     /// The greedy id of each head row (`HEAD_ROWS` of them; a decode step uses the first).
     pub argmax: wgpu::Buffer,
+    /// A constrained step's allowed set as a bitset (`ops::select::mask`).
+    pub allowed: wgpu::Buffer,
+    /// A masked top-k's ids, then (copied after them for one readback) its values.
+    pub top_ids: wgpu::Buffer,
+    pub top_values: wgpu::Buffer,
 }
 
 impl Scratch {
@@ -37,9 +43,13 @@ impl Scratch {
         let per_row = 1 + 3 * cfg.d_model + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 3 * cfg.ff_dim;
         let one_token = cfg.q_dim() + 2 * cfg.kv_dim();
         let head = 2 * cfg.d_model + cfg.vocab;
+        // argmax (one per head row), the allowed set, top-k ids (with room for the values)
+        // and values.
+        let selection = HEAD_ROWS + mask_words(cfg.vocab) + 3 * MAX_TOP_K;
         4 * (u64::from(max_batch) * u64::from(per_row)
             + u64::from(one_token)
-            + u64::from(HEAD_ROWS) * u64::from(head + 1))
+            + u64::from(HEAD_ROWS) * u64::from(head)
+            + u64::from(selection))
     }
 
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: u32) -> Scratch {
@@ -64,6 +74,9 @@ impl Scratch {
             head_normed: storage_buffer(gpu, "head_normed", head * u64::from(cfg.d_model) * 4),
             logits: storage_buffer(gpu, "logits", head * u64::from(cfg.vocab) * 4),
             argmax: storage_buffer(gpu, "argmax", head * 4),
+            allowed: storage_buffer(gpu, "allowed", u64::from(mask_words(cfg.vocab)) * 4),
+            top_ids: storage_buffer(gpu, "top ids", u64::from(2 * MAX_TOP_K) * 4),
+            top_values: storage_buffer(gpu, "top values", u64::from(MAX_TOP_K) * 4),
         }
     }
 }

@@ -61,7 +61,7 @@ pub enum StageInput<'a> {
 }
 
 impl StageInput<'_> {
-    fn tokens(&self, d_model: u32) -> usize {
+    pub(super) fn tokens(&self, d_model: u32) -> usize {
         match self {
             StageInput::Tokens(ids) => ids.len(),
             StageInput::Hidden(h) => h.len() / d_model as usize,

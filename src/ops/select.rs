@@ -2,10 +2,15 @@
 //!
 //! Two passes: up to `MAX_GROUPS` workgroups each keep the best k of one chunk of the logits,
 //! then one workgroup merges their lists. Ties go to the lower index, as in a stable sort.
+//! Under a constraint, `mask` first sends the disallowed logits to −∞ where they are, so the
+//! same selection picks among the allowed tokens.
 
 use crate::gpu::{Kernel, Recorder};
 
 const SOURCE: &str = include_str!("../../wgsl/select.wgsl");
+const MASK_SOURCE: &str = include_str!("../../wgsl/mask.wgsl");
+/// Lanes per workgroup of the mask (one 32-id word each).
+const MASK_WG: u32 = 64;
 /// Enough workgroups to fill a GPU, few enough that one workgroup merges their lists quickly.
 const MAX_GROUPS: u32 = 256;
 /// Logits each lane of the first pass reads before another workgroup is worth starting (at
@@ -63,6 +68,20 @@ const ARGMAX_FINAL: Kernel = Kernel {
     libs: &[],
 };
 
+const MASK_LOGITS: Kernel = Kernel {
+    name: "mask_logits",
+    source: MASK_SOURCE,
+    entry: "mask_logits",
+    libs: &[],
+};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct MaskParams {
+    n: u32,
+    pad: [u32; 3],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct SelectParams {
@@ -71,6 +90,39 @@ struct SelectParams {
     /// 0: the input holds logits; 1: (value bits, index) pairs.
     pairs: u32,
     pad: u32,
+}
+
+/// How many u32 words the allowed-set bitset of `n` ids has.
+pub fn mask_words(n: u32) -> u32 {
+    n.div_ceil(32)
+}
+
+/// logits[i] = −∞ for every i < n whose bit in `allowed` is clear (bit i % 32 of word i / 32;
+/// `allowed` holds `mask_words(n)` words), in place: the argmax or top-k recorded after it
+/// then picks among the allowed ids.
+pub fn mask(rec: &mut Recorder, logits: &wgpu::Buffer, n: u32, allowed: &wgpu::Buffer) {
+    assert!(
+        (1..=MAX_N).contains(&n),
+        "mask needs 1 <= n <= {MAX_N}, got {n}"
+    );
+    let pipeline = rec.pipeline(&MASK_LOGITS, &[]);
+    let params = MaskParams { n, pad: [0; 3] };
+    rec.dispatch(
+        &pipeline,
+        &params,
+        &[allowed.as_entire_binding(), logits.as_entire_binding()],
+        [mask_words(n).div_ceil(MASK_WG), 1, 1],
+    );
+}
+
+/// `mask` on the CPU.
+pub fn mask_reference(logits: &mut [f32], allowed: &[u32]) {
+    for (i, logit) in logits.iter_mut().enumerate() {
+        let word = allowed.get(i / 32).copied().unwrap_or(0);
+        if word & (1 << (i % 32)) == 0 {
+            *logit = f32::NEG_INFINITY;
+        }
+    }
 }
 
 /// out[0] = the index of the largest of logits[0..n] (the lowest such index on ties).

@@ -253,6 +253,23 @@ impl TokenMask {
         self.allowed.to_list()
     }
 
+    /// The set as `n.div_ceil(32)` words, bit `id % 32` of word `id / 32` set for an allowed
+    /// id below `n` (the GPU mask's layout, `ops::select::mask`); ids past the vocabulary
+    /// (padded heads) are never allowed.
+    pub fn words(&self, n: usize) -> Vec<u32> {
+        let known = n.min(self.allowed.len());
+        let mut words: Vec<u32> = (0..n.div_ceil(32))
+            .map(|w| self.allowed.as_slice().get(w).copied().unwrap_or(0))
+            .collect();
+        if let Some(last) = words.get_mut(known / 32) {
+            *last &= (1u32 << (known % 32)).wrapping_sub(1);
+        }
+        for word in words.iter_mut().skip(known / 32 + 1) {
+            *word = 0;
+        }
+        words
+    }
+
     /// Sends every disallowed logit to −∞, including those past the vocabulary (padded heads).
     pub fn apply(&self, logits: &mut [f32]) {
         // 32 ids per word: whole words of allowed or disallowed ids are skipped or filled.

@@ -1,6 +1,6 @@
 //! The next token's mask in a browser: no threads, so it is computed when the caller awaits
-//! it, which the engine does joined with the GPU step, whose readback yields to the event
-//! loop, so the CPU work still overlaps the GPU's.
+//! it, which the engine does after submitting the GPU step (joined with it), so the CPU work
+//! still overlaps the GPU's.
 
 use super::constraint::{Constraint, ConstraintError, TokenMask};
 

@@ -82,6 +82,23 @@ impl SamplerConfig {
         self.is_greedy() && !self.penalises()
     }
 
+    /// How many of the best logits decide the draw exactly as the whole vector would, when at
+    /// most `max` can be had (below the vocabulary's size: a top-k keeping every id leaves them
+    /// in id order, which the best k in order would not match): 1 for greedy, `top_k` when it
+    /// is on and within `max`. `None`
+    /// when the sampler needs every logit: a penalty (it changes logits by the history, so
+    /// the best ones before it are not the best after) or top-k off or beyond `max`.
+    pub fn candidates_needed(&self, max: usize) -> Option<usize> {
+        if self.penalises() {
+            return None;
+        }
+        match self.top_k {
+            _ if self.is_greedy() => Some(1),
+            k @ 1.. if k <= max => Some(k),
+            _ => None,
+        }
+    }
+
     /// Whether any penalty (repetition, frequency, presence) can change a logit.
     pub fn penalises(&self) -> bool {
         (self.repeat_penalty != 1.0 && self.repeat_last_n > 0)
@@ -137,11 +154,7 @@ impl Sampler {
         self.candidates
             .extend(logits.iter().enumerate().map(|(id, &logit)| Candidate {
                 id: id as u32,
-                logit: if logit.is_nan() {
-                    f32::NEG_INFINITY
-                } else {
-                    logit
-                },
+                logit: possible_or_not(logit),
             }));
         if self.candidates.is_empty() {
             return 0;
@@ -149,6 +162,27 @@ impl Sampler {
         apply_repeat_penalty(&mut self.candidates, history, &self.config);
         let completion = history.get(prompt_len..).unwrap_or_default();
         apply_occurrence_penalties(&mut self.candidates, completion, &self.config);
+        self.choose()
+    }
+
+    /// Picks the next token from only the best logits: `ids` and their `values`, best first
+    /// (lower id first on ties), as many as `SamplerConfig::candidates_needed` said (the GPU's
+    /// masked top-k). The same token and random stream as `sample` on the whole vector.
+    pub fn sample_among(&mut self, ids: &[u32], values: &[f32]) -> u32 {
+        self.candidates.clear();
+        self.candidates
+            .extend(ids.iter().zip(values).map(|(&id, &logit)| Candidate {
+                id,
+                logit: possible_or_not(logit),
+            }));
+        if self.candidates.is_empty() {
+            return 0;
+        }
+        self.choose()
+    }
+
+    /// The filters and the draw over `self.candidates` (penalties already applied).
+    fn choose(&mut self) -> u32 {
         if self.config.is_greedy() {
             return argmax(&self.candidates);
         }
@@ -161,6 +195,15 @@ impl Sampler {
             c.logit /= temperature;
         }
         draw(&self.candidates, self.rng.next_f64())
+    }
+}
+
+/// A NaN logit counts as impossible (−∞).
+fn possible_or_not(logit: f32) -> f32 {
+    if logit.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        logit
     }
 }
 

@@ -20,7 +20,7 @@ use crate::front::{
 };
 use crate::gpu::{BackendChoice, Gpu, GpuError, GpuOptions};
 use crate::model::LoadProgress;
-use crate::tokenizer::ChatMessage;
+use crate::tokenizer::{ChatMessage, ToolSupport};
 
 /// What a page shows about a loaded model and the device it runs on.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -46,6 +46,9 @@ struct EngineInfo {
     /// Loaded from the cache with the server unreachable.
     offline: bool,
     wasm_memory_bytes: f64,
+    /// How the chat template shows tools: `hermes` (calls in `<tool_call>` tags, which the
+    /// page can constrain and read), `none` or `other`.
+    tool_support: &'static str,
 }
 
 /// A loaded model on a WebGPU device.
@@ -219,9 +222,10 @@ impl WebEngine {
                 let _ = callback.call1(&JsValue::NULL, &event);
             }
         };
-        let engine = Engine::load(gpu.clone(), &abortable, &engine_options, &mut on_progress)
+        let mut engine = Engine::load(gpu.clone(), &abortable, &engine_options, &mut on_progress)
             .await
             .map_err(|e| abortable.explain(e.into()))?;
+        engine.set_prefill_progress(Box::new(report_prefill));
         gpu_errors.check()?;
         let info = engine_info(
             &url,
@@ -253,7 +257,8 @@ impl WebEngine {
         Ok(engine.tokenize_prompt(text))
     }
 
-    /// Generates after `prompt`; `onToken(text)` gets each printable piece. Resolves to
+    /// Generates after `prompt`; `onToken(text)` gets each printable piece and
+    /// `onPrefill(done, total)` the prompt tokens processed so far. Resolves to
     /// `{ promptIds, ids, text, prefillTokens, prefillSeconds, decodeSeconds, decodeTokS,
     /// aborted, finishReason, usage }`.
     pub fn generate(
@@ -261,20 +266,23 @@ impl WebEngine {
         prompt: String,
         options: JsValue,
         on_token: Option<Function>,
+        on_prefill: Option<Function>,
     ) -> js_sys::Promise {
-        let run = self.runner(options, on_token);
+        let run = self.runner(options, on_token, on_prefill);
         wasm_bindgen_futures::future_to_promise(run.generate(Prompt::Text(prompt)))
     }
 
-    /// Renders `messages` (`[{ role, content }]`) with the model's chat template, then
-    /// generates as `generate` does.
+    /// Renders `messages` (`[{ role, content, tool_calls?, tool_call_id? }]`) with the
+    /// model's chat template (with `options.tools` where given), then generates as
+    /// `generate` does.
     pub fn chat(
         &self,
         messages: JsValue,
         options: JsValue,
         on_token: Option<Function>,
+        on_prefill: Option<Function>,
     ) -> js_sys::Promise {
-        let run = self.runner(options, on_token);
+        let run = self.runner(options, on_token, on_prefill);
         wasm_bindgen_futures::future_to_promise(async move {
             let messages: Vec<ChatMessage> = serde_wasm_bindgen::from_value(messages)
                 .map_err(|e| WebError::Options(format!("messages: {e}")))?;
@@ -302,7 +310,12 @@ impl WebEngine {
         self.gpu.device.destroy();
     }
 
-    fn runner(&self, options: JsValue, on_token: Option<Function>) -> Run {
+    fn runner(
+        &self,
+        options: JsValue,
+        on_token: Option<Function>,
+        on_prefill: Option<Function>,
+    ) -> Run {
         self.stop.set(false);
         Run {
             engine: self.engine.clone(),
@@ -310,6 +323,7 @@ impl WebEngine {
             gpu_errors: self.gpu_errors.clone(),
             options,
             on_token,
+            on_prefill,
         }
     }
 }
@@ -327,6 +341,40 @@ struct Run {
     gpu_errors: GpuErrors,
     options: JsValue,
     on_token: Option<Function>,
+    on_prefill: Option<Function>,
+}
+
+thread_local! {
+    /// The running call's `onPrefill`. The engine's prefill callback must be `Send`, which a
+    /// JS function is not, so the callback reaches it through here (a worker has one thread,
+    /// and the engine runs one call at a time).
+    static ON_PREFILL: RefCell<Option<Function>> = const { RefCell::new(None) };
+}
+
+/// The engine's prefill progress, handed to the running call's `onPrefill`.
+fn report_prefill(done: usize, total: usize) {
+    ON_PREFILL.with(|hook| {
+        if let Some(callback) = hook.borrow().as_ref() {
+            let (done, total) = (JsValue::from(done as f64), JsValue::from(total as f64));
+            let _ = callback.call2(&JsValue::NULL, &done, &total);
+        }
+    });
+}
+
+/// Makes a call's `onPrefill` the one `report_prefill` calls, until dropped.
+struct PrefillHook;
+
+impl PrefillHook {
+    fn install(callback: Option<Function>) -> PrefillHook {
+        ON_PREFILL.with(|hook| *hook.borrow_mut() = callback);
+        PrefillHook
+    }
+}
+
+impl Drop for PrefillHook {
+    fn drop(&mut self) {
+        ON_PREFILL.with(|hook| *hook.borrow_mut() = None);
+    }
 }
 
 impl Run {
@@ -336,6 +384,7 @@ impl Run {
         let speculation = settings.speculation()?;
         let mut engine = self.engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
         engine.set_speculation(speculation);
+        let prompt = with_tools(prompt, &settings, engine.text.template.tool_support())?;
         let prompt_ids = engine
             .prompt_ids(&prompt)
             .map_err(|e| WebError::Engine(e.into()))?;
@@ -356,6 +405,7 @@ impl Run {
                 false => ControlFlow::Continue(()),
             }
         };
+        let _prefill = PrefillHook::install(self.on_prefill.clone());
         let out = engine
             .generate_one(&request, &mut on_event)
             .await
@@ -363,6 +413,29 @@ impl Run {
         self.gpu_errors.check()?;
         to_js(&GenerateResult::new(out, self.stop.get()))
     }
+}
+
+/// A chat with `tools` as a `Prompt::ToolChat`, on a template that shows them.
+fn with_tools(
+    prompt: Prompt,
+    settings: &GenerateSettings,
+    support: ToolSupport,
+) -> Result<Prompt, WebError> {
+    if settings.tools.is_empty() {
+        return Ok(prompt);
+    }
+    let Prompt::Chat(messages) = prompt else {
+        return Err(WebError::Options("tools: only a chat takes tools".into()));
+    };
+    if support != ToolSupport::Hermes {
+        return Err(WebError::Options(
+            "tools: this model's chat template has no tools in Hermes' <tool_call> format".into(),
+        ));
+    }
+    Ok(Prompt::ToolChat {
+        messages,
+        tools: settings.tools.clone(),
+    })
 }
 
 #[derive(serde::Serialize)]
@@ -442,5 +515,10 @@ fn engine_info(
         cache: source.cache_stats(),
         offline: source.offline(),
         wasm_memory_bytes: wasm_memory_bytes(),
+        tool_support: match engine.text.template.tool_support() {
+            ToolSupport::Hermes => "hermes",
+            ToolSupport::None => "none",
+            ToolSupport::Other => "other",
+        },
     }
 }

@@ -2,6 +2,7 @@
 //! typo is reported rather than silently ignored), and plain objects handed back.
 
 use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
 use wasm_bindgen::JsValue;
 
 use super::error::WebError;
@@ -92,6 +93,21 @@ pub struct GenerateSettings {
     pub spec: Option<String>,
     /// Most draft tokens per step with `spec` (`--draft-max`).
     pub draft_max: Option<u32>,
+    /// OpenAI `tools` entries (`{ type: "function", function: { name, parameters } }`),
+    /// shown to the model through the chat template (chat only).
+    pub tools: Vec<Value>,
+    /// Constrain the answer to a call of one of `tools` (the page's `tool_choice`).
+    pub tool_call: Option<ToolCallSettings>,
+}
+
+/// Which call the answer must (or may) be.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallSettings {
+    /// Only this function (`tool_choice: { function: { name } }`); `None`: any of `tools`.
+    pub function: Option<String>,
+    /// Text may come instead of the call (`tool_choice: "auto"`).
+    pub or_text: bool,
 }
 
 impl Default for GenerateSettings {
@@ -112,6 +128,8 @@ impl Default for GenerateSettings {
             fit_context: false,
             spec: None,
             draft_max: None,
+            tools: Vec::new(),
+            tool_call: None,
         }
     }
 }
@@ -151,11 +169,42 @@ impl GenerateSettings {
     /// The constraint, compiled once over bytes so a bad schema, regex or grammar is an
     /// options error before any work.
     fn checked_constraint(&self) -> Result<Option<ConstraintSpec>, WebError> {
-        if let Some(spec) = &self.constraint {
+        let spec = match (&self.tool_call, &self.constraint) {
+            (Some(_), Some(_)) => {
+                return Err(WebError::Options(
+                    "constraint: a tool call and a constraint cannot both be asked".into(),
+                ))
+            }
+            (Some(call), None) => Some(self.tool_call_constraint(call)?),
+            (None, spec) => spec.clone(),
+        };
+        if let Some(spec) = &spec {
             spec.check()
                 .map_err(|e| WebError::Options(format!("constraint: {e}")))?;
         }
-        Ok(self.constraint.clone())
+        Ok(spec)
+    }
+
+    /// The Hermes-tagged call of the chosen functions, arguments held to their schemas (the
+    /// HTTP API's `tool_plan` does the same).
+    fn tool_call_constraint(&self, call: &ToolCallSettings) -> Result<ConstraintSpec, WebError> {
+        let empty = json!({"type": "object", "properties": {}});
+        let functions: Vec<(&str, &Value)> = self
+            .tools
+            .iter()
+            .filter_map(|tool| {
+                let function = tool.get("function")?;
+                let name = function.get("name")?.as_str()?;
+                let chosen = call.function.as_deref().is_none_or(|wanted| wanted == name);
+                chosen.then(|| (name, function.get("parameters").unwrap_or(&empty)))
+            })
+            .collect();
+        if functions.is_empty() {
+            return Err(WebError::Options(
+                "tools: no function in `tools` matches the tool call asked for".into(),
+            ));
+        }
+        Ok(ConstraintSpec::hermes_tool_call(functions, call.or_text))
     }
 
     /// The speculation `spec` and `draft_max` ask for (`None`: plain decoding).

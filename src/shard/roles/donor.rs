@@ -349,6 +349,10 @@ impl<T: Transport> Donor<T> {
         self.coordinator = Some(from);
         self.status.coordinator = Some(from.to_string());
         self.status.phase = DonorPhase::Loading;
+        // The page shows which layers are loading, not only which are served.
+        self.status.epoch = Some(assign.epoch);
+        self.status.stage_id = Some(assign.stage_id);
+        self.status.layers = Some(assign.layer_start..assign.layer_end);
         self.publish();
         let started = web_time::Instant::now();
         let loaded = match self.host.take() {
