@@ -89,6 +89,11 @@ pub struct GpuOptions {
 pub struct Variant {
     pub f16: bool,
     pub subgroups: bool,
+    /// Prefill products on cooperative matrices (`wgsl/matmul_coop.wgsl`, f16 operands, f32
+    /// sums) instead of the FP32 tiles. Only `best_variant` sets it: its f16 rounding needs
+    /// its own tolerance, so `tests/ops_matmul_coop.rs` tests it rather than every kernel's
+    /// variant loop.
+    pub coop_matrix: bool,
 }
 
 impl std::fmt::Display for Variant {
@@ -99,7 +104,11 @@ impl std::fmt::Display for Variant {
         } else {
             "workgroup"
         };
-        write!(f, "{precision}+{reduce}")
+        write!(f, "{precision}+{reduce}")?;
+        if self.coop_matrix {
+            f.write_str("+coop")?;
+        }
+        Ok(())
     }
 }
 
@@ -112,6 +121,10 @@ pub struct Caps {
     pub subgroups: bool,
     pub subgroup_min: u32,
     pub subgroup_max: u32,
+    /// 16 x 16 x 16 cooperative matrices of f16 with f32 sums at subgroup scope, on 32-lane
+    /// subgroups, with f16 and subgroups enabled: what `wgsl/matmul_coop.wgsl` needs
+    /// (`coop_matrix_support`).
+    pub coop_matrix: bool,
     pub timestamps: bool,
     /// Kernels split work for a CPU implementation (lavapipe, SwiftShader, llvmpipe): fewer,
     /// fatter threads, since every lane is a loop iteration there.
@@ -139,28 +152,31 @@ impl Caps {
         Variant {
             f16: self.f16,
             subgroups: self.subgroups,
+            coop_matrix: self.coop_matrix,
         }
     }
 
-    /// Every variant this device can run, so tests cover each one.
+    /// Every variant this device can run, so tests cover each one (cooperative matrices
+    /// aside: see `Variant::coop_matrix`).
     pub fn all_variants(&self) -> Vec<Variant> {
         let mut variants = vec![Variant::default()];
         if self.f16 {
             variants.push(Variant {
                 f16: true,
-                subgroups: false,
+                ..Variant::default()
             });
         }
         if self.subgroups {
             variants.push(Variant {
-                f16: false,
                 subgroups: true,
+                ..Variant::default()
             });
         }
         if self.f16 && self.subgroups {
             variants.push(Variant {
                 f16: true,
                 subgroups: true,
+                ..Variant::default()
             });
         }
         variants
@@ -204,10 +220,12 @@ impl Gpu {
         let available = adapter.features();
         let f16 = available.contains(wgpu::Features::SHADER_F16) && !options.disable_f16;
         let subgroups = available.contains(wgpu::Features::SUBGROUP) && !options.disable_subgroups;
+        let coop_matrix = f16 && subgroups && coop_matrix_support(&adapter);
         let mut required_features = wgpu::Features::empty();
         for (wanted, feature) in [
             (f16, wgpu::Features::SHADER_F16),
             (subgroups, wgpu::Features::SUBGROUP),
+            (coop_matrix, wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX),
             (
                 available.contains(wgpu::Features::TIMESTAMP_QUERY),
                 wgpu::Features::TIMESTAMP_QUERY,
@@ -223,6 +241,7 @@ impl Gpu {
                 label: Some("webshard"),
                 required_features,
                 required_limits: limits.clone(),
+                experimental_features: experimental_features(coop_matrix),
                 ..Default::default()
             })
             .await
@@ -239,6 +258,7 @@ impl Gpu {
             subgroups,
             subgroup_min: info.subgroup_min_size,
             subgroup_max: info.subgroup_max_size,
+            coop_matrix,
             timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
             cpu_work_split: info.device_type == wgpu::DeviceType::Cpu && !options.gpu_work_split,
             max_binding: options
@@ -255,7 +275,7 @@ impl Gpu {
         };
         tracing::info!(
             adapter = %caps.adapter, backend = %caps.backend, f16 = caps.f16,
-            subgroups = caps.subgroups, subgroup_min = caps.subgroup_min,
+            subgroups = caps.subgroups, coop_matrix = caps.coop_matrix, subgroup_min = caps.subgroup_min,
             subgroup_max = caps.subgroup_max, max_binding = caps.max_binding,
             "gpu ready"
         );
@@ -280,5 +300,37 @@ impl Gpu {
     /// The variant kernels use unless a caller asks for another.
     pub fn variant(&self) -> Variant {
         self.caps.best_variant()
+    }
+}
+
+/// Whether the adapter runs `wgsl/matmul_coop.wgsl`: wgpu's experimental cooperative-matrix
+/// feature (Vulkan's `VK_KHR_cooperative_matrix`, Metal's simdgroup matrices; never in
+/// browsers, where wgpu 30 reports no configurations), a 16 x 16 x 16 configuration of f16
+/// operands with f32 sums, and subgroups of exactly 32 lanes (the kernel's workgroup is four).
+fn coop_matrix_support(adapter: &wgpu::Adapter) -> bool {
+    let info = adapter.get_info();
+    let sizes = adapter.cooperative_matrix_properties();
+    tracing::debug!(?sizes, "cooperative matrix configurations");
+    adapter
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && sizes.iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+}
+
+/// wgpu refuses an experimental feature without this token.
+fn experimental_features(coop_matrix: bool) -> wgpu::ExperimentalFeatures {
+    if coop_matrix {
+        // SAFETY: the token acknowledges that wgpu's experimental features may have bugs;
+        // only the cooperative-matrix product uses one, and its test checks it against the
+        // CPU reference on the devices that have it (tests/ops_matmul_coop.rs).
+        unsafe { wgpu::ExperimentalFeatures::enabled() }
+    } else {
+        wgpu::ExperimentalFeatures::disabled()
     }
 }

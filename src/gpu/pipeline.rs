@@ -35,6 +35,9 @@ pub enum Lib {
     /// The sliding window, soft-capping and no-key score of attention
     /// (`wgsl/attention_mask.wgsl`).
     AttentionMask,
+    /// No source: the kernel uses cooperative matrices, so the header says
+    /// `enable wgpu_cooperative_matrix;` (a directive must precede every declaration).
+    CooperativeMatrix,
 }
 
 impl Lib {
@@ -47,7 +50,7 @@ impl Lib {
 
     fn source(self, variant: Variant) -> &'static str {
         match (self, variant.subgroups) {
-            (Lib::Constants(_), _) => "",
+            (Lib::Constants(_) | Lib::CooperativeMatrix, _) => "",
             (Lib::Reduce, true) => include_str!("../../wgsl/reduce_subgroup.wgsl"),
             (Lib::Reduce, false) => include_str!("../../wgsl/reduce_workgroup.wgsl"),
             (Lib::Dequant, _) => include_str!("../../wgsl/dequant.wgsl"),
@@ -100,6 +103,9 @@ pub fn specialised_source(
     }
     if variant.subgroups && subgroups_directive {
         text.push_str("enable subgroups;\n");
+    }
+    if kernel.libs.contains(&Lib::CooperativeMatrix) {
+        text.push_str("enable wgpu_cooperative_matrix;\n");
     }
     let half = if variant.f16 { "f16" } else { "f32" };
     text.push_str(&format!(

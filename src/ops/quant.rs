@@ -1,6 +1,7 @@
 //! Products with GGUF-quantized weights, read straight from the file's bytes: the
-//! matrix-vector product (decode), the tiled matrix-matrix product (prefill) and the embedding
-//! gather. Kernels: `wgsl/matvec.wgsl`, `wgsl/matmul.wgsl`, `wgsl/embed.wgsl`, all built on the
+//! matrix-vector product (decode), the matrix-matrix products (prefill: tiled, or on cooperative
+//! matrices) and the embedding gather. Kernels: `wgsl/matvec.wgsl`, `wgsl/matmul.wgsl`,
+//! `wgsl/matmul_coop.wgsl`, `wgsl/embed.wgsl`, all built on the
 //! per-type block decoding of `wgsl/dequant.wgsl`.
 
 mod dequant;
@@ -11,8 +12,8 @@ pub mod testing;
 
 use dequant::IQ4_NL_CODEBOOK_CONSTS;
 pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
-use matmul::matmul_tiled;
-pub use matmul::MatmulTile;
+use matmul::matmul_product;
+pub use matmul::{uses_coop_matrix, MatmulTile};
 pub use matvec::{matvec, matvec_reference, shares_part, Epilogue, Fusion, ReferenceEpilogue};
 use table::KERNEL_CODES;
 pub use table::{QuantType, ENGINE_SUPPORTED};
@@ -240,6 +241,18 @@ const MATMUL: Kernel = Kernel {
     ],
 };
 
+const MATMUL_COOP: Kernel = Kernel {
+    name: "matmul_coop",
+    source: include_str!("../../wgsl/matmul_coop.wgsl"),
+    entry: "matmul",
+    libs: &[
+        Lib::CooperativeMatrix,
+        Lib::Constants(KERNEL_CODES),
+        Lib::Constants(IQ4_NL_CODEBOOK_CONSTS),
+        Lib::Dequant,
+    ],
+};
+
 const EMBED: Kernel = Kernel {
     name: "embed",
     source: include_str!("../../wgsl/embed.wgsl"),
@@ -254,7 +267,8 @@ const EMBED: Kernel = Kernel {
 const EMBED_WG: u32 = 64;
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
-/// `[tokens, rows]`, both f32. One token uses the matrix-vector kernel, more the tiled one.
+/// `[tokens, rows]`, both f32. One token uses the matrix-vector kernel, more the
+/// cooperative-matrix one where `uses_coop_matrix`, else the tiled one.
 pub fn matmul(
     rec: &mut Recorder,
     w: &QuantMatrix,
@@ -265,7 +279,7 @@ pub fn matmul(
     if tokens == 1 {
         matvec::matvec(rec, w, x, out, &Fusion::default());
     } else {
-        matmul_tiled(rec, w, x, out, tokens);
+        matmul_product(rec, w, x, out, tokens);
     }
 }
 

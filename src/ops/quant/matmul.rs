@@ -1,7 +1,9 @@
-//! The tiled matrix-matrix product (prefill), `wgsl/matmul.wgsl`, and the tile it runs with.
+//! The matrix-matrix products (prefill): the tiled one on the FP32 cores, `wgsl/matmul.wgsl`,
+//! and the tile it runs with; and, where the device has them, the one on cooperative matrices
+//! (tensor cores), `wgsl/matmul_coop.wgsl`.
 
-use super::{fold_groups, product_params, QuantMatrix, MATMUL};
-use crate::gpu::{Caps, Recorder};
+use super::{fold_groups, product_params, QuantMatrix, MATMUL, MATMUL_COOP};
+use crate::gpu::{Caps, Recorder, Variant};
 
 /// A prefill tile: `rows` × `tokens` outputs per workgroup, 4 × 4 per lane (so `rows` × `tokens`
 /// / 16 lanes); activations are staged `staged_cols` columns at a time.
@@ -90,28 +92,61 @@ impl MatmulTile {
     }
 }
 
-pub(super) fn matmul_tiled(
+/// Rows and tokens of the cooperative-matrix kernel's tile (`TR`, `TT` there).
+const COOP_TILE: u32 = 64;
+
+/// Whether prefill products in `variant` on this device run on cooperative matrices. A
+/// configured tile (`runner bench --matmul-tile`) measures the tiled kernel, so it keeps that.
+pub fn uses_coop_matrix(caps: &Caps, variant: Variant) -> bool {
+    variant.coop_matrix && caps.coop_matrix && caps.matmul_tile.is_none()
+}
+
+/// `out = x W^T` for `tokens` tokens: cooperative matrices where `uses_coop_matrix`, else tiles.
+pub(super) fn matmul_product(
     rec: &mut Recorder,
     w: &QuantMatrix,
     x: &wgpu::Buffer,
     out: &wgpu::Buffer,
     tokens: u32,
 ) {
+    if uses_coop_matrix(&rec.gpu().caps, rec.variant()) {
+        matmul_coop(rec, w, x, out, tokens);
+    } else {
+        matmul_tiled(rec, w, x, out, tokens);
+    }
+}
+
+fn matmul_coop(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+) {
+    let pipeline = rec.pipeline(&MATMUL_COOP, &w.quant_consts());
+    dispatch_parts(rec, &pipeline, w, [x, out], [COOP_TILE, COOP_TILE], tokens);
+}
+
+/// One dispatch per weight part over a grid of `tile` = `[rows, tokens]` tiles.
+fn dispatch_parts(
+    rec: &mut Recorder,
+    pipeline: &wgpu::ComputePipeline,
+    w: &QuantMatrix,
+    [x, out]: [&wgpu::Buffer; 2],
+    [tile_rows, tile_tokens]: [u32; 2],
+    tokens: u32,
+) {
     let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
-    let tile = MatmulTile::for_device(&rec.gpu().caps);
-    let mut consts = tile.consts().to_vec();
-    consts.extend(w.quant_consts());
-    let pipeline = rec.pipeline(&MATMUL, &consts);
-    let token_groups = tokens.div_ceil(tile.tokens);
+    let token_groups = tokens.div_ceil(tile_tokens);
     assert!(
         token_groups <= max_per_dim,
         "{tokens} tokens exceed one prefill dispatch"
     );
     for part in w.parts() {
-        let [groups_x, groups_y] = fold_groups(part.rows.div_ceil(tile.rows), max_per_dim);
+        let [groups_x, groups_y] = fold_groups(part.rows.div_ceil(tile_rows), max_per_dim);
         let params = product_params(w, &part, groups_x, tokens);
         rec.dispatch(
-            &pipeline,
+            pipeline,
             &params,
             &[
                 part.buffer.as_entire_binding(),
@@ -122,4 +157,25 @@ pub(super) fn matmul_tiled(
             [groups_x, groups_y, token_groups],
         );
     }
+}
+
+fn matmul_tiled(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+) {
+    let tile = MatmulTile::for_device(&rec.gpu().caps);
+    let mut consts = tile.consts().to_vec();
+    consts.extend(w.quant_consts());
+    let pipeline = rec.pipeline(&MATMUL, &consts);
+    dispatch_parts(
+        rec,
+        &pipeline,
+        w,
+        [x, out],
+        [tile.rows, tile.tokens],
+        tokens,
+    );
 }
