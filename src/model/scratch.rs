@@ -27,6 +27,9 @@ pub struct Scratch {
     pub head_normed: wgpu::Buffer,
     pub logits: wgpu::Buffer,
     pub argmax: wgpu::Buffer,
+    /// A short-convolution block's B, C and x, `[tokens, 3 · d_model]` (LFM2; 4 bytes for
+    /// models without one).
+    pub mixer: wgpu::Buffer,
 }
 
 impl Scratch {
@@ -40,6 +43,7 @@ impl Scratch {
             + u64::from(one_token)
             + u64::from(HEAD_ROWS) * u64::from(head)
             + 1)
+            + mixer_bytes(cfg, max_batch)
     }
 
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: u32) -> Scratch {
@@ -64,6 +68,14 @@ impl Scratch {
             head_normed: storage_buffer(gpu, "head_normed", head * u64::from(cfg.d_model) * 4),
             logits: storage_buffer(gpu, "logits", head * u64::from(cfg.vocab) * 4),
             argmax: storage_buffer(gpu, "argmax", 4),
+            mixer: storage_buffer(gpu, "mixer", mixer_bytes(cfg, max_batch)),
         }
+    }
+}
+
+fn mixer_bytes(cfg: &ModelConfig, max_batch: u32) -> u64 {
+    match cfg.short_conv {
+        Some(_) => u64::from(max_batch) * 3 * u64::from(cfg.d_model) * 4,
+        None => 4,
     }
 }
