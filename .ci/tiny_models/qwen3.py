@@ -22,12 +22,12 @@ CONFIG = {
 }
 SEED = 1301
 INIT_STD = 0.08
-OUTPUT_SCALE = 10.0
+OUTPUT_SCALE = 8.0
 TOKENIZER_GGUF = (
     "qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf",
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
-OUTTYPE = "q8_0"
+OUTTYPE = "f16"
 
 
 def final_norm(model):
