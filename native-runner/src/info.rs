@@ -88,6 +88,7 @@ fn summarise(
 ) -> Result<ModelInfo, GgufError> {
     let meta = &header.metadata;
     let architecture = header.architecture()?.to_string();
+    let architecture_supported = webshard::model::architecture(&architecture).is_some();
     let tensors: Vec<TensorRow> = header.tensors.iter().map(tensor_row).collect();
     Ok(ModelInfo {
         source: location.to_string(),
@@ -106,7 +107,7 @@ fn summarise(
         weight_bytes: tensors.iter().map(|t| t.bytes).sum(),
         parameters: parameter_count(header),
         quantization: quantization(header)?,
-        architecture_supported: webshard::model::architecture(&architecture).is_some(),
+        architecture_supported,
         unsupported_tensor_count: tensors.iter().filter(|t| !t.supported).count(),
         type_histogram: type_histogram(&tensors),
         tensors,
