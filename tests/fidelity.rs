@@ -191,3 +191,13 @@ fn qwen25_matches_llama_cpp() {
 fn gemma3_matches_llama_cpp() {
     pollster::block_on(check_model(support::GEMMA3, LARGE_MODEL_FREE_STEPS));
 }
+
+#[test]
+fn tiny_qwen3_matches_llama_cpp() {
+    pollster::block_on(check_model(support::TINY_QWEN3, usize::MAX));
+}
+
+#[test]
+fn tiny_lfm2_matches_llama_cpp() {
+    pollster::block_on(check_model(support::TINY_LFM2, usize::MAX));
+}

@@ -1,6 +1,8 @@
 // The demo page end to end on SmolLM2: Range-streamed load with progress and bounded wasm
 // memory, greedy ids equal to the native runner's and to llama.cpp's goldens, the stop button,
 // and recovery from a lost GPU device — all on one page, so kernels compile once per device.
+const fs = require('node:fs');
+const path = require('node:path');
 const { test, expect } = require('@playwright/test');
 const {
   MODEL_URL, PROMPT, TOKENS, CHUNK_BYTES, nativeResult, goldenRecord, stepsBeforeNearTie,
@@ -100,3 +102,27 @@ test('a lost GPU device is replaced without reloading the page', async () => {
   expect(again.ids).toEqual(last.ids.slice(0, 2));
   expect(await page.isHidden('#error')).toBe(true);
 });
+
+// The small qwen3 and lfm2 models (.ci/build_tiny_model.sh), each on a page of its own: the
+// page's greedy ids are llama.cpp's (tests/goldens/) up to the first near-tie. LFM2 runs its
+// short convolutions and their state in the browser.
+for (const name of ['tiny-qwen3', 'tiny-lfm2']) {
+  test(`${name} gives llama.cpp's greedy ids in the page`, async ({ browser }) => {
+    const file = path.join(__dirname, '..', '..', 'tests', 'goldens', `${name}-f16.generate.json`);
+    const record = JSON.parse(fs.readFileSync(file, 'utf8')).records.find((r) => r.prompt === PROMPT);
+    const tiny = await browser.newPage();
+    try {
+      const query = new URLSearchParams({ model: `/models/${name}.F16.gguf`, prompt: PROMPT, n: String(TOKENS), temp: '0', seed: '0', autorun: '1' });
+      await tiny.goto(`/?${query}`);
+      const result = await autorunResult(tiny);
+      expect(result.error, `autorun failed: ${result.error}`).toBeUndefined();
+      const exact = Math.min(stepsBeforeNearTie(record), TOKENS);
+      console.log(`${name} in the browser: ids ${result.ids}; golden steps before a near-tie: ${exact}`);
+      expect(result.prompt_ids).toEqual(record.prompt_ids);
+      expect(exact).toBeGreaterThan(0);
+      expect(result.ids.slice(0, exact)).toEqual(record.steps.slice(0, exact).map((s) => s.id));
+    } finally {
+      await tiny.close();
+    }
+  });
+}

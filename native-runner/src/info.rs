@@ -33,6 +33,8 @@ pub struct ModelInfo {
     pub parameters: u64,
     /// `general.file_type` named as llama.cpp names it, else the type most bytes are in.
     pub quantization: String,
+    /// Whether the engine computes this `general.architecture` (`webshard::model::ARCHITECTURES`).
+    pub architecture_supported: bool,
     pub unsupported_tensor_count: usize,
     pub type_histogram: BTreeMap<String, TypeTotal>,
     pub tensors: Vec<TensorRow>,
@@ -86,6 +88,7 @@ fn summarise(
 ) -> Result<ModelInfo, GgufError> {
     let meta = &header.metadata;
     let architecture = header.architecture()?.to_string();
+    let architecture_supported = webshard::model::architecture(&architecture).is_some();
     let tensors: Vec<TensorRow> = header.tensors.iter().map(tensor_row).collect();
     Ok(ModelInfo {
         source: location.to_string(),
@@ -104,6 +107,7 @@ fn summarise(
         weight_bytes: tensors.iter().map(|t| t.bytes).sum(),
         parameters: parameter_count(header),
         quantization: quantization(header)?,
+        architecture_supported,
         unsupported_tensor_count: tensors.iter().filter(|t| !t.supported).count(),
         type_histogram: type_histogram(&tensors),
         tensors,
@@ -120,11 +124,20 @@ fn hyper_params(meta: &Metadata, arch: &str) -> Result<HyperParams, GgufError> {
         embedding_length: int("embedding_length")?,
         feed_forward_length: int("feed_forward_length")?,
         head_count: int("attention.head_count")?,
-        head_count_kv: int("attention.head_count_kv")?,
+        head_count_kv: kv_heads(meta, &format!("{arch}.attention.head_count_kv"))?,
         context_length: int("context_length")?,
         rope_freq_base: float("rope.freq_base")?,
         rms_eps: float("attention.layer_norm_rms_epsilon")?,
     })
+}
+
+/// KV heads: one count, or the largest of a per-layer list (LFM2 gives 0 for its
+/// convolution blocks).
+fn kv_heads(meta: &Metadata, key: &str) -> Result<Option<u64>, GgufError> {
+    match meta.get(key).and_then(|value| value.as_array()) {
+        Some(_) => Ok(meta.get_u32_array(key)?.into_iter().max().map(u64::from)),
+        None => meta.opt_u64(key),
+    }
 }
 
 /// The token list's length: what the embedding rows are indexed by.
@@ -242,6 +255,10 @@ fn render_summary(out: &mut String, info: &ModelInfo) {
             model_label(&info.architecture, info.parameters, &info.quantization),
         ),
         ("architecture", info.architecture.clone()),
+        (
+            "arch supported",
+            yes_no(info.architecture_supported).to_string(),
+        ),
         ("parameters", info.parameters.to_string()),
         ("quantization", info.quantization.clone()),
         ("gguf version", info.gguf_version.to_string()),

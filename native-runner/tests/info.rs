@@ -121,6 +121,7 @@ fn u64_of(json: &Value, key: &str) -> u64 {
 
 fn check_facts(json: &Value, facts: &Facts) {
     assert_eq!(json["architecture"], facts.architecture, "{}", facts.file);
+    assert_eq!(json["architecture_supported"], true, "{}", facts.file);
     assert_eq!(u64_of(json, "block_count"), facts.block_count);
     assert_eq!(u64_of(json, "embedding_length"), facts.embedding_length);
     assert_eq!(u64_of(json, "head_count"), facts.head_count);
@@ -301,4 +302,23 @@ fn info_lists_q2_k_q3_k_iq4_nl_and_iq4_xs_as_supported() {
         assert_eq!(row["supported"], supported, "{ggml_type}");
     }
     assert_eq!(u64_of(&json, "unsupported_tensor_count"), 1);
+}
+
+/// The small qwen3 and lfm2 models (`.ci/build_tiny_model.sh`): architectures the engine
+/// computes, with LFM2's per-layer KV head list (0 for convolution blocks) read as its
+/// attention blocks' count.
+#[test]
+fn info_lists_qwen3_and_lfm2_as_supported() {
+    for (file, architecture, blocks) in [
+        ("tiny-qwen3.F16.gguf", "qwen3", 4),
+        ("tiny-lfm2.F16.gguf", "lfm2", 6),
+    ] {
+        let path = common::model_path(file);
+        let json = info_json(path.to_str().expect("utf-8 path"));
+        assert_eq!(json["architecture"], architecture, "{file}");
+        assert_eq!(json["architecture_supported"], true, "{file}");
+        assert_eq!(u64_of(&json, "block_count"), blocks, "{file}");
+        assert_eq!(u64_of(&json, "head_count_kv"), 2, "{file}");
+        assert_eq!(u64_of(&json, "unsupported_tensor_count"), 0, "{file}");
+    }
 }

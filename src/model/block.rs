@@ -26,7 +26,8 @@ pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
             .as_ref()
             .map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer));
         let mut out_offset = 0;
-        for run in runs(&[&w.wq, &w.wk, &w.wv]) {
+        let a = w.attention();
+        for run in runs(&[&a.wq, &a.wk, &a.wv]) {
             let fusion = Fusion {
                 norm: Some((&w.attn_norm.buffer, cfg.rms_eps)),
                 epilogue,
@@ -46,10 +47,11 @@ pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
         cfg.d_model,
         cfg.rms_eps,
     );
+    let a = w.attention();
     let projections = [
-        (&w.wq, &w.bq, &s.q),
-        (&w.wk, &w.bk, &s.k),
-        (&w.wv, &w.bv, &s.v),
+        (&a.wq, &w.bq, &s.q),
+        (&a.wk, &w.bk, &s.k),
+        (&a.wv, &w.bv, &s.v),
     ];
     for (matrix, bias, out) in projections {
         quant::matmul(rec, &matrix.view(), &s.normed, out, tokens);

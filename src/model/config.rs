@@ -37,6 +37,30 @@ pub struct ModelConfig {
     /// Sliding window for local layers, with the period of global layers (Gemma 3: 6).
     pub sliding_window: Option<SlidingWindow>,
     pub attention_scale: f32,
+    /// Which blocks are gated short convolutions instead of attention (LFM2), if any.
+    pub short_conv: Option<ShortConvLayout>,
+    /// The final norm's tensor (LFM2 names it `token_embd_norm.weight`).
+    pub output_norm: &'static str,
+}
+
+/// The layer pattern of a hybrid of short-convolution and attention blocks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShortConvLayout {
+    /// Taps of the causal convolution (`shortconv.l_cache`).
+    pub kernel_len: u32,
+    /// `conv[layer]`: whether block `layer` is a convolution.
+    pub conv: Vec<bool>,
+}
+
+impl ShortConvLayout {
+    pub fn is_conv(&self, layer: u32) -> bool {
+        self.conv.get(layer as usize).copied().unwrap_or(false)
+    }
+
+    /// Convolution blocks among `layers`: the size of a stage's convolution state.
+    pub fn count(&self, layers: std::ops::Range<u32>) -> u32 {
+        layers.filter(|&layer| self.is_conv(layer)).count() as u32
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,9 +98,7 @@ impl ModelConfig {
             n_layers: positive(meta, &key("block_count"))?,
             d_model,
             n_heads,
-            n_kv_heads: meta
-                .opt_u32(&key("attention.head_count_kv"))?
-                .unwrap_or(n_heads),
+            n_kv_heads: kv_head_count(meta, &key("attention.head_count_kv"))?.unwrap_or(n_heads),
             head_dim,
             ff_dim: positive(meta, &key("feed_forward_length"))?,
             vocab,
@@ -86,6 +108,8 @@ impl ModelConfig {
             rope_local: None,
             sliding_window: None,
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
+            short_conv: None,
+            output_norm: "output_norm.weight",
         };
         (arch.configure)(meta, config)?.validate()
     }
@@ -149,6 +173,15 @@ fn positive(meta: &Metadata, key: &str) -> Result<u32, ConfigError> {
         });
     }
     Ok(value)
+}
+
+/// KV heads: one count, or one per layer (LFM2: 0 for its convolution blocks), of which the
+/// attention blocks' (the largest) is the cache's; the architecture checks the pattern.
+fn kv_head_count(meta: &Metadata, key: &str) -> Result<Option<u32>, ConfigError> {
+    match meta.get(key).and_then(|value| value.as_array()) {
+        Some(_) => Ok(meta.get_u32_array(key)?.into_iter().max()),
+        None => Ok(meta.opt_u32(key)?),
+    }
 }
 
 /// Linear RoPE scaling where the file asks for it; other scaling types are refused.

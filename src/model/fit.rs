@@ -73,7 +73,7 @@ pub fn footprint(header: &Header, cfg: &ModelConfig, spec: &StageSpec) -> Footpr
     let layers = u64::from(spec.layers.end.saturating_sub(spec.layers.start));
     Footprint {
         weights,
-        kv_cache: layers * 2 * layer_kv_bytes(cfg, spec),
+        kv_cache: layers * 2 * layer_kv_bytes(cfg, spec) + short_conv_state_bytes(cfg, spec),
         scratch: Scratch::bytes(cfg, spec.max_batch),
     }
 }
@@ -118,6 +118,15 @@ pub fn check(
     }
 }
 
+/// The stage's short-convolution state (LFM2): d f32 per position and convolution block.
+fn short_conv_state_bytes(cfg: &ModelConfig, spec: &StageSpec) -> u64 {
+    let blocks = cfg
+        .short_conv
+        .as_ref()
+        .map_or(0, |layout| layout.count(spec.layers.clone()));
+    u64::from(blocks) * u64::from(spec.max_context) * u64::from(cfg.d_model) * 4
+}
+
 /// One layer's keys (or values), f32.
 fn layer_kv_bytes(cfg: &ModelConfig, spec: &StageSpec) -> u64 {
     u64::from(spec.max_context) * u64::from(cfg.kv_dim()) * 4
@@ -134,7 +143,7 @@ fn loads(spec: &StageSpec, cfg: &ModelConfig, header: &Header, name: &str) -> bo
         "token_embd.weight" => {
             spec.embedding || (spec.head && header.tensor("output.weight").is_none())
         }
-        "output_norm.weight" | "output.weight" => spec.head,
-        _ => false,
+        "output.weight" => spec.head,
+        _ => spec.head && name == cfg.output_norm,
     }
 }

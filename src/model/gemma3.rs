@@ -76,7 +76,7 @@ fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
         _ => None,
     };
     rotate_and_attend(rec, step, rope_params, norms, window);
-    quant::matmul(rec, &w.wo.view(), &s.attn, &s.normed, tokens);
+    quant::matmul(rec, &w.attention().wo.view(), &s.attn, &s.normed, tokens);
     post_norm(rec, w.post_attn_norm.as_ref(), &s.normed, step);
     feed_forward(rec, step, Activation::GeluTanh, FeedForwardOut::Delta);
     post_norm(rec, w.post_ffn_norm.as_ref(), &s.delta, step);

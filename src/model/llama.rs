@@ -37,6 +37,6 @@ pub fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
     } = *step;
     qkv_projections(rec, step);
     rotate_and_attend(rec, step, &cfg.rope, None, None);
-    project_into_residual(rec, step, &w.wo, &s.attn);
+    project_into_residual(rec, step, &w.attention().wo, &s.attn);
     feed_forward(rec, step, Activation::Silu, FeedForwardOut::Residual);
 }

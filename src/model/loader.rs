@@ -193,8 +193,21 @@ impl<'a> Loader<'a> {
 
     /// The values of vector `name` of `len` elements (F32 or F16), on the host.
     pub async fn vector_values(&mut self, name: &str, len: u32) -> Result<Vec<f32>, ModelError> {
+        self.f32_values(name, &[u64::from(len)]).await
+    }
+
+    /// A small f32 or f16 table of `rows` rows of `cols` (LFM2's convolution taps), as one
+    /// f32 vector in row order.
+    pub async fn table(&mut self, name: &str, cols: u32, rows: u32) -> Result<Vector, ModelError> {
+        let values = self
+            .f32_values(name, &[u64::from(cols), u64::from(rows)])
+            .await?;
+        Ok(self.upload_vector(name, &values))
+    }
+
+    async fn f32_values(&mut self, name: &str, shape: &[u64]) -> Result<Vec<f32>, ModelError> {
         let info = self.info(name)?;
-        expect_shape(info, &[u64::from(len)])?;
+        expect_shape(info, shape)?;
         let bytes = self.source.read_range(info.offset, info.bytes).await?;
         let values: Vec<f32> = match info.ggml_type {
             GgmlType::F32 => bytemuck::pod_collect_to_vec(&bytes),

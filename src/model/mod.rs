@@ -10,11 +10,13 @@ pub mod config;
 pub mod decode;
 pub mod fit;
 pub mod gemma3;
+pub mod lfm2;
 pub mod llama;
 pub mod loader;
 mod masked;
 pub mod open;
 pub mod qwen2;
+pub mod qwen3;
 mod scratch;
 pub mod stage;
 pub mod weights;
@@ -32,7 +34,13 @@ use crate::ops::attention::KvCache;
 
 /// Every architecture the engine computes. Adding one is its file, its `mod` line above and
 /// its entry here (docs/ARCHITECTURE.md, "Adding an architecture").
-pub const ARCHITECTURES: &[&Architecture] = &[&llama::LLAMA, &qwen2::QWEN2, &gemma3::GEMMA3];
+pub const ARCHITECTURES: &[&Architecture] = &[
+    &llama::LLAMA,
+    &qwen2::QWEN2,
+    &gemma3::GEMMA3,
+    &qwen3::QWEN3,
+    &lfm2::LFM2,
+];
 
 /// The architecture `general.architecture` names, if the engine computes it.
 pub fn architecture(name: &str) -> Option<&'static Architecture> {

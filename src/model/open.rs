@@ -51,8 +51,13 @@ impl OpenModel {
 
     /// The tensors a stage of `spec` needs: only its layers, plus the edges it holds.
     pub fn tensor_plan(&self, spec: &StageSpec) -> TensorPlan {
-        let names =
-            stage_tensor_names(&self.header, spec.layers.clone(), spec.embedding, spec.head);
+        let names = stage_tensor_names(
+            &self.header,
+            &self.cfg,
+            spec.layers.clone(),
+            spec.embedding,
+            spec.head,
+        );
         let bytes = names
             .iter()
             .filter_map(|name| self.header.tensor(name))

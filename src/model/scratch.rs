@@ -34,6 +34,9 @@ pub struct Scratch {
     /// A masked top-k's ids, then (copied after them for one readback) its values.
     pub top_ids: wgpu::Buffer,
     pub top_values: wgpu::Buffer,
+    /// A short-convolution block's B, C and x, `[tokens, 3 · d_model]` (LFM2; 4 bytes for
+    /// models without one).
+    pub mixer: wgpu::Buffer,
 }
 
 impl Scratch {
@@ -50,6 +53,7 @@ impl Scratch {
             + u64::from(one_token)
             + u64::from(HEAD_ROWS) * u64::from(head)
             + u64::from(selection))
+            + mixer_bytes(cfg, max_batch)
     }
 
     pub fn new(gpu: &Gpu, cfg: &ModelConfig, max_batch: u32) -> Scratch {
@@ -77,6 +81,14 @@ impl Scratch {
             allowed: storage_buffer(gpu, "allowed", u64::from(mask_words(cfg.vocab)) * 4),
             top_ids: storage_buffer(gpu, "top ids", u64::from(2 * MAX_TOP_K) * 4),
             top_values: storage_buffer(gpu, "top values", u64::from(MAX_TOP_K) * 4),
+            mixer: storage_buffer(gpu, "mixer", mixer_bytes(cfg, max_batch)),
         }
+    }
+}
+
+fn mixer_bytes(cfg: &ModelConfig, max_batch: u32) -> u64 {
+    match cfg.short_conv {
+        Some(_) => u64::from(max_batch) * 3 * u64::from(cfg.d_model) * 4,
+        None => 4,
     }
 }

@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use crate::gguf::RangeSource;
 use crate::gpu::{DispatchGraph, Gpu, Recorder};
 use crate::ops::attention::KvCache;
+use crate::ops::short_conv::ShortConvState;
 use crate::ops::{norm, quant, select};
 
 use super::config::ModelConfig;
@@ -40,6 +41,19 @@ impl StageSpec {
             max_batch: default_max_batch(gpu),
         }
     }
+}
+
+/// A sequence's cache for a stage: keys and values of its layers, and the state of its
+/// short-convolution blocks where the model has them.
+fn new_cache(gpu: &Gpu, cfg: &ModelConfig, spec: &StageSpec) -> Result<KvCache, ModelError> {
+    let layers = spec.layers.len() as u32;
+    let mut cache = KvCache::new(gpu, layers, spec.max_context, cfg.n_kv_heads, cfg.head_dim)?;
+    if let Some(layout) = &cfg.short_conv {
+        let blocks = layout.count(spec.layers.clone());
+        let state = ShortConvState::new(gpu, blocks, spec.max_context, cfg.d_model)?;
+        cache.short_conv = Some(state);
+    }
+    Ok(cache)
 }
 
 /// Prompt tokens per forward: a GPU fills its cores only with long chunks (512 prefills
@@ -109,13 +123,7 @@ impl Stage {
             layers.push(LayerWeights::load(&mut loader, &cfg, layer).await?);
         }
         loader.flush();
-        let cache = KvCache::new(
-            &gpu,
-            spec.layers.len() as u32,
-            spec.max_context,
-            cfg.n_kv_heads,
-            cfg.head_dim,
-        )?;
+        let cache = new_cache(&gpu, &cfg, &spec)?;
         let scratch = Scratch::new(&gpu, &cfg, spec.max_batch);
         Ok(Stage {
             gpu,
@@ -360,13 +368,7 @@ impl Stage {
     /// A fresh, empty KV cache shaped like this stage's own, so a host serving several
     /// sequences can keep one per sequence and swap it in (`swap_kv_cache`) before each call.
     pub fn new_kv_cache(&self) -> Result<KvCache, ModelError> {
-        Ok(KvCache::new(
-            &self.gpu,
-            self.spec.layers.len() as u32,
-            self.spec.max_context,
-            self.cfg.n_kv_heads,
-            self.cfg.head_dim,
-        )?)
+        new_cache(&self.gpu, &self.cfg, &self.spec)
     }
 
     /// Makes `cache` the one forward calls read and write, and returns the previous one.

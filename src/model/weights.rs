@@ -11,10 +11,10 @@ use super::ModelError;
 #[derive(Debug)]
 pub struct LayerWeights {
     pub attn_norm: Vector,
-    pub wq: Matrix,
-    pub wk: Matrix,
-    pub wv: Matrix,
-    pub wo: Matrix,
+    /// The attention projections; `None` in a short-convolution block (`short_conv`).
+    pub attention: Option<AttentionMatrices>,
+    /// A gated short-convolution block's weights (LFM2), in place of attention.
+    pub short_conv: Option<ShortConvWeights>,
     /// The q/k/v biases (`BlockTensors::qkv_bias`), for prefill.
     pub bq: Option<Vector>,
     pub bk: Option<Vector>,
@@ -32,6 +32,32 @@ pub struct LayerWeights {
     pub w_gate: Matrix,
     pub w_up: Matrix,
     pub w_down: Matrix,
+}
+
+#[derive(Debug)]
+pub struct AttentionMatrices {
+    pub wq: Matrix,
+    pub wk: Matrix,
+    pub wv: Matrix,
+    pub wo: Matrix,
+}
+
+/// `shortconv.in_proj` (d → B, C, x), the convolution's taps `[d][L]` and `out_proj`.
+#[derive(Debug)]
+pub struct ShortConvWeights {
+    pub in_proj: Matrix,
+    pub conv: Vector,
+    pub out_proj: Matrix,
+}
+
+impl LayerWeights {
+    /// The attention projections of an attention block.
+    pub fn attention(&self) -> &AttentionMatrices {
+        // The block kinds of the weights and of the forward both come from the config.
+        self.attention
+            .as_ref()
+            .expect("an attention block's weights hold its projections")
+    }
 }
 
 /// Embedding (first stage) and final norm plus output head (last stage).
@@ -62,6 +88,9 @@ impl LayerWeights {
         let (d, q, kv, ff) = (cfg.d_model, cfg.q_dim(), cfg.kv_dim(), cfg.ff_dim);
         let name = |n: &str| layer_tensor(layer, n);
         let reads = cfg.arch.block_tensors;
+        if let Some(layout) = cfg.short_conv.as_ref().filter(|l| l.is_conv(layer)) {
+            return LayerWeights::load_short_conv(loader, cfg, layer, layout.kernel_len).await;
+        }
         if reads.qk_norm && loader.has(&name("attn_q_norm")) != loader.has(&name("attn_k_norm")) {
             return Err(ModelError::Tensor {
                 tensor: name("attn_q_norm"),
@@ -94,10 +123,8 @@ impl LayerWeights {
             .expect("gate, up");
         Ok(LayerWeights {
             attn_norm,
-            wq,
-            wk,
-            wv,
-            wo,
+            attention: Some(AttentionMatrices { wq, wk, wv, wo }),
+            short_conv: None,
             bq,
             bk,
             bv,
@@ -111,6 +138,50 @@ impl LayerWeights {
             w_down: loader.matrix(&name("ffn_down"), ff, d).await?,
             post_ffn_norm: optional_vector(loader, &name("post_ffw_norm"), d, reads.post_norms)
                 .await?,
+        })
+    }
+}
+
+impl LayerWeights {
+    /// A short-convolution block: its norms, `shortconv.*` and the feed-forward.
+    async fn load_short_conv(
+        loader: &mut Loader<'_>,
+        cfg: &ModelConfig,
+        layer: u32,
+        kernel_len: u32,
+    ) -> Result<LayerWeights, ModelError> {
+        let (d, ff) = (cfg.d_model, cfg.ff_dim);
+        let name = |n: &str| layer_tensor(layer, n);
+        let attn_norm = loader.vector(&name("attn_norm"), d).await?;
+        let short_conv = ShortConvWeights {
+            in_proj: loader.matrix(&name("shortconv.in_proj"), d, 3 * d).await?,
+            conv: loader.table(&name("shortconv.conv"), kernel_len, d).await?,
+            out_proj: loader.matrix(&name("shortconv.out_proj"), d, d).await?,
+        };
+        let ffn_norm = loader.vector(&name("ffn_norm"), d).await?;
+        let [gate_name, up_name] = ["ffn_gate", "ffn_up"].map(name);
+        let ffn = [(gate_name.as_str(), ff), (&up_name, ff)];
+        let [w_gate, w_up]: [Matrix; 2] = loader
+            .matrices(&ffn, d)
+            .await?
+            .try_into()
+            .expect("gate, up");
+        Ok(LayerWeights {
+            attn_norm,
+            attention: None,
+            short_conv: Some(short_conv),
+            bq: None,
+            bk: None,
+            bv: None,
+            qkv_bias: None,
+            q_norm: None,
+            k_norm: None,
+            post_attn_norm: None,
+            post_ffn_norm: None,
+            ffn_norm,
+            w_gate,
+            w_up,
+            w_down: loader.matrix(&name("ffn_down"), ff, d).await?,
         })
     }
 }
@@ -134,7 +205,7 @@ impl EdgeWeights {
                 head: None,
             });
         }
-        let output_norm = Some(loader.vector("output_norm.weight", d).await?);
+        let output_norm = Some(loader.vector(cfg.output_norm, d).await?);
         // A tied head reads the embedding matrix; a stage holding both loads it once.
         let head = match (loader.has("output.weight"), &embedding) {
             (true, _) => Some(loader.matrix("output.weight", d, vocab).await?),
@@ -197,6 +268,7 @@ async fn optional_vector(
 /// Names of every tensor a stage over `layers` needs, to size progress and downloads.
 pub fn stage_tensor_names(
     header: &crate::gguf::Header,
+    cfg: &ModelConfig,
     layers: std::ops::Range<u32>,
     embedding: bool,
     head: bool,
@@ -215,7 +287,7 @@ pub fn stage_tensor_names(
         .filter(|name| {
             in_layers(name)
                 || (embedding && *name == "token_embd.weight")
-                || (head && (*name == "output_norm.weight" || *name == "output.weight"))
+                || (head && (*name == cfg.output_norm || *name == "output.weight"))
                 || (head && tied && *name == "token_embd.weight")
         })
         .map(str::to_string)

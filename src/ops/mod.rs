@@ -5,3 +5,4 @@ pub mod norm;
 pub mod quant;
 pub mod rope;
 pub mod select;
+pub mod short_conv;

@@ -18,6 +18,10 @@ pub const QWEN25: (&str, &str) = (
     "qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf",
 );
 pub const GEMMA3: (&str, &str) = ("gemma-3-270m-q4_k_m", "gemma-3-270m-q4_k_m.gguf");
+/// Small seeded-random models of real families (`.ci/build_tiny_model.sh`); their goldens are
+/// in this repository's `tests/goldens/`.
+pub const TINY_QWEN3: (&str, &str) = ("tiny-qwen3-f16", "tiny-qwen3.F16.gguf");
+pub const TINY_LFM2: (&str, &str) = ("tiny-lfm2-f16", "tiny-lfm2.F16.gguf");
 
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -46,8 +50,15 @@ pub fn goldens_dir() -> PathBuf {
     dir
 }
 
+/// A model's generation goldens: the repository's own (`tests/goldens/`, for the models it
+/// builds) or the shared ones.
 pub fn read_goldens(model: &str) -> serde_json::Value {
-    let path = goldens_dir().join(format!("{model}.generate.json"));
+    let name = format!("{model}.generate.json");
+    let local = repo_root().join("tests/goldens").join(&name);
+    let path = match local.is_file() {
+        true => local,
+        false => goldens_dir().join(&name),
+    };
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).expect("goldens are JSON")
 }

@@ -8,6 +8,7 @@
 use std::sync::Mutex;
 
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder};
+use crate::ops::short_conv::ShortConvState;
 
 const KV_WRITE: Kernel = Kernel {
     name: "kv_write",
@@ -35,6 +36,9 @@ pub struct KvCache {
     pub layer_stride: u64,
     /// Partial results of split decode attention, reused by every call (grown on demand).
     pub(super) scratch: Mutex<Option<DecodeScratch>>,
+    /// The sequence's short-convolution state where the model has such blocks (LFM2): kept
+    /// with the keys and values so that whoever holds a sequence's cache holds all of it.
+    pub short_conv: Option<ShortConvState>,
 }
 
 /// Partial (max, sum) statistics and weighted value sums of split decode attention.
@@ -96,6 +100,7 @@ impl KvCache {
             layers_per_buffer,
             layer_stride,
             scratch: Mutex::new(None),
+            short_conv: None,
         })
     }
 
