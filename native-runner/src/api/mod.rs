@@ -158,7 +158,8 @@ pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
             embedders.push(handle.context("starting an embedding worker")?);
         }
         if !encoder {
-            let handle = ModelHandle::start(name.clone(), load, queue, args.parallel, failed.clone());
+            let handle =
+                ModelHandle::start(name.clone(), load, queue, args.parallel, failed.clone());
             models.push(handle.context("starting the model workers")?);
         }
     }
