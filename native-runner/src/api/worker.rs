@@ -222,13 +222,15 @@ fn default_parallel(engine: &Engine) -> usize {
     default_slots(slot_bytes, budget, most)
 }
 
-/// The default KV budgets and slot counts: on a CPU adapter a batched step costs more than
-/// its rows' single steps (docs/perf.md, "Continuous batching on lavapipe"), so one slot; a
-/// GPU's step costs about the same up to dozens of rows.
+/// The default KV budgets and slot counts: one slot everywhere for now. On a CPU adapter a
+/// batched step costs more than its rows' single steps (docs/perf.md, "Continuous batching on
+/// lavapipe"), and on the H200 the batched step (per-row attention dispatches, every row's
+/// logits read back) gave less aggregate tok/s at 4-64 streams than one slot
+/// (docs/perf.md, "Serving on the H200, session 7"): `--parallel N` opts in.
 const KV_BUDGET_ON_CPU: u64 = 1 << 30;
 const MOST_SLOTS_ON_CPU: usize = 1;
 const KV_BUDGET_ON_GPU: u64 = 16 << 30;
-const MOST_SLOTS_ON_GPU: usize = 32;
+const MOST_SLOTS_ON_GPU: usize = 1;
 
 /// A constrained job, alone on the engine (its own cache, not the pool's).
 pub(super) async fn run_alone(engine: &mut Engine, job: &Job, metrics: &ModelMetrics) -> Event {
