@@ -10,12 +10,9 @@
 
 mod cause;
 mod driver;
-#[cfg(not(target_arch = "wasm32"))]
-mod signaller;
 mod spawn;
 
 use std::collections::HashSet;
-use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,8 +118,7 @@ impl WebRtcTransport {
             signal_url: signal_url.to_string(),
             room: room.to_string(),
         })?;
-        let builder = spawn::checked_signals(WebRtcSocket::builder(url.clone()));
-        let (mut socket, message_loop) = builder
+        let (mut socket, message_loop) = WebRtcSocket::builder(url.clone())
             .ice_server(RtcIceServerConfig {
                 urls: config.ice_urls.clone(),
                 username: config.ice_username.clone(),
@@ -136,15 +132,10 @@ impl WebRtcTransport {
         let (ended_sender, mut ended) = oneshot::channel();
         let loop_url = url.clone();
         spawn::spawn(async move {
-            // A panic inside matchbox ends this socket only, as an error: its links close and
-            // `recv` says the transport is closed; the runner goes on.
-            let result = match AssertUnwindSafe(message_loop).catch_unwind().await {
-                Ok(result) => result.map_err(|error| describe(&error)),
-                Err(panic) => Err(format!("matchbox panicked: {}", panic_text(&panic))),
-            };
+            let result = message_loop.await;
             // Once `connect` has returned, nobody listens: say why the socket ended.
-            if let Err(Err(reason)) = ended_sender.send(result) {
-                tracing::warn!("WebRTC socket for {loop_url} ended: {reason}");
+            if let Err(Err(error)) = ended_sender.send(result) {
+                tracing::warn!("WebRTC socket for {loop_url} ended: {}", describe(&error));
             }
         })?;
 
@@ -332,10 +323,10 @@ async fn wait_for_id(socket: &mut WebRtcSocket) -> matchbox_socket::PeerId {
 /// Why matchbox's socket ended before we were admitted.
 fn connect_error(
     url: &str,
-    result: Result<Result<(), String>, oneshot::Canceled>,
+    result: Result<Result<(), matchbox_socket::Error>, oneshot::Canceled>,
 ) -> TransportError {
     let reason = match result {
-        Ok(Err(reason)) => reason,
+        Ok(Err(error)) => describe(&error),
         Ok(Ok(())) | Err(oneshot::Canceled) => {
             "the socket closed before the server assigned an id".to_string()
         }
@@ -356,13 +347,4 @@ fn describe(error: &matchbox_socket::Error) -> String {
             format!("disconnected: {}", cause::signaling_cause(cause))
         }
     }
-}
-
-/// A panic's message, when it has one.
-fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> &str {
-    panic
-        .downcast_ref::<&str>()
-        .copied()
-        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
-        .unwrap_or("(no message)")
 }
