@@ -8,7 +8,7 @@ export async function typesCheck(engine: OpenAIEngine): Promise<string[]> {
     response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object' } } },
   });
   const text: Completion = await engine.completions.create({ prompt: 'Once', max_tokens: 4 });
-  const pieces: string[] = [whole.choices[0].message.content, text.choices[0].text, String(whole.usage.total_tokens)];
+  const pieces: string[] = [whole.choices[0].message.content ?? '', text.choices[0].text, String(whole.usage.total_tokens)];
   for await (const chunk of await engine.chat.completions.create({ messages: [], stream: true })) {
     pieces.push(chunk.choices[0]?.delta.content ?? '');
   }
