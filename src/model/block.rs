@@ -338,3 +338,21 @@ pub(super) fn feed_forward(
         elementwise::add_in_place(rec, &s.hidden, &s.delta, tokens * cfg.d_model);
     }
 }
+
+/// Attention with per-head q and k RMSNorms before rope where the layer has them (qwen3,
+/// lfm2's attention blocks), into the residual.
+pub(super) fn qk_normed_attention(rec: &mut Recorder, step: &LayerStep) {
+    let LayerStep {
+        cfg,
+        weights: w,
+        scratch: s,
+        ..
+    } = *step;
+    qkv_projections(rec, step);
+    let norms = match (&w.q_norm, &w.k_norm) {
+        (Some(q), Some(k)) => Some(QkNorms { q, k }),
+        _ => None,
+    };
+    rotate_and_attend(rec, step, &cfg.rope, norms, None);
+    project_into_residual(rec, step, &w.attention().wo, &s.attn);
+}

@@ -20,10 +20,7 @@ use crate::ops::short_conv::{self, ShortConvCall, MAX_KERNEL_LEN};
 use crate::ops::{norm, quant};
 
 use super::arch::{unscaled_embedding, Architecture, BlockTensors, RopeLayout};
-use super::block::{
-    feed_forward, project_into_residual, qkv_projections, rotate_and_attend, FeedForwardOut,
-    QkNorms,
-};
+use super::block::{feed_forward, project_into_residual, qk_normed_attention, FeedForwardOut};
 use super::config::{ConfigError, ModelConfig, ShortConvLayout};
 use super::LayerStep;
 
@@ -81,25 +78,9 @@ fn configure(meta: &Metadata, mut cfg: ModelConfig) -> Result<ModelConfig, Confi
 fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
     match &step.cfg.short_conv {
         Some(layout) if layout.is_conv(step.layer) => short_conv_block(rec, step, layout),
-        _ => attention_block(rec, step),
+        _ => qk_normed_attention(rec, step),
     }
     feed_forward(rec, step, Activation::Silu, FeedForwardOut::Residual);
-}
-
-fn attention_block(rec: &mut Recorder, step: &LayerStep) {
-    let LayerStep {
-        cfg,
-        weights: w,
-        scratch: s,
-        ..
-    } = *step;
-    qkv_projections(rec, step);
-    let norms = match (&w.q_norm, &w.k_norm) {
-        (Some(q), Some(k)) => Some(QkNorms { q, k }),
-        _ => None,
-    };
-    rotate_and_attend(rec, step, &cfg.rope, norms, None);
-    project_into_residual(rec, step, &w.attention().wo, &s.attn);
 }
 
 /// `x += Wout · (C ⊙ conv(B ⊙ x'))`: in_proj into `mixer` (the norm fused for one token),

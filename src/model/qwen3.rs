@@ -11,10 +11,7 @@ use crate::gpu::Recorder;
 use crate::ops::elementwise::Activation;
 
 use super::arch::{common_keys_only, unscaled_embedding, Architecture, BlockTensors, RopeLayout};
-use super::block::{
-    feed_forward, project_into_residual, qkv_projections, rotate_and_attend, FeedForwardOut,
-    QkNorms,
-};
+use super::block::{feed_forward, qk_normed_attention, FeedForwardOut};
 use super::LayerStep;
 
 pub const QWEN3: Architecture = Architecture {
@@ -31,18 +28,6 @@ pub const QWEN3: Architecture = Architecture {
 };
 
 fn forward_layer(rec: &mut Recorder, step: &LayerStep) {
-    let LayerStep {
-        cfg,
-        weights: w,
-        scratch: s,
-        ..
-    } = *step;
-    qkv_projections(rec, step);
-    let norms = match (&w.q_norm, &w.k_norm) {
-        (Some(q), Some(k)) => Some(QkNorms { q, k }),
-        _ => None,
-    };
-    rotate_and_attend(rec, step, &cfg.rope, norms, None);
-    project_into_residual(rec, step, &w.attention().wo, &s.attn);
+    qk_normed_attention(rec, step);
     feed_forward(rec, step, Activation::Silu, FeedForwardOut::Residual);
 }
