@@ -111,6 +111,38 @@ async fn many_streams(server: &ApiServer) {
         served < CLIENTS,
         "a queue of {QUEUE} refused none of {CLIENTS}"
     );
+    wait_idle(server).await;
+}
+
+/// Waits until the jobs of clients that left have drained: a departed client's queued job
+/// still runs to its first token before it is cancelled, so a request sent at once could
+/// meet a full queue (503) on a slow machine. Draining must take seconds, not minutes.
+async fn wait_idle(server: &ApiServer) {
+    let client = Client::new();
+    let model = &server.model;
+    let idle = [
+        format!("webshard_queue_depth{{model=\"{model}\"}} 0"),
+        format!("webshard_batch_size{{model=\"{model}\"}} 0"),
+    ];
+    let start = std::time::Instant::now();
+    loop {
+        let metrics = client
+            .get(server.url("metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        if idle.iter().all(|line| metrics.contains(line.as_str())) {
+            return;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "the departed clients' jobs did not drain in 60 s:\n{metrics}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
 }
 
 async fn bad_requests(server: &ApiServer) {
