@@ -150,12 +150,14 @@ pub(super) fn rotate_and_attend(
         eps: cfg.rms_eps,
     });
     let (start, rope) = (step.start_pos, rope_params);
-    if attention::rope_attention_supported(rec.gpu(), &params) {
+    // The fused kernel has no binding left for frequency factors: scaled RoPE takes rope_store.
+    let scaling = step.rope_scaling.as_ref();
+    if scaling.is_none() && attention::rope_attention_supported(rec.gpu(), &params) {
         let norms = head_norms.as_ref();
         attention::rope_attention_decode(rec, &target, norms, start, rope, &params, &s.attn);
         return;
     }
-    rope::rope_store(rec, &target, head_norms.as_ref(), 1, start, rope);
+    rope::rope_store_scaled(rec, &target, head_norms.as_ref(), scaling, 1, start, rope);
     attention::attention(
         rec,
         &s.qkv,
@@ -180,14 +182,17 @@ fn rotate_prompt(
         head_norm(rec, &s.q, norms.q, tokens * cfg.n_heads, step);
         head_norm(rec, &s.k, norms.k, tokens * cfg.n_kv_heads, step);
     }
-    rope::rope(rec, &s.q, tokens, cfg.n_heads, step.start_pos, rope_params);
-    rope::rope(
+    let scaling = step.rope_scaling.as_ref();
+    let start = step.start_pos;
+    rope::rope_scaled(rec, &s.q, tokens, cfg.n_heads, start, rope_params, scaling);
+    rope::rope_scaled(
         rec,
         &s.k,
         tokens,
         cfg.n_kv_heads,
-        step.start_pos,
+        start,
         rope_params,
+        scaling,
     );
     attention::kv_write(
         rec,

@@ -12,6 +12,7 @@ pub mod gemma3;
 pub mod llama;
 pub mod loader;
 pub mod open;
+pub mod phi3;
 pub mod qwen2;
 mod scratch;
 pub mod stage;
@@ -30,7 +31,8 @@ use crate::ops::attention::KvCache;
 
 /// Every architecture the engine computes. Adding one is its file, its `mod` line above and
 /// its entry here (docs/ARCHITECTURE.md, "Adding an architecture").
-pub const ARCHITECTURES: &[&Architecture] = &[&llama::LLAMA, &qwen2::QWEN2, &gemma3::GEMMA3];
+pub const ARCHITECTURES: &[&Architecture] =
+    &[&llama::LLAMA, &qwen2::QWEN2, &gemma3::GEMMA3, &phi3::PHI3];
 
 /// The architecture `general.architecture` names, if the engine computes it.
 pub fn architecture(name: &str) -> Option<&'static Architecture> {
@@ -91,4 +93,6 @@ pub struct LayerStep<'a> {
     pub layer: u32,
     pub start_pos: u32,
     pub tokens: u32,
+    /// The model's RoPE frequency factors and magnitude, where it has them (Llama 3, Phi-3).
+    pub rope_scaling: Option<crate::ops::rope::RopeScaling<'a>>,
 }
