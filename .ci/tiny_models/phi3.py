@@ -35,7 +35,7 @@ CONFIG = {
 }
 SEED = 1304
 INIT_STD = 0.08
-OUTPUT_SCALE = 10.0
+OUTPUT_SCALE = 5.5
 TOKENIZER_GGUF = (
     "qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf",
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
