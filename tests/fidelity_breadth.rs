@@ -24,13 +24,13 @@ const TINY: Coverage = Coverage {
 #[test]
 fn tiny_llama3_matches_llama_cpp() {
     pollster::block_on(check_model(
-        "tiny-llama3-q8_0",
-        "tiny-llama3.Q8_0.gguf",
+        "tiny-llama3-f16",
+        "tiny-llama3.F16.gguf",
         &TINY,
     ));
 }
 
 #[test]
 fn tiny_phi3_matches_llama_cpp() {
-    pollster::block_on(check_model("tiny-phi3-q8_0", "tiny-phi3.Q8_0.gguf", &TINY));
+    pollster::block_on(check_model("tiny-phi3-f16", "tiny-phi3.F16.gguf", &TINY));
 }

@@ -35,13 +35,18 @@ CONFIG = {
 }
 SEED = 1304
 INIT_STD = 0.08
-OUTPUT_SCALE = 5.5
+# Logits ~35: the goldens' median top-1 margin stays above 1.0.
+OUTPUT_SCALE = 6.0
 TOKENIZER_GGUF = (
     "qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf",
     "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
 )
 TOKENIZER_CLASS = "GPT2Tokenizer"
-OUTTYPE = "q8_0"
+# F16, not Q8_0: against Q8_0 weights llama.cpp's CPU backend quantizes the activations to
+# Q8_0 too, which moved the goldens' logits by ~0.3 from exact arithmetic (webshard and a
+# float64 reference agree within ~0.01) and flipped top-1s at margins up to 0.72. F16 goldens
+# are within ~0.02 of the float64 reference.
+OUTTYPE = "f16"
 
 
 def final_norm(model):
