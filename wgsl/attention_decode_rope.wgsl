@@ -104,7 +104,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let rotate = pair < pairs;
         var turn = vec2<f32>(1.0, 0.0);
         if (rotate) {
-            turn = pair_turn(pos, pair, params.theta_scale, params.freq_scale);
+            turn = pair_turn(pos, pair, params.theta_scale, params.freq_scale, 1.0, 1.0);
         }
         let q = turned_if(normed_pair(q_base, dims, q_scale, true), turn, rotate);
         rotated_q[dims.x] = q.x;

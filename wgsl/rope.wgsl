@@ -25,10 +25,27 @@ struct Params {
     q_offset: u32,
     k_offset: u32,
     v_offset: u32,
+    // 1: pair i's angle is divided by freq_factors[i] (Llama 3's rope_freqs, Phi-3's long or
+    // short factors), as ggml's freq_factors; 0: factor 1, freq_factors unread.
+    scaled: u32,
+    // Magnitude of cos and sin (ggml's attn_factor, Phi-3's long-context factor); 1 without.
+    mscale: f32,
+    pad0: u32,
+    pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read> freq_factors: array<f32>;
+
+// (cos, sin) of `pair` at `pos` with this dispatch's frequency factor and magnitude.
+fn scaled_turn(pos: u32, pair: u32) -> vec2<f32> {
+    var factor = 1.0;
+    if (params.scaled == 1u) {
+        factor = freq_factors[pair];
+    }
+    return pair_turn(pos, pair, params.theta_scale, params.freq_scale, factor, params.mscale);
+}
 
 @compute @workgroup_size(WG)
 fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
@@ -40,7 +57,7 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let pair = index % pairs;
     let token_head = index / pairs;
     let token = token_head / params.heads;
-    let turn = pair_turn(params.start_pos + token, pair, params.theta_scale, params.freq_scale);
+    let turn = scaled_turn(params.start_pos + token, pair);
     let dims = token_head * params.head_dim + pair_dims(pair, pairs, params.neox != 0u);
     let values = turned(vec2<f32>(x[dims.x], x[dims.y]), turn);
     x[dims.x] = values.x;
@@ -54,8 +71,8 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
 // with their per-head weights, as rms_norm computes it. The rotation is the rope entry's.
 // With PACKED = 1, k and v are sections of x's buffer (a decode step's q/k/v land in one), read
 // through x: WebGPU refuses a buffer bound twice in a dispatch when one binding is writable.
-@group(0) @binding(2) var<storage, read> k_new: array<f32>;
-@group(0) @binding(3) var<storage, read> v_new: array<f32>;
+@group(0) @binding(3) var<storage, read> k_new: array<f32>;
+@group(0) @binding(4) var<storage, read> v_new: array<f32>;
 
 fn k_at(i: u32) -> f32 {
     if (PACKED == 1u) {
@@ -70,10 +87,10 @@ fn v_at(i: u32) -> f32 {
     }
     return v_new[params.v_offset + i];
 }
-@group(0) @binding(4) var<storage, read_write> k_cache: array<f32>;
-@group(0) @binding(5) var<storage, read_write> v_cache: array<f32>;
-@group(0) @binding(6) var<storage, read> q_norm: array<f32>;
-@group(0) @binding(7) var<storage, read> k_norm: array<f32>;
+@group(0) @binding(5) var<storage, read_write> k_cache: array<f32>;
+@group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
+@group(0) @binding(7) var<storage, read> q_norm: array<f32>;
+@group(0) @binding(8) var<storage, read> k_norm: array<f32>;
 
 // A q row's value d, normalised when asked.
 fn q_value(base: u32, d: u32, scale: f32) -> f32 {
@@ -131,7 +148,7 @@ fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation
         let x1 = select(k_value(base, dims.y, scale), q_value(base, dims.y, scale), is_q);
         var results = vec2<f32>(x0, x1);
         if (pair < pairs) {
-            results = turned(results, pair_turn(pos, pair, params.theta_scale, params.freq_scale));
+            results = turned(results, scaled_turn(pos, pair));
         }
         if (is_q) {
             x[params.q_offset + base + dims.x] = results.x;

@@ -11,6 +11,8 @@ SPEC.py (one per architecture, beside this file) defines:
   OUTPUT_SCALE   the final norm's weight: scales the logits so next tokens are clear winners
   TOKENIZER_GGUF (file name in MODELS_DIR, sha256) whose tokenizer the model takes
   OUTTYPE        convert_hf_to_gguf.py's --outtype
+
+and may define TOKENIZER_CLASS, the tokenizer_config.json class its converter expects.
 Only the tokenizer kinds below are known; a new kind is a new writer here.
 """
 
@@ -127,6 +129,13 @@ def main():
     if kind not in TOKENIZER_WRITERS:
         raise SystemExit(f"make_hf: no writer for {kind!r} tokenizers")
     TOKENIZER_WRITERS[kind](fields, out_dir)
+
+    if tokenizer_class := getattr(spec, "TOKENIZER_CLASS", None):
+        # The class name the converter of some architectures reads (Phi-3: GPT2Tokenizer).
+        config_path = out_dir / "tokenizer_config.json"
+        config = json.loads(config_path.read_text())
+        config["tokenizer_class"] = tokenizer_class
+        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False))
     write_model(spec, out_dir)
     (out_dir / "outtype").write_text(spec.OUTTYPE)
 

@@ -80,6 +80,7 @@ impl Stage {
                 start_pos: rows[0].position,
                 tokens: rows.len() as u32,
                 rows: (!single).then_some(rows),
+                rope_scaling: self.rope_scaling(),
             };
             (self.cfg.arch.forward_layer)(rec, &step);
         }

@@ -156,12 +156,14 @@ pub(super) fn rotate_and_attend(
         eps: cfg.rms_eps,
     });
     let (start, rope) = (step.start_pos, rope_params);
-    if attention::rope_attention_supported(rec.gpu(), &params) {
+    // The fused kernel has no binding left for frequency factors: scaled RoPE takes rope_store.
+    let scaling = step.rope_scaling.as_ref();
+    if scaling.is_none() && attention::rope_attention_supported(rec.gpu(), &params) {
         let norms = head_norms.as_ref();
         attention::rope_attention_decode(rec, &target, norms, start, rope, &params, &s.attn);
         return;
     }
-    rope::rope_store(rec, &target, head_norms.as_ref(), 1, start, rope);
+    rope::rope_store_scaled(rec, &target, head_norms.as_ref(), scaling, 1, start, rope);
     attention::attention(
         rec,
         &s.qkv,
@@ -214,14 +216,9 @@ fn attend_rows(
             heads: cfg.n_heads,
             kv_heads: cfg.n_kv_heads,
         };
-        rope::rope_store(
-            rec,
-            &target,
-            head_norms.as_ref(),
-            1,
-            row.position,
-            rope_params,
-        );
+        let scaling = step.rope_scaling.as_ref();
+        let norms = head_norms.as_ref();
+        rope::rope_store_scaled(rec, &target, norms, scaling, 1, row.position, rope_params);
         rec.copy(&s.q, u64::from(index) * q_bytes, &s.qkv, 0, q_bytes);
         let (cache, layer) = (row.cache, step.cache_layer);
         attention::attention(rec, &s.qkv, cache, layer, &s.gate, row.position, 1, params);
@@ -241,14 +238,17 @@ fn rotate_prompt(
         head_norm(rec, &s.q, norms.q, tokens * cfg.n_heads, step);
         head_norm(rec, &s.k, norms.k, tokens * cfg.n_kv_heads, step);
     }
-    rope::rope(rec, &s.q, tokens, cfg.n_heads, step.start_pos, rope_params);
-    rope::rope(
+    let scaling = step.rope_scaling.as_ref();
+    let start = step.start_pos;
+    rope::rope_scaled(rec, &s.q, tokens, cfg.n_heads, start, rope_params, scaling);
+    rope::rope_scaled(
         rec,
         &s.k,
         tokens,
         cfg.n_kv_heads,
-        step.start_pos,
+        start,
         rope_params,
+        scaling,
     );
     attention::kv_write(
         rec,

@@ -41,6 +41,11 @@ pub struct ModelConfig {
     pub short_conv: Option<ShortConvLayout>,
     /// The final norm's tensor (LFM2 names it `token_embd_norm.weight`).
     pub output_norm: &'static str,
+    /// `rope.scaling.attn_factor`: the magnitude of RoPE's cos and sin (Phi-3 long context).
+    pub rope_attn_factor: f32,
+    /// `rope.scaling.original_context_length`: the context the model was trained for, past
+    /// which Phi-3 takes its long rope factors (`weights::rope_factors_tensor`).
+    pub rope_original_context: Option<u32>,
 }
 
 /// The layer pattern of a hybrid of short-convolution and attention blocks.
@@ -110,6 +115,10 @@ impl ModelConfig {
             attention_scale: 1.0 / (head_dim as f32).sqrt(),
             short_conv: None,
             output_norm: "output_norm.weight",
+            rope_attn_factor: meta
+                .opt_f32(&key("rope.scaling.attn_factor"))?
+                .unwrap_or(1.0),
+            rope_original_context: meta.opt_u32(&key("rope.scaling.original_context_length"))?,
         };
         (arch.configure)(meta, config)?.validate()
     }
@@ -135,6 +144,12 @@ impl ModelConfig {
                     "head dimension {} must be even and at most 1024",
                     self.head_dim
                 ),
+            ));
+        }
+        if !(self.rope_attn_factor.is_finite() && self.rope_attn_factor > 0.0) {
+            return Err(invalid(
+                "rope.scaling.attn_factor",
+                format!("{} is not a positive factor", self.rope_attn_factor),
             ));
         }
         if self.rope.rope_dims > self.head_dim || self.rope.rope_dims % 2 != 0 {
@@ -184,11 +199,12 @@ fn kv_head_count(meta: &Metadata, key: &str) -> Result<Option<u32>, ConfigError>
     }
 }
 
-/// Linear RoPE scaling where the file asks for it; other scaling types are refused.
+/// Linear RoPE scaling where the file asks for it; `longrope` (Phi-3) scales by its factor
+/// tensors instead (`weights::rope_factors_tensor`); other scaling types are refused.
 pub(crate) fn rope_freq_scale(meta: &Metadata, arch: &str) -> Result<f32, ConfigError> {
     let scaling_key = format!("{arch}.rope.scaling.type");
     match meta.opt_str(&scaling_key)? {
-        None | Some("none") => Ok(1.0),
+        None | Some("none" | "longrope") => Ok(1.0),
         Some("linear") => {
             let factor_key = format!("{arch}.rope.scaling.factor");
             let factor = meta.get_f32(&factor_key)?;
@@ -202,7 +218,7 @@ pub(crate) fn rope_freq_scale(meta: &Metadata, arch: &str) -> Result<f32, Config
         }
         Some(other) => Err(ConfigError::Invalid {
             key: scaling_key,
-            message: format!("RoPE scaling `{other}` is not supported (none, linear)"),
+            message: format!("RoPE scaling `{other}` is not supported (none, linear, longrope)"),
         }),
     }
 }

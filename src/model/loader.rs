@@ -182,6 +182,36 @@ impl<'a> Loader<'a> {
         Ok(matrices)
     }
 
+    /// Loads `name`, a `[cols, sum(rows)]` matrix holding several matrices' rows one after
+    /// another (Phi-3's fused `attn_qkv`, its gate|up in `ffn_up`), as those matrices over one
+    /// tensor: decode then computes them in one dispatch, as for neighbours `matrices` joins.
+    pub async fn split_matrix(
+        &mut self,
+        name: &str,
+        cols: u32,
+        rows: &[u32],
+    ) -> Result<Vec<Matrix>, ModelError> {
+        let total = rows.iter().try_fold(0u32, |sum, &r| sum.checked_add(r));
+        let total = total.ok_or_else(|| ModelError::Tensor {
+            tensor: name.into(),
+            message: "row count overflows".into(),
+        })?;
+        let whole = self.matrix(name, cols, total).await?;
+        let mut row_offset = whole.row_offset;
+        let mut parts = Vec::with_capacity(rows.len());
+        for &part_rows in rows {
+            parts.push(Matrix {
+                weights: whole.weights.clone(),
+                row_offset,
+                quant: whole.quant,
+                cols,
+                rows: part_rows,
+            });
+            row_offset += part_rows;
+        }
+        Ok(parts)
+    }
+
     /// Loads `name`, a vector of `len` elements stored as F32 or F16, as f32.
     pub async fn vector(&mut self, name: &str, len: u32) -> Result<Vector, ModelError> {
         let values = self.vector_values(name, len).await?;

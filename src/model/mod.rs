@@ -15,6 +15,7 @@ pub mod llama;
 pub mod loader;
 mod masked;
 pub mod open;
+pub mod phi3;
 pub mod qwen2;
 pub mod qwen3;
 mod scratch;
@@ -40,6 +41,7 @@ pub const ARCHITECTURES: &[&Architecture] = &[
     &gemma3::GEMMA3,
     &qwen3::QWEN3,
     &lfm2::LFM2,
+    &phi3::PHI3,
 ];
 
 /// The architecture `general.architecture` names, if the engine computes it.
@@ -104,4 +106,6 @@ pub struct LayerStep<'a> {
     /// `Some`: the tokens are one decode step of as many sequences, row `i` at its own
     /// position in its own cache (`batch`); `cache` and `start_pos` are then unused.
     pub rows: Option<&'a [batch::BatchRow<'a>]>,
+    /// The model's RoPE frequency factors and magnitude, where it has them (Llama 3, Phi-3).
+    pub rope_scaling: Option<crate::ops::rope::RopeScaling<'a>>,
 }

@@ -8,14 +8,15 @@ use std::sync::{Arc, Mutex};
 use crate::gguf::RangeSource;
 use crate::gpu::{DispatchGraph, Gpu, Recorder};
 use crate::ops::attention::KvCache;
+use crate::ops::rope::RopeScaling;
 use crate::ops::short_conv::ShortConvState;
 use crate::ops::{norm, quant, select};
 
 use super::config::ModelConfig;
-use super::loader::{LoadOptions, LoadProgress, Loader};
+use super::loader::{LoadOptions, LoadProgress, Loader, Vector};
 use super::open::OpenModel;
 use super::scratch::Scratch;
-use super::weights::{EdgeWeights, LayerWeights};
+use super::weights::{load_rope_factors, EdgeWeights, LayerWeights};
 use super::ModelError;
 
 /// What a stage is asked to hold.
@@ -89,6 +90,8 @@ pub struct Stage {
     pub spec: StageSpec,
     pub(super) layers: Vec<LayerWeights>,
     edges: EdgeWeights,
+    /// RoPE frequency factors of the model (Llama 3, Phi-3), shared by its blocks.
+    rope_factors: Option<Vector>,
     cache: KvCache,
     pub(super) scratch: Scratch,
     /// Bind groups of the step shapes this stage records again and again, by (step, tokens).
@@ -118,6 +121,10 @@ impl Stage {
         let total = model.tensor_plan(&spec).bytes;
         let mut loader = Loader::new(&gpu, source, header, options, total, progress);
         let edges = EdgeWeights::load(&mut loader, &cfg, spec.embedding, spec.head).await?;
+        let rope_factors = match spec.layers.is_empty() {
+            true => None,
+            false => load_rope_factors(&mut loader, &cfg, spec.max_context).await?,
+        };
         let mut layers = Vec::with_capacity(spec.layers.len());
         for layer in spec.layers.clone() {
             layers.push(LayerWeights::load(&mut loader, &cfg, layer).await?);
@@ -131,6 +138,7 @@ impl Stage {
             spec,
             layers,
             edges,
+            rope_factors,
             cache,
             scratch,
             graphs: Mutex::new(HashMap::new()),
@@ -216,9 +224,18 @@ impl Stage {
                 start_pos,
                 tokens,
                 rows: None,
+                rope_scaling: self.rope_scaling(),
             };
             (self.cfg.arch.forward_layer)(rec, &step);
         }
+    }
+
+    /// The RoPE frequency factors and magnitude every block of this stage rotates by, if any.
+    pub(super) fn rope_scaling(&self) -> Option<RopeScaling<'_>> {
+        self.rope_factors.as_ref().map(|f| RopeScaling {
+            factors: &f.buffer,
+            mscale: self.cfg.rope_attn_factor,
+        })
     }
 
     /// Final norm and head over rows `rows` of the residual stream (at most `HEAD_ROWS`),

@@ -98,10 +98,10 @@ impl LayerWeights {
             });
         }
         let attn_norm = loader.vector(&name("attn_norm"), d).await?;
-        let [q_name, k_name, v_name] = ["attn_q", "attn_k", "attn_v"].map(name);
-        let qkv = [(q_name.as_str(), q), (&k_name, kv), (&v_name, kv)];
-        let [wq, wk, wv]: [Matrix; 3] =
-            loader.matrices(&qkv, d).await?.try_into().expect("q, k, v");
+        let [wq, wk, wv]: [Matrix; 3] = attention_projections(loader, layer, [q, kv, kv], d)
+            .await?
+            .try_into()
+            .expect("q, k, v");
         let [bq, bk, bv, qkv_bias] = match reads.qkv_bias {
             true => qkv_biases(loader, layer, [q, kv, kv]).await?,
             false => [None, None, None, None],
@@ -114,10 +114,7 @@ impl LayerWeights {
         let post_attn_norm =
             optional_vector(loader, &name("post_attention_norm"), d, reads.post_norms).await?;
         let ffn_norm = loader.vector(&name("ffn_norm"), d).await?;
-        let [gate_name, up_name] = ["ffn_gate", "ffn_up"].map(name);
-        let ffn = [(gate_name.as_str(), ff), (&up_name, ff)];
-        let [w_gate, w_up]: [Matrix; 2] = loader
-            .matrices(&ffn, d)
+        let [w_gate, w_up]: [Matrix; 2] = gate_and_up(loader, layer, ff, d)
             .await?
             .try_into()
             .expect("gate, up");
@@ -225,6 +222,40 @@ impl EdgeWeights {
     }
 }
 
+/// Wq, Wk and Wv: from the fused `attn_qkv` where the file has it (Phi-3; llama.cpp's
+/// `create_tensor_qkv` accepts either form for every architecture), else their own tensors.
+async fn attention_projections(
+    loader: &mut Loader<'_>,
+    layer: u32,
+    rows: [u32; 3],
+    d: u32,
+) -> Result<Vec<Matrix>, ModelError> {
+    let fused = layer_tensor(layer, "attn_qkv");
+    if loader.has(&fused) {
+        return loader.split_matrix(&fused, d, &rows).await;
+    }
+    let names = ["attn_q", "attn_k", "attn_v"].map(|n| layer_tensor(layer, n));
+    let members: Vec<(&str, u32)> = names.iter().map(String::as_str).zip(rows).collect();
+    loader.matrices(&members, d).await
+}
+
+/// Wgate and Wup: their own tensors, or without `ffn_gate` the fused gate|up of Phi-3's
+/// `ffn_up` (`[d, 2 * ff]`, the gate's rows first, as llama.cpp's swiglu splits it).
+async fn gate_and_up(
+    loader: &mut Loader<'_>,
+    layer: u32,
+    ff: u32,
+    d: u32,
+) -> Result<Vec<Matrix>, ModelError> {
+    let [gate, up] = ["ffn_gate", "ffn_up"].map(|n| layer_tensor(layer, n));
+    if !loader.has(&gate) && loader.has(&up) {
+        return loader.split_matrix(&up, d, &[ff, ff]).await;
+    }
+    loader
+        .matrices(&[(gate.as_str(), ff), (up.as_str(), ff)], d)
+        .await
+}
+
 /// The q, k and v biases (where the file has them) and their concatenation, zeros standing in
 /// for a missing one; all `None` without any.
 async fn qkv_biases(
@@ -265,6 +296,55 @@ async fn optional_vector(
     }
 }
 
+/// Llama 3's per-pair RoPE frequency factors (written by the converter from `rope_scaling`).
+const ROPE_FREQS: &str = "rope_freqs.weight";
+/// Phi-3's factors past and within the original context (`rope.scaling.original_context_length`).
+const ROPE_FACTORS_LONG: &str = "rope_factors_long.weight";
+const ROPE_FACTORS_SHORT: &str = "rope_factors_short.weight";
+const ROPE_FACTOR_TENSORS: [&str; 3] = [ROPE_FREQS, ROPE_FACTORS_LONG, ROPE_FACTORS_SHORT];
+
+/// The RoPE factor tensor a stage with a cache of `max_context` positions uses, as llama.cpp's
+/// `get_rope_factors` chooses it: `rope_freqs` where the file has it, else Phi-3's long factors
+/// when the context is longer than the original one, else its short factors.
+pub fn rope_factors_tensor(
+    has: impl Fn(&str) -> bool,
+    cfg: &ModelConfig,
+    max_context: u32,
+) -> Option<&'static str> {
+    let original = cfg.rope_original_context.unwrap_or(cfg.context_length);
+    let name = match (has(ROPE_FREQS), max_context > original) {
+        (true, _) => ROPE_FREQS,
+        (false, true) => ROPE_FACTORS_LONG,
+        (false, false) => ROPE_FACTORS_SHORT,
+    };
+    has(name).then_some(name)
+}
+
+/// The stage's RoPE frequency factors (rope_dims / 2 of them, each positive), where the file
+/// has them or the model scales cos and sin (then all ones, for the kernels' one scaled path).
+pub async fn load_rope_factors(
+    loader: &mut Loader<'_>,
+    cfg: &ModelConfig,
+    max_context: u32,
+) -> Result<Option<Vector>, ModelError> {
+    let pairs = cfg.rope.rope_dims / 2;
+    let values = match rope_factors_tensor(|n| loader.has(n), cfg, max_context) {
+        Some(name) => {
+            let values = loader.vector_values(name, pairs).await?;
+            if let Some(bad) = values.iter().position(|v| *v <= 0.0) {
+                return Err(ModelError::Tensor {
+                    tensor: name.into(),
+                    message: format!("factor {bad} is {}, not positive", values[bad]),
+                });
+            }
+            values
+        }
+        None if cfg.rope_attn_factor != 1.0 => vec![1.0; pairs as usize],
+        None => return Ok(None),
+    };
+    Ok(Some(loader.upload_vector("rope factors", &values)))
+}
+
 /// Names of every tensor a stage over `layers` needs, to size progress and downloads.
 pub fn stage_tensor_names(
     header: &crate::gguf::Header,
@@ -286,6 +366,7 @@ pub fn stage_tensor_names(
         .map(|t| t.name.as_str())
         .filter(|name| {
             in_layers(name)
+                || (!layers.is_empty() && ROPE_FACTOR_TENSORS.contains(name))
                 || (embedding && *name == "token_embd.weight")
                 || (head && (*name == cfg.output_norm || *name == "output.weight"))
                 || (head && tied && *name == "token_embd.weight")

@@ -1,6 +1,8 @@
-//! Rotary position embedding, as ggml's `rope_f32` without YaRN (ext_factor 0, attn_factor 1).
+//! Rotary position embedding, as ggml's `rope_f32` without YaRN (ext_factor 0), with ggml's
+//! optional per-pair frequency factors and magnitude (`RopeScaling`: Llama 3's `rope_freqs`,
+//! Phi-3's long/short factors and attn_factor).
 //!
-//! llama.cpp's mode by architecture: LLAMA uses the normal layout, QWEN2 and GEMMA3 use NeoX.
+//! llama.cpp's mode by architecture: LLAMA uses the normal layout, QWEN2, GEMMA3 and PHI3 NeoX.
 
 use crate::gpu::{Kernel, Lib, Recorder};
 use crate::ops::attention::KvCache;
@@ -50,6 +52,15 @@ impl RopeParams {
     }
 }
 
+/// What ggml's `rope_ext` adds to `RopeParams` where a model asks for it: pair i's angle is
+/// divided by `factors[i]` (`freq_factors`, rope_dims / 2 f32 values), and cos and sin are
+/// multiplied by `mscale` (`attn_factor`).
+#[derive(Clone, Copy)]
+pub struct RopeScaling<'a> {
+    pub factors: &'a wgpu::Buffer,
+    pub mscale: f32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct RopeUniform {
@@ -69,6 +80,20 @@ struct RopeUniform {
     q_offset: u32,
     k_offset: u32,
     v_offset: u32,
+    scaled: u32,
+    mscale: f32,
+    pad: [u32; 2],
+}
+
+/// The uniform's scaling fields, and the factors binding (a placeholder without scaling).
+fn scaling_fields<'a>(
+    scaling: Option<&RopeScaling<'a>>,
+    placeholder: &'a wgpu::Buffer,
+) -> (u32, f32, &'a wgpu::Buffer) {
+    match scaling {
+        Some(s) => (1, s.mscale, s.factors),
+        None => (0, 1.0, placeholder),
+    }
 }
 
 /// Rotates x, laid out [tokens, heads * head_dim], in place; token t is at position
@@ -81,6 +106,19 @@ pub fn rope(
     start_pos: u32,
     p: &RopeParams,
 ) {
+    rope_scaled(rec, x, tokens, heads, start_pos, p, None);
+}
+
+/// `rope` with the model's `RopeScaling`, where it has one.
+pub fn rope_scaled(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    tokens: u32,
+    heads: u32,
+    start_pos: u32,
+    p: &RopeParams,
+    scaling: Option<&RopeScaling>,
+) {
     p.check();
     let invocations = tokens
         .checked_mul(heads)
@@ -91,6 +129,7 @@ pub fn rope(
     }
     let pipeline = rec.pipeline(&ROPE, &[("WG", WG), ("PACKED", 0)]);
     let grid = workgroup_grid(rec.gpu(), invocations.div_ceil(WG));
+    let (scaled, mscale, factors) = scaling_fields(scaling, rec.gpu().placeholder());
     let params = RopeUniform {
         tokens,
         heads,
@@ -108,8 +147,12 @@ pub fn rope(
         q_offset: 0,
         k_offset: 0,
         v_offset: 0,
+        scaled,
+        mscale,
+        pad: [0; 2],
     };
-    rec.dispatch(&pipeline, &params, &[x.as_entire_binding()], grid);
+    let bindings = [x.as_entire_binding(), factors.as_entire_binding()];
+    rec.dispatch(&pipeline, &params, &bindings, grid);
 }
 
 /// The f32 values of `buffer` from element `offset` on.
@@ -154,6 +197,19 @@ pub fn rope_store(
     start_pos: u32,
     p: &RopeParams,
 ) {
+    rope_store_scaled(rec, target, norms, None, tokens, start_pos, p);
+}
+
+/// `rope_store` with the model's `RopeScaling`, where it has one.
+pub fn rope_store_scaled(
+    rec: &mut Recorder,
+    target: &StoreTarget,
+    norms: Option<&HeadNorms>,
+    scaling: Option<&RopeScaling>,
+    tokens: u32,
+    start_pos: u32,
+    p: &RopeParams,
+) {
     p.check();
     let cache = target.cache;
     assert_eq!(
@@ -186,6 +242,7 @@ pub fn rope_store(
     } else {
         (k, v)
     };
+    let (scaled, mscale, factors) = scaling_fields(scaling, placeholder);
     let params = RopeUniform {
         tokens,
         heads: target.heads,
@@ -203,6 +260,9 @@ pub fn rope_store(
         q_offset: target.q.offset,
         k_offset: target.k.offset,
         v_offset: target.v.offset,
+        scaled,
+        mscale,
+        pad: [0; 2],
     };
     let rows = target.heads + 2 * target.kv_heads;
     rec.dispatch(
@@ -210,6 +270,7 @@ pub fn rope_store(
         &params,
         &[
             q.as_entire_binding(),
+            factors.as_entire_binding(),
             k.as_entire_binding(),
             v.as_entire_binding(),
             cache.k_layer(target.cache_layer),
@@ -223,12 +284,34 @@ pub fn rope_store(
 
 /// ggml's rope in f32: theta accumulated by repeated multiplication, cos/sin of f32 angles.
 pub fn rope_reference(x: &mut [f32], tokens: u32, heads: u32, start_pos: u32, p: &RopeParams) {
+    rope_reference_scaled(x, tokens, heads, start_pos, p, None, 1.0);
+}
+
+/// `rope_reference` with ggml's freq_factors (one per pair; theta / factor before the linear
+/// scale) and attn_factor (`mscale`, multiplying cos and sin).
+pub fn rope_reference_scaled(
+    x: &mut [f32],
+    tokens: u32,
+    heads: u32,
+    start_pos: u32,
+    p: &RopeParams,
+    factors: Option<&[f32]>,
+    mscale: f32,
+) {
     p.check();
     let head_dim = p.head_dim as usize;
     let pairs = (p.rope_dims / 2) as usize;
-    let theta_scale = p.theta_scale();
+    if let Some(factors) = factors {
+        assert_eq!(factors.len(), pairs, "rope: one frequency factor per pair");
+    }
+    let angles = Angles {
+        theta_scale: p.theta_scale(),
+        freq_scale: p.freq_scale,
+        factors,
+        mscale,
+    };
     for token in 0..tokens as usize {
-        let rotations = pair_rotations(start_pos + token as u32, pairs, theta_scale, p.freq_scale);
+        let rotations = angles.pair_rotations(start_pos + token as u32, pairs);
         let row = &mut x[token * heads as usize * head_dim..][..heads as usize * head_dim];
         for head in row.chunks_mut(head_dim) {
             for (pair, &(cos, sin)) in rotations.iter().enumerate() {
@@ -245,18 +328,25 @@ pub fn rope_reference(x: &mut [f32], tokens: u32, heads: u32, start_pos: u32, p:
     }
 }
 
-fn pair_rotations(
-    position: u32,
-    pairs: usize,
+/// How the reference turns pairs at a position.
+struct Angles<'a> {
     theta_scale: f32,
     freq_scale: f32,
-) -> Vec<(f32, f32)> {
-    let mut theta = position as f32;
-    (0..pairs)
-        .map(|_| {
-            let angle = freq_scale * theta;
-            theta *= theta_scale;
-            (angle.cos(), angle.sin())
-        })
-        .collect()
+    factors: Option<&'a [f32]>,
+    mscale: f32,
+}
+
+impl Angles<'_> {
+    /// (cos, sin) of each pair at `position`, in ggml's order of f32 operations.
+    fn pair_rotations(&self, position: u32, pairs: usize) -> Vec<(f32, f32)> {
+        let mut theta = position as f32;
+        (0..pairs)
+            .map(|pair| {
+                let factor = self.factors.map_or(1.0, |f| f[pair]);
+                let angle = self.freq_scale * (theta / factor);
+                theta *= self.theta_scale;
+                (angle.cos() * self.mscale, angle.sin() * self.mscale)
+            })
+            .collect()
+    }
 }

@@ -103,6 +103,7 @@ impl Vocab {
             normalizer_strip_accents: md.opt_bool("tokenizer.ggml.normalizer.strip_accents")?,
             chat_template: md.opt_str("tokenizer.chat_template")?.map(str::to_owned),
             architecture: md.opt_str("general.architecture")?.map(str::to_owned),
+            name: md.opt_str("general.name")?.map(str::to_owned),
         })
     }
 }

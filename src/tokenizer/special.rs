@@ -6,11 +6,11 @@
 //! Aho-Corasick and then accept them in that same priority order, which yields the same split
 //! without one pass over the text per special token (Gemma 3 has about 6 400 of them).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use aho_corasick::{AhoCorasick, MatchKind};
 
-use super::vocab::{ATTR_CONTROL, ATTR_UNKNOWN, ATTR_USER_DEFINED};
+use super::vocab::{ATTR_CONTROL, ATTR_RSTRIP, ATTR_UNKNOWN, ATTR_USER_DEFINED};
 
 /// A piece of input: plain text for the model tokenizer, or one special token.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -89,6 +89,8 @@ pub(crate) struct SpecialTokens {
     all: Matcher,
     /// User-defined tokens only: always split out, even without special parsing (as HF does).
     user_defined: Matcher,
+    /// Tokens that eat the whitespace after them (llama.cpp's `LLAMA_TOKEN_ATTR_RSTRIP`).
+    rstrip: BTreeSet<u32>,
 }
 
 impl SpecialTokens {
@@ -108,9 +110,15 @@ impl SpecialTokens {
             .filter(|&&(_, _, attr)| attr & (ATTR_CONTROL | ATTR_UNKNOWN) == 0)
             .map(|&(id, text, _)| (id, text))
             .collect();
+        let rstrip = ordered
+            .iter()
+            .filter(|&&(_, _, attr)| attr & ATTR_RSTRIP != 0)
+            .map(|&(id, _, _)| id)
+            .collect();
         SpecialTokens {
             all: Matcher::new(&all),
             user_defined: Matcher::new(&user),
+            rstrip,
         }
     }
 
@@ -126,6 +134,36 @@ impl SpecialTokens {
             &self.user_defined
         };
         matcher.partition(text, &mut out);
+        self.strip_after_rstrip_tokens(out)
+    }
+
+    /// Drops the whitespace (C's `isspace`) that starts a text fragment after an RSTRIP token,
+    /// and the fragment if nothing is left, as llama.cpp trims the right remainder of a match.
+    fn strip_after_rstrip_tokens<'t>(&self, fragments: Vec<Fragment<'t>>) -> Vec<Fragment<'t>> {
+        if self.rstrip.is_empty() {
+            return fragments;
+        }
+        let mut out = Vec::with_capacity(fragments.len());
+        let mut strip_next = false;
+        for fragment in fragments {
+            match fragment {
+                Fragment::Token(id) => {
+                    strip_next = self.rstrip.contains(&id);
+                    out.push(fragment);
+                }
+                Fragment::Text(piece) => {
+                    let piece = if strip_next {
+                        piece.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r'])
+                    } else {
+                        piece
+                    };
+                    strip_next = false;
+                    if !piece.is_empty() {
+                        out.push(Fragment::Text(piece));
+                    }
+                }
+            }
+        }
         out
     }
 }
@@ -165,6 +203,25 @@ mod tests {
         assert_eq!(
             s.partition("a<|im_end|><tool>", true),
             vec![Fragment::Text("a"), Fragment::Token(0), Fragment::Token(1)]
+        );
+    }
+
+    #[test]
+    fn rstrip_tokens_eat_the_whitespace_after_them() {
+        let s = specials(&[
+            ("<|im_end|>", ATTR_CONTROL | ATTR_RSTRIP),
+            ("<|im_start|>", ATTR_CONTROL),
+        ]);
+        assert_eq!(
+            s.partition("a<|im_end|>\n \tb<|im_start|> c<|im_end|>\n", true),
+            vec![
+                Fragment::Text("a"),
+                Fragment::Token(0),
+                Fragment::Text("b"),
+                Fragment::Token(1),
+                Fragment::Text(" c"),
+                Fragment::Token(0)
+            ]
         );
     }
 

@@ -12,6 +12,7 @@ pub(crate) const ATTR_NORMAL: u32 = 1 << 2;
 pub(crate) const ATTR_CONTROL: u32 = 1 << 3;
 pub(crate) const ATTR_USER_DEFINED: u32 = 1 << 4;
 pub(crate) const ATTR_BYTE: u32 = 1 << 5;
+pub(crate) const ATTR_RSTRIP: u32 = 1 << 8;
 
 /// Upper bound on vocabulary size; real vocabularies stay well under a million.
 pub const MAX_VOCAB: usize = 4 << 20;
@@ -51,6 +52,8 @@ pub struct Vocab {
     pub chat_template: Option<String>,
     /// `general.architecture`, which picks the built-in chat format when no template ships.
     pub architecture: Option<String>,
+    /// `general.name`: llama.cpp sets some token attributes by it (see `name_rules`).
+    pub name: Option<String>,
 }
 
 /// Which tokenizer algorithm a vocabulary uses.
@@ -257,8 +260,33 @@ impl Vocab {
             ));
         }
         self.detect_end_tokens(&mut resolved, &mut attrs);
+        self.name_rules(&mut attrs);
         resolved.attrs = attrs;
         Ok(resolved)
+    }
+
+    /// llama.cpp's per-model attributes (`llama_vocab::impl::load`): a model whose lower-cased
+    /// `general.name` contains "phi-3" or "phi3" eats the whitespace after every special token
+    /// (so "<|im_end|>\n" tokenizes as "<|im_end|>"), except after `<unk>`, `<s>` and
+    /// `<|endoftext|>`, and after `</s>` too.
+    fn name_rules(&self, attrs: &mut [u32]) {
+        let name = self.name.as_deref().unwrap_or_default().to_lowercase();
+        if !(name.contains("phi-3") || name.contains("phi3")) {
+            return;
+        }
+        let special = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN;
+        for (text, attr) in self.tokens.iter().zip(attrs.iter_mut()) {
+            let strips = match text.as_str() {
+                "<unk>" | "<s>" | "<|endoftext|>" => false,
+                "</s>" => true,
+                _ => *attr & special != 0,
+            };
+            if strips {
+                *attr |= ATTR_RSTRIP;
+            } else {
+                *attr &= !ATTR_RSTRIP;
+            }
+        }
     }
 
     /// llama.cpp finds EOT/EOM/EOG tokens by their text and forces them to be control tokens.
@@ -337,6 +365,19 @@ mod tests {
         assert_eq!(r.eog.iter().copied().collect::<Vec<_>>(), vec![1, 2, 4]);
         assert!(!r.add_bos);
         assert_eq!(r.bos, None, "default BPE bos 11 is out of range");
+    }
+
+    #[test]
+    fn phi3_names_make_special_tokens_rstrip_as_llama_cpp() {
+        let tokens = ["<|endoftext|>", "<|im_end|>", "</s>", "a"];
+        let mut v = vocab(&tokens, &[3, 3, 1, 1], "gpt2");
+        v.name = Some("Tiny Phi3".into());
+        let r = v.resolve(TokenizerKind::Bpe).expect("resolves");
+        let rstrip: Vec<bool> = r.attrs.iter().map(|a| a & ATTR_RSTRIP != 0).collect();
+        assert_eq!(rstrip, vec![false, true, true, false]);
+        v.name = Some("SmolLM2".into());
+        let r = v.resolve(TokenizerKind::Bpe).expect("resolves");
+        assert!(r.attrs.iter().all(|a| a & ATTR_RSTRIP == 0));
     }
 
     #[test]
