@@ -1,5 +1,7 @@
-// Tool calls through the in-page API (web/openai.js): on Qwen2.5 (its template shows tools
-// in Hermes' <tool_call> tags) one round trip: `tool_choice: required` gives a call whose
+// Tool calls through the in-page API (web/openai.js): on tiny-qwen3 (Qwen3's layout with
+// seeded random weights and the Qwen2.5 chat template, which shows tools in Hermes'
+// <tool_call> tags; real Qwen2.5 makes the same round trip natively in
+// native-runner/tests/api_tools.rs, at a tenth of SwiftShader's cost) one round trip: `tool_choice: required` gives a call whose
 // arguments validate against the function's schema (ajv), streamed as OpenAI's tool-call
 // deltas; the tool's result sent back with `tool_choice: auto` gives a text answer. On SmolLM2
 // (a template without tools) `tools` are refused naming the field. SwiftShader is slow: the
@@ -11,7 +13,7 @@ const { MODEL_URL } = require('./shared.js');
 
 test.describe.configure({ mode: 'serial' });
 
-const QWEN_URL = '/models/qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf';
+const QWEN_URL = '/models/tiny-qwen3.F16.gguf';
 const WEATHER = {
   type: 'function',
   function: {
@@ -100,7 +102,7 @@ test('tools on a template without tools are refused naming `tools`; tool_choice 
   await page.close();
 });
 
-test('Qwen2.5: a required call streams, validates against its schema, and the result comes back as an answer', async ({ browser }) => {
+test('tiny-qwen3: a required call streams, validates against its schema, and the result comes back as an answer', async ({ browser }) => {
   test.setTimeout(12 * 60 * 1000);
   const page = await loadedPage(browser, QWEN_URL);
   const started = Date.now();
