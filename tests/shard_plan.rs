@@ -367,3 +367,20 @@ fn real_model_sizes_come_from_their_headers() {
         );
     }
 }
+
+/// Why a joiner can get no stage (the fleet test's "joins 0"): on SmolLM2 the last stage
+/// carries the 30 MB tied head, about 14 layers' worth, and a joiner goes last. Equal to the
+/// others it is planned in; probed 1.7x slower (a loaded 2-core machine does that) the chain
+/// is no faster with it, and the plan rightly keeps the two stages it had.
+#[test]
+fn a_joiner_probed_much_slower_than_the_others_gets_no_stage() {
+    let sizes = ModelSizes::from_header(&read_model_header(MODEL_FILES[0])).unwrap();
+    let gib = 1 << 30;
+    let first = plan(&sizes, &[donor(1, gib, 1.0), donor(2, gib, 1.0)]).unwrap();
+    assert_eq!(first.stages.len(), 2);
+    let equal = replan(&sizes, &first, FleetChange::Join(donor(3, gib, 1.0))).unwrap();
+    assert_eq!(equal.stages.len(), 3);
+    assert_eq!(equal.stages[2].donor, PeerId(3));
+    let slow = replan(&sizes, &first, FleetChange::Join(donor(3, gib, 1.7))).unwrap();
+    assert_eq!(slow.stages, first.stages);
+}

@@ -108,6 +108,10 @@ pub struct DonorArgs {
     /// its RMS, so that `coordinate --verify` has a faulty donor to flag. Hidden from --help.
     #[arg(long, hide = true, value_name = "FRACTION")]
     pub fault_perturb: Option<f32>,
+    /// Tests only: report this speed (ms per reference layer) instead of probing the GPU, so
+    /// that a test's plan does not depend on how loaded the machine is. Hidden from --help.
+    #[arg(long, hide = true, value_name = "MS", value_parser = positive_ms)]
+    pub ms_per_layer: Option<f32>,
     /// Serve one coordinator, then exit (by default a donor serves one coordinator after
     /// another until stopped).
     #[arg(long)]
@@ -292,6 +296,7 @@ pub async fn run_donor<T: Transport>(
         gpu,
         usable_gpu_bytes: args.gpu_mem_mib << 20,
         limits: FrameLimits::default(),
+        pinned_ms_per_layer: args.ms_per_layer,
     };
     let mut donor = Donor::new(transport, config);
     let mut last_phase = None;
@@ -325,4 +330,12 @@ pub async fn run_donor<T: Transport>(
         })
         .await?;
     Ok(closed)
+}
+
+/// A speed the planner can use: finite and above zero (`plan::check_inputs` refuses others).
+fn positive_ms(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(ms) if ms.is_finite() && ms > 0.0 => Ok(ms),
+        _ => Err(format!("{text:?} is not a positive number of milliseconds")),
+    }
 }

@@ -129,6 +129,7 @@ where
         gpu: Arc::clone(gpu),
         usable_gpu_bytes: DONOR_BYTES,
         limits: FrameLimits::default(),
+        pinned_ms_per_layer: None,
     };
     thread::spawn(move || {
         let outcome = pollster::block_on(async move {

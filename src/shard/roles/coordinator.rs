@@ -119,6 +119,9 @@ pub struct RunReport {
     pub join_ms: Vec<f64>,
     /// Times the coordinator joined the room again while gathering donors (`rejoin_after`).
     pub rejoins: u32,
+    /// Times the transport closed under a run and the coordinator joined the room again
+    /// (each also a recovery).
+    pub reconnects: u32,
     pub verified_steps: u64,
     /// Largest relative error seen per stage on verified steps.
     pub verify_max_error: Vec<f32>,

@@ -41,6 +41,10 @@ pub struct DonorConfig {
     /// GPU memory offered for weights, KV caches and scratch (WebGPU does not report it).
     pub usable_gpu_bytes: u64,
     pub limits: FrameLimits,
+    /// Speed to report instead of probing (ms per reference layer). The plan follows the
+    /// donors' speeds, and a probe on a shared, loaded CPU can be off by 2x: tests pin it so
+    /// that their plans do not depend on the machine's load. `None`: probe the GPU.
+    pub pinned_ms_per_layer: Option<f32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -184,7 +188,10 @@ impl<T: Transport> Donor<T> {
     }
 
     async fn start(&mut self) -> Result<(), RoleError> {
-        self.status.ms_per_layer = probe::probe_ms_per_layer(&self.config.gpu).await?;
+        self.status.ms_per_layer = match self.config.pinned_ms_per_layer {
+            Some(ms) => ms,
+            None => probe::probe_ms_per_layer(&self.config.gpu).await?,
+        };
         self.publish();
         for peer in self.transport.peers() {
             self.hello(peer).await;
