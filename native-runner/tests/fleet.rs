@@ -90,6 +90,23 @@ fn smollm2_two_donor_processes_match_single_device_and_pass_verification() {
     assert_eq!(json["flags"], serde_json::json!([]));
 }
 
+/// A model no donor can hold: three donors offering 45 MiB each, under half of SmolLM2's
+/// 96.6 MB of weights (its 30 MB tied embedding sits on both ends, so the two edge stages hold
+/// 7 layers each), run it together with single-device ids. A short context and one KV slot
+/// keep the caches small; 4 tokens keep it cheap.
+#[test]
+fn three_donors_each_under_half_the_model_run_it_with_single_device_ids() {
+    let _turn = serial();
+    let half_mib = common::model_path(SMOLLM2).metadata().unwrap().len() / 2 >> 20;
+    assert!(
+        45 < half_mib,
+        "the cap must be under half of the file ({half_mib} MiB)"
+    );
+    let extra = ["--ctx", "64", "--kv-slots", "1"];
+    // `identity` checks every donor holds a stage and each prompt's ids.
+    identity(SMOLLM2, 3, Some("45"), &[PROMPT], 4, &extra);
+}
+
 /// Three donors, two prompts in the chain at once: each prompt gets its own ids.
 #[test]
 fn smollm2_three_donor_processes_match_single_device_with_two_prompts_at_once() {
