@@ -9,6 +9,8 @@ mod support;
 
 #[path = "shard_roles/constrained.rs"]
 mod constrained;
+#[path = "shard_roles/loss.rs"]
+mod loss;
 #[path = "shard_roles/models.rs"]
 mod models;
 

@@ -118,6 +118,21 @@ where
     T: Transport + Send + 'static,
     W: FnOnce(webshard::shard::InProcessTransport) -> T,
 {
+    spawn_donor_offering(network, gpu, token, DONOR_BYTES, wrap)
+}
+
+/// A donor offering `usable_gpu_bytes` of memory.
+pub fn spawn_donor_offering<T, W>(
+    network: &InProcessNetwork,
+    gpu: &Arc<Gpu>,
+    token: &str,
+    usable_gpu_bytes: u64,
+    wrap: W,
+) -> DonorHandle
+where
+    T: Transport + Send + 'static,
+    W: FnOnce(webshard::shard::InProcessTransport) -> T,
+{
     let transport = wrap(network.join());
     let id = transport.local_id();
     let (kill, killed) = oneshot::channel::<()>();
@@ -127,7 +142,7 @@ where
     let config = DonorConfig {
         fleet_token: token.to_string(),
         gpu: Arc::clone(gpu),
-        usable_gpu_bytes: DONOR_BYTES,
+        usable_gpu_bytes,
         limits: FrameLimits::default(),
         pinned_ms_per_layer: None,
     };
