@@ -1,11 +1,17 @@
 #!/usr/bin/env python3
 """Shard-chain figures on this machine: single device vs 2 and 3 donor processes over WebRTC on
-loopback, 4 concurrent prompts, per-hop times, recovery after a donor is killed.
+loopback, 4 and 16 concurrent prompts through 2 donors, per-hop times, recovery after a donor
+is killed.
 
-    python3 .ci/fleet_perf.py RUNNER [--reps 3] [--n 16]
+    python3 .ci/fleet_perf.py RUNNER [--reps 3] [--n 16] [--models DIR] [--backend vulkan]
 
-RUNNER is a `runner` binary (copy or hard-link it first if the target directory is shared).
-Prints one JSON line per run and a summary; docs/perf.md "Shard chain (issue 6)" quotes it.
+RUNNER is a `runner` binary (copy or hard-link it first if the target directory is shared);
+DIR holds SmolLM2-135M-Instruct.Q4_1.gguf (default: WEBSHARD_MODELS, else models/).
+Prints one JSON line per run, then a Markdown table (medians over reps): decode tok/s (the
+aggregate over all prompts for the concurrent rows), the ratio to single device, the mean
+step, the per-hop latency (the step's time outside every stage's forward, over its hops:
+coordinator -> stage 0 -> ... -> coordinator), each stage's compute per step, and the
+recovery time (re-plan, reload, replay start) for the kill rows. docs/perf.md quotes it.
 Every process is killed on exit; every wait has a limit.
 """
 
@@ -31,6 +37,8 @@ PROMPTS = [
 ]
 LIMIT = 300
 CHILDREN = []
+MODELS = os.environ.get("WEBSHARD_MODELS") or os.path.join(ROOT, "models")
+BACKEND = "vulkan"
 
 
 def load():
@@ -57,7 +65,8 @@ def cleanup(*_):
 
 def server(runner, logdir):
     out = open(os.path.join(logdir, "serve.out"), "w+")
-    p = spawn([runner, "serve", "--root", ROOT, "--port", "0", "--fleet", TOKEN],
+    p = spawn([runner, "serve", "--root", ROOT, "--models", MODELS, "--port", "0",
+               "--fleet", TOKEN],
               stdout=out, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while time.time() < deadline:
@@ -74,7 +83,7 @@ def donors(runner, host, k, logdir):
     for i in range(k):
         err = open(os.path.join(logdir, f"donor{i}.err"), "w+")
         p = spawn([runner, "donor", "--signal", f"ws://{host}/signal", "--fleet", TOKEN,
-                   "--backend", "vulkan"], stdout=subprocess.DEVNULL, stderr=err)
+                   "--backend", BACKEND], stdout=subprocess.DEVNULL, stderr=err)
         procs.append((p, err))
     return procs
 
@@ -93,7 +102,8 @@ def coordinate(runner, host, k, prompts, n, logdir, kill=None):
     err = open(os.path.join(logdir, "coord.err"), "w+")
     args = [runner, "coordinate", "-m", f"http://{host}/models/{MODEL}",
             "--signal", f"ws://{host}/signal", "--fleet", TOKEN, "--donors", str(k),
-            "-n", str(n), "--temp", "0", "--json", "--progress", "--backend", "vulkan"]
+            "-n", str(n), "--temp", "0", "--json", "--progress", "--backend", BACKEND,
+            "--kv-slots", str(max(4, len(prompts))), "--ctx", "512"]
     for p in prompts:
         args += ["-p", p]
     started = time.time()
@@ -132,9 +142,9 @@ def coordinate(runner, host, k, prompts, n, logdir, kill=None):
 
 
 def single(runner, prompt, n):
-    path = os.path.join(ROOT, "models", MODEL)
+    path = os.path.join(MODELS, MODEL)
     r = subprocess.run([runner, "generate", "-m", path, "-p", prompt, "-n", str(n), "--temp", "0",
-                        "--json", "--quiet", "--backend", "vulkan"],
+                        "--json", "--quiet", "--backend", BACKEND],
                        capture_output=True, text=True, timeout=LIMIT, stdin=subprocess.DEVNULL)
     m = re.search(r"decode (\d+) tokens ([0-9.]+) tok/s", r.stderr)
     if r.returncode != 0 or not m:
@@ -142,13 +152,47 @@ def single(runner, prompt, n):
     return {"ids": json.loads(r.stdout)["ids"], "decode_tokens_per_s": float(m.group(2))}
 
 
+def prompts(count):
+    """`count` distinct prompts (the base four, numbered past the first round)."""
+    return [PROMPTS[i % len(PROMPTS)] + ("" if i < len(PROMPTS) else f" ({i})")
+            for i in range(count)]
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def table(rows):
+    """The Markdown table of medians over reps."""
+    single = median(l["decode_tokens_per_s"] for l in rows.get("single device", []))
+    out = ["| run | decode tok/s | × single | step ms | per-hop ms | stage compute ms | "
+           "recovery ms |", "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+    for label, lines in rows.items():
+        tps = median(l["decode_tokens_per_s"] for l in lines)
+        ratio = f"{tps / single:.2f}" if single and label != "single device" else ""
+        step = median(l.get("step_ms_mean") for l in lines)
+        hop = median(l["transfer_ms_mean"] / (len(l["hops"]) + 1)
+                     for l in lines if l.get("hops"))
+        stages = " / ".join(f"{h[0][0]}-{h[0][1]}: {h[1]}" for h in lines[-1].get("hops", []))
+        recovery = median(r for l in lines for r in l.get("recovery_ms", []))
+        cell = lambda v, f: "" if v is None else f.format(v)
+        out.append(f"| {label} | {tps:.1f} | {ratio} | {cell(step, '{:.2f}')} | "
+                   f"{cell(hop, '{:.2f}')} | {stages} | {cell(recovery, '{:.0f}')} |")
+    return "\n".join(out)
+
+
 def main():
+    global MODELS, BACKEND
     ap = argparse.ArgumentParser()
     ap.add_argument("runner")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--models", default=MODELS)
+    ap.add_argument("--backend", default=BACKEND)
     ap.add_argument("--only", default="single,2,3,concurrent,recovery")
     a = ap.parse_args()
+    MODELS, BACKEND = a.models, a.backend
     signal.signal(signal.SIGTERM, cleanup)
     only = a.only.split(",")
     rows = {}
@@ -160,12 +204,17 @@ def main():
             if key in j:
                 line[key] = j[key]
         if "hops" in j:
-            line["hops"] = [[h["layers"], round(h["compute_ms_mean"], 1), h["bytes_out"],
+            line["hops"] = [[h["layers"], round(h["compute_ms_mean"], 2), h["bytes_out"],
                              h["steps"]] for h in j["hops"]]
         if "outputs" in j:
             line["tokens"] = sum(len(o["ids"]) for o in j["outputs"])
         print(json.dumps(line), flush=True)
         rows.setdefault(label, []).append(line)
+
+    def checked(label, j, reference):
+        if reference and j["ids"] != reference:
+            raise SystemExit(f"{label}: ids differ from single device")
+        record(label, j)
 
     with tempfile.TemporaryDirectory() as logdir:
         try:
@@ -177,35 +226,26 @@ def main():
                     record("single device", s)
                 for k in (2, 3):
                     if str(k) in only:
-                        j = coordinate(a.runner, "", k, PROMPTS[:1], a.n, logdir)
-                        if reference and j["ids"] != reference:
-                            raise SystemExit(f"{k} donors: ids differ from single device")
-                        record(f"{k} donors", j)
+                        checked(f"{k} donors", coordinate(a.runner, "", k, PROMPTS[:1], a.n,
+                                                          logdir), reference)
                 if "concurrent" in only:
-                    for k in (2, 3):
-                        record(f"{k} donors, 4 prompts", coordinate(a.runner, "", k, PROMPTS,
-                                                                     a.n, logdir))
+                    for count in (4, 16):
+                        checked(f"2 donors, {count} requests (aggregate)",
+                                coordinate(a.runner, "", 2, prompts(count), a.n, logdir),
+                                reference)
                 if "recovery" in only:
-                    record("3 donors, kill middle after 4 tokens",
-                           coordinate(a.runner, "", 3, PROMPTS[:1], a.n, logdir,
-                                      kill=(4, "middle")))
-                    record("2 donors, kill first after 4 tokens",
-                           coordinate(a.runner, "", 2, PROMPTS[:1], a.n, logdir,
-                                      kill=(4, "first")))
+                    checked("2 donors, kill first after 4 tokens",
+                            coordinate(a.runner, "", 2, PROMPTS[:1], a.n, logdir,
+                                       kill=(4, "first")), reference)
+                    checked("3 donors, kill middle after 4 tokens",
+                            coordinate(a.runner, "", 3, PROMPTS[:1], a.n, logdir,
+                                       kill=(4, "middle")), reference)
         finally:
             cleanup()
-    print("\nsummary (median over reps)")
-    for label, lines in rows.items():
-        tps = statistics.median(l["decode_tokens_per_s"] for l in lines)
-        extra = ""
-        if "step_ms_mean" in lines[0]:
-            extra += f"  step {statistics.median(l['step_ms_mean'] for l in lines):.0f} ms"
-            extra += f"  transfer {statistics.median(l['transfer_ms_mean'] for l in lines):.1f} ms"
-        if lines[0].get("recovery_ms"):
-            rec = [r for l in lines for r in l["recovery_ms"]]
-            extra += f"  recovery {statistics.median(rec):.0f} ms (of {rec})"
-        loads = [l["load"] for l in lines]
-        print(f"{label:40s} {tps:6.2f} tok/s{extra}  load {min(loads):.1f}-{max(loads):.1f}")
+    loads = [l["load"] for lines in rows.values() for l in lines]
+    print(f"\n{a.n} greedy tokens, medians over {a.reps} rep(s), load "
+          f"{min(loads):.1f}-{max(loads):.1f}\n")
+    print(table(rows))
 
 
 if __name__ == "__main__":

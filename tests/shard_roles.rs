@@ -9,6 +9,8 @@ mod support;
 
 #[path = "shard_roles/constrained.rs"]
 mod constrained;
+#[path = "shard_roles/loss.rs"]
+mod loss;
 #[path = "shard_roles/models.rs"]
 mod models;
 
@@ -144,6 +146,33 @@ where
     config.heartbeat_interval = Duration::from_millis(200);
     config.heartbeat_timeout = Duration::from_secs(4);
     ((network, others), transport, odd, config)
+}
+
+/// A donor's link to the next stage can still be opening when its stage has loaded (WebRTC
+/// handshakes between donors on a loaded machine): the donor says Ready only once the link
+/// answers, so the first Forward is not lost and the ids are the single device's.
+#[test]
+fn a_donor_waits_for_its_link_to_the_next_stage_before_ready() {
+    let file = support::SMOLLM2.1;
+    let reference = single_device_ids(file, &PROMPTS[1..2], 4);
+    let (prompt, want) = reference[0].clone();
+    let gpu = gpu();
+    let network = InProcessNetwork::new(InProcessConfig::default());
+    let transport = network.join();
+    let coordinator = transport.local_id();
+    let delay = Duration::from_millis(1500);
+    let _donors: Vec<_> = (0..3)
+        .map(|_| {
+            spawn_donor(&network, &gpu, TOKEN, |inner| {
+                SlowLinks::new(inner, coordinator, delay)
+            })
+        })
+        .collect();
+    let run = coordinate(transport, config(file, 3), vec![greedy(&prompt, 4)], |_| {});
+    print_report("slow links", &run.report);
+    assert_eq!(run.outputs[0].ids, want);
+    assert_eq!(run.report.plan.len(), 3);
+    assert_eq!(run.report.recoveries, 0);
 }
 
 /// A donor that stays connected but stops answering is found by heartbeats.

@@ -36,8 +36,8 @@ pub struct CoordinateArgs {
     /// Donors to wait for before planning.
     #[arg(long)]
     pub donors: usize,
-    /// The prompt; repeat it to generate for several prompts at once (up to 4 in the chain
-    /// at a time).
+    /// The prompt; repeat it to generate for several prompts at once (up to `--kv-slots` in
+    /// the chain at a time).
     #[arg(short = 'p', long, required = true)]
     pub prompt: Vec<String>,
     #[arg(short = 'n', long, default_value_t = 128)]
@@ -55,6 +55,10 @@ pub struct CoordinateArgs {
     /// Longest sequence every stage caches.
     #[arg(long, default_value_t = 2048)]
     pub ctx: u32,
+    /// Requests in the chain at once (micro-batching); every stage keeps a KV cache of
+    /// `--ctx` positions per slot.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub kv_slots: u32,
     /// Send activations between stages as f32 instead of f16.
     #[arg(long)]
     pub f32_activations: bool,
@@ -80,6 +84,9 @@ pub struct CoordinateArgs {
     /// server.
     #[arg(long, default_value_t = 10.0)]
     pub heartbeat_timeout: f64,
+    /// Seconds to wait for `--donors` donors before giving up with "K of N donors joined".
+    #[arg(long, default_value_t = 60.0)]
+    pub join_timeout: f64,
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -101,6 +108,14 @@ pub struct DonorArgs {
     /// its RMS, so that `coordinate --verify` has a faulty donor to flag. Hidden from --help.
     #[arg(long, hide = true, value_name = "FRACTION")]
     pub fault_perturb: Option<f32>,
+    /// Tests only: report this speed (ms per reference layer) instead of probing the GPU, so
+    /// that a test's plan does not depend on how loaded the machine is. Hidden from --help.
+    #[arg(long, hide = true, value_name = "MS", value_parser = positive_ms)]
+    pub ms_per_layer: Option<f32>,
+    /// Serve one coordinator, then exit (by default a donor serves one coordinator after
+    /// another until stopped).
+    #[arg(long)]
+    pub once: bool,
 }
 
 /// Joins the room of the fleet with this token on the signaling server (`ws://HOST:PORT/signal`).
@@ -141,22 +156,28 @@ pub async fn coordinate(args: &CoordinateArgs) -> anyhow::Result<()> {
     run_coordinator(transport, args).await
 }
 
+/// Lends the GPU until stopped: serves one coordinator after another, and joins the room
+/// again when the connection to it closes (`--once`: one coordinator, then exit).
 pub async fn donor(args: &DonorArgs) -> anyhow::Result<()> {
-    let transport = connect(&args.signal, &args.fleet, &args.ice).await?;
-    eprintln!("joined the fleet as {}", transport.local_id());
-    match args.fault_perturb {
-        Some(scale) => {
-            eprintln!("fault injection: perturbing every result by {scale} of its RMS");
-            run_donor(
-                Perturbing {
+    let gpu: Arc<Gpu> = Gpu::new(&gpu_options(&args.backend)?).await?;
+    loop {
+        let transport = connect(&args.signal, &args.fleet, &args.ice).await?;
+        eprintln!("joined the fleet as {}", transport.local_id());
+        let closed = match args.fault_perturb {
+            Some(scale) => {
+                eprintln!("fault injection: perturbing every result by {scale} of its RMS");
+                let transport = Perturbing {
                     inner: transport,
                     scale,
-                },
-                args,
-            )
-            .await
+                };
+                run_donor(transport, args, Arc::clone(&gpu)).await?
+            }
+            None => run_donor(transport, args, Arc::clone(&gpu)).await?,
+        };
+        if !closed || args.once {
+            return Ok(());
         }
-        None => run_donor(transport, args).await,
+        eprintln!("joining the room again");
     }
 }
 
@@ -176,10 +197,15 @@ pub async fn run_coordinator<T: Transport>(
 ) -> anyhow::Result<()> {
     let mut config = CoordinatorConfig::new(&args.model, &args.fleet, args.donors);
     config.runtime.max_context = args.ctx;
+    config.runtime.kv_slots = args.kv_slots;
     if !(args.heartbeat_timeout > 0.0 && args.heartbeat_timeout <= 86_400.0) {
         bail!("--heartbeat-timeout must be more than 0 and at most 86400 seconds");
     }
     config.heartbeat_timeout = Duration::from_secs_f64(args.heartbeat_timeout);
+    if !(args.join_timeout > 0.0 && args.join_timeout <= 86_400.0) {
+        bail!("--join-timeout must be more than 0 and at most 86400 seconds");
+    }
+    config.join_timeout = Duration::from_secs_f64(args.join_timeout);
     if args.f32_activations {
         config.runtime.hidden = Encoding::F32;
     }
@@ -259,13 +285,18 @@ pub async fn run_coordinator<T: Transport>(
     Ok(())
 }
 
-pub async fn run_donor<T: Transport>(transport: T, args: &DonorArgs) -> anyhow::Result<()> {
-    let gpu: Arc<Gpu> = Gpu::new(&gpu_options(&args.backend)?).await?;
+/// Serves coordinators over `transport`; true when it ended because the transport closed.
+pub async fn run_donor<T: Transport>(
+    transport: T,
+    args: &DonorArgs,
+    gpu: Arc<Gpu>,
+) -> anyhow::Result<bool> {
     let config = DonorConfig {
         fleet_token: args.fleet.clone(),
         gpu,
         usable_gpu_bytes: args.gpu_mem_mib << 20,
         limits: FrameLimits::default(),
+        pinned_ms_per_layer: args.ms_per_layer,
     };
     let mut donor = Donor::new(transport, config);
     let mut last_phase = None;
@@ -278,10 +309,33 @@ pub async fn run_donor<T: Transport>(transport: T, args: &DonorArgs) -> anyhow::
             );
         }
     });
-    match donor.run().await? {
+    let report = |exit: &DonorExit| match exit {
         DonorExit::Dismissed(reason) => eprintln!("dismissed: {reason}"),
         DonorExit::CoordinatorLeft => eprintln!("the coordinator left"),
         DonorExit::Closed => eprintln!("connection closed"),
+    };
+    if args.once {
+        let exit = donor.run().await?;
+        report(&exit);
+        return Ok(exit == DonorExit::Closed);
     }
-    Ok(())
+    let mut closed = false;
+    donor
+        .run_staying(|exit| {
+            report(exit);
+            closed = *exit == DonorExit::Closed;
+            if !closed {
+                eprintln!("back in the room, waiting for the next coordinator");
+            }
+        })
+        .await?;
+    Ok(closed)
+}
+
+/// A speed the planner can use: finite and above zero (`plan::check_inputs` refuses others).
+fn positive_ms(text: &str) -> Result<f32, String> {
+    match text.parse::<f32>() {
+        Ok(ms) if ms.is_finite() && ms > 0.0 => Ok(ms),
+        _ => Err(format!("{text:?} is not a positive number of milliseconds")),
+    }
 }

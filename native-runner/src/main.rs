@@ -87,6 +87,7 @@ fn main() -> ExitCode {
     // Before the runtime's threads exist: this may set an environment variable.
     native_runner::runtime_dir::ensure_runtime_dir();
     init_logging(cli.verbose);
+    report_webrtc_panics_in_one_line();
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -94,6 +95,29 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// A panic inside matchbox is contained (`shard::webrtc` turns it into a closed socket), so
+/// it gets one warning line instead of the default hook's report; other panics keep it.
+fn report_webrtc_panics_in_one_line() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let location = info.location();
+        if !location.is_some_and(|l| l.file().contains("matchbox_socket")) {
+            return default_hook(info);
+        }
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str))
+            .unwrap_or("(no message)");
+        let at = location.map(|l| format!("{}:{}", l.file(), l.line()));
+        tracing::warn!(
+            "the WebRTC library failed ({message} at {}); that connection is closed",
+            at.unwrap_or_default()
+        );
+    }));
 }
 
 /// The error and its causes on one line, skipping causes a message already quotes.

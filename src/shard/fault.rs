@@ -73,4 +73,7 @@ impl<T: Transport + Send + Sync> Transport for Perturbing<T> {
     async fn recv(&self) -> Result<TransportEvent, TransportError> {
         self.inner.recv().await
     }
+    async fn rejoin(&mut self) -> Result<(), TransportError> {
+        self.inner.rejoin().await
+    }
 }

@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod flow;
 pub mod frame;
 pub mod plan;
+pub mod replica;
 pub mod roles;
 pub mod transport;
 pub mod validate;
@@ -27,6 +28,7 @@ pub use chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
 pub use fleet::{fleet_room, token_matches};
 pub use frame::{decode_frame, encode_frame, FrameError, Kind, Message};
 pub use plan::{plan, replan, DonorCapacity, FleetChange, ModelSizes, Plan, PlanError, StagePlan};
+pub use replica::{chain_rate, plan_replicas, FleetPlan};
 pub use transport::{
     InProcessConfig, InProcessNetwork, InProcessTransport, PeerId, Transport, TransportError,
     TransportEvent,

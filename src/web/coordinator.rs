@@ -313,7 +313,7 @@ pub(super) fn explain_join(error: TransportError) -> WebError {
 
 fn explain_gather(error: RoleError) -> WebError {
     let hint = match error {
-        RoleError::Timeout { .. } => {
+        RoleError::Timeout { .. } | RoleError::TooFewDonors { .. } => {
             "are the donors started with this signaling URL and this fleet token?"
         }
         _ => "",

@@ -149,6 +149,7 @@ async fn start(options: JsValue) -> Result<JsValue, WebError> {
         gpu,
         usable_gpu_bytes: settings.gpu_mem_mib << 20,
         limits: FrameLimits::default(),
+        pinned_ms_per_layer: None,
     };
     let mut donor = Donor::new(transport, config);
     if let Some(callback) = on_status {

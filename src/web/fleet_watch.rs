@@ -261,4 +261,8 @@ impl<T: Transport> Transport for Watched<T> {
         self.report(watched);
         Ok(event)
     }
+
+    async fn rejoin(&mut self) -> Result<(), TransportError> {
+        self.inner.rejoin().await
+    }
 }

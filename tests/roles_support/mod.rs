@@ -118,6 +118,21 @@ where
     T: Transport + Send + 'static,
     W: FnOnce(webshard::shard::InProcessTransport) -> T,
 {
+    spawn_donor_offering(network, gpu, token, DONOR_BYTES, wrap)
+}
+
+/// A donor offering `usable_gpu_bytes` of memory.
+pub fn spawn_donor_offering<T, W>(
+    network: &InProcessNetwork,
+    gpu: &Arc<Gpu>,
+    token: &str,
+    usable_gpu_bytes: u64,
+    wrap: W,
+) -> DonorHandle
+where
+    T: Transport + Send + 'static,
+    W: FnOnce(webshard::shard::InProcessTransport) -> T,
+{
     let transport = wrap(network.join());
     let id = transport.local_id();
     let (kill, killed) = oneshot::channel::<()>();
@@ -127,8 +142,9 @@ where
     let config = DonorConfig {
         fleet_token: token.to_string(),
         gpu: Arc::clone(gpu),
-        usable_gpu_bytes: DONOR_BYTES,
+        usable_gpu_bytes,
         limits: FrameLimits::default(),
+        pinned_ms_per_layer: None,
     };
     thread::spawn(move || {
         let outcome = pollster::block_on(async move {
@@ -288,5 +304,78 @@ pub fn join_donor(network: &InProcessNetwork, gpu: &Arc<Gpu>, coordinator: PeerI
         if to == coordinator {
             return handle;
         }
+    }
+}
+
+/// A donor whose links to the other donors open late, as WebRTC handshakes still under way on
+/// a loaded machine: once the coordinator (always linked) has sent it something, a link to
+/// any other peer opens `delay` after its first use; until then that peer is not among
+/// `peers()`, and sends and flushes to it fail as they do for a peer not connected yet.
+pub struct SlowLinks<T> {
+    pub inner: T,
+    coordinator: PeerId,
+    delay: Duration,
+    assigned: AtomicBool,
+    first_use: Mutex<std::collections::HashMap<PeerId, std::time::Instant>>,
+}
+
+impl<T> SlowLinks<T> {
+    pub fn new(inner: T, coordinator: PeerId, delay: Duration) -> SlowLinks<T> {
+        SlowLinks {
+            inner,
+            coordinator,
+            delay,
+            assigned: AtomicBool::new(false),
+            first_use: Mutex::new(Default::default()),
+        }
+    }
+
+    fn linked(&self, peer: PeerId) -> bool {
+        if peer == self.coordinator {
+            return true;
+        }
+        if !self.assigned.load(Ordering::SeqCst) {
+            return false;
+        }
+        let now = std::time::Instant::now();
+        let mut first_use = self.first_use.lock().unwrap();
+        let since = *first_use.entry(peer).or_insert(now);
+        now >= since + self.delay
+    }
+
+    fn check(&self, peer: PeerId) -> Result<(), TransportError> {
+        match self.linked(peer) {
+            true => Ok(()),
+            false => Err(TransportError::UnknownPeer(peer)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport + Send + Sync> Transport for SlowLinks<T> {
+    fn local_id(&self) -> PeerId {
+        self.inner.local_id()
+    }
+    fn peers(&self) -> Vec<PeerId> {
+        let peers = self.inner.peers();
+        peers.into_iter().filter(|&p| self.linked(p)).collect()
+    }
+    fn stats(&self) -> TransportStats {
+        self.inner.stats()
+    }
+    async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {
+        self.check(to)?;
+        self.inner.send(to, frame).await
+    }
+    async fn flush(&self, to: PeerId) -> Result<(), TransportError> {
+        self.check(to)?;
+        self.inner.flush(to).await
+    }
+    async fn recv(&self) -> Result<TransportEvent, TransportError> {
+        let event = self.inner.recv().await?;
+        if matches!(&event, TransportEvent::Frame { from, .. } if *from == self.coordinator) {
+            self.assigned.store(true, Ordering::SeqCst);
+        }
+        Ok(event)
     }
 }

@@ -169,6 +169,15 @@ impl Proc {
             .map(|(_, line)| line.clone())
     }
 
+    pub fn count_lines(&self, pred: impl Fn(&str) -> bool) -> usize {
+        self.stderr
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, l)| pred(l))
+            .count()
+    }
+
     /// Waits for a stderr line satisfying `pred`; fails if the process ends first or after
     /// `limit`.
     pub fn wait_line(
@@ -434,6 +443,28 @@ impl Donor {
             l.starts_with("joined the fleet as ")
         });
         line["joined the fleet as ".len()..].trim().to_string()
+    }
+
+    /// Waits until it says it is back in the room after its `n`th coordinator's end
+    /// (dismissed or gone), and checks that it still runs: donors stay until stopped.
+    pub fn wait_back_in_room(&mut self, n: usize) {
+        let deadline = Instant::now() + SHORT;
+        while self.0.count_lines(|l| l.starts_with("back in the room")) < n {
+            let exited = self.0.exit_within(Duration::ZERO);
+            assert!(
+                exited.is_none() && Instant::now() < deadline,
+                "{} not back in the room {n} time(s) ({exited:?}):\n{}",
+                self.0.name,
+                self.0.stderr()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            self.0.exit_within(Duration::ZERO).is_none(),
+            "{} exited after its coordinator:\n{}",
+            self.0.name,
+            self.0.stderr()
+        );
     }
 
     /// The layers it serves now, from its last `Serving: layers Some(A..B)` status line.

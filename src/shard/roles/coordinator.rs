@@ -42,10 +42,12 @@ pub struct CoordinatorConfig {
     pub heartbeat_interval: Duration,
     /// A donor silent for this long (no frame at all) is taken as lost.
     pub heartbeat_timeout: Duration,
+    /// Longest the coordinator gathers donors before it gives up (`RoleError::TooFewDonors`).
     pub join_timeout: Duration,
     /// While gathering donors, after this long without admitting one the coordinator joins the
     /// room again (`Transport::rejoin`): a link whose handshake failed is never retried
-    /// otherwise, and its donor would never be heard.
+    /// otherwise, and its donor would never be heard. The wait doubles after each rejoin:
+    /// a donor that is simply not there is not worth a new set of links every few seconds.
     pub rejoin_after: Duration,
     /// Longest a stage may take to load before the plan is given up.
     pub load_timeout: Duration,
@@ -71,7 +73,7 @@ impl CoordinatorConfig {
             top_k: 64,
             heartbeat_interval: Duration::from_secs(1),
             heartbeat_timeout: Duration::from_secs(10),
-            join_timeout: Duration::from_secs(300),
+            join_timeout: Duration::from_secs(60),
             rejoin_after: Duration::from_secs(10),
             load_timeout: Duration::from_secs(600),
             step_timeout: Duration::from_secs(300),
@@ -117,6 +119,9 @@ pub struct RunReport {
     pub join_ms: Vec<f64>,
     /// Times the coordinator joined the room again while gathering donors (`rejoin_after`).
     pub rejoins: u32,
+    /// Times the transport closed under a run and the coordinator joined the room again
+    /// (each also a recovery).
+    pub reconnects: u32,
     pub verified_steps: u64,
     /// Largest relative error seen per stage on verified steps.
     pub verify_max_error: Vec<f32>,
@@ -253,22 +258,24 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// Admits donors (in the order their Hello arrives) until there are enough, joining the
-    /// room again whenever `rejoin_after` passes without an admission.
+    /// room again whenever the rejoin wait passes without an admission (the wait doubling
+    /// each time), and giving up after `join_timeout`.
     async fn gather_donors(&mut self) -> Result<(), RoleError> {
         let wanted = self.config.donors.max(1);
         let limit = self.config.join_timeout;
+        let mut rejoin_after = self.config.rejoin_after;
         with_timeout(limit, async {
             let mut progress = (0, Instant::now());
             while self.standby.len() < wanted {
                 if self.standby.len() > progress.0 {
                     progress = (self.standby.len(), Instant::now());
                 }
-                let wait = (progress.1 + self.config.rejoin_after)
-                    .saturating_duration_since(Instant::now());
+                let wait = (progress.1 + rejoin_after).saturating_duration_since(Instant::now());
                 match with_timeout(wait, self.transport.recv()).await {
                     Ok(event) => self.on_gathering_event(event?).await,
                     Err(_) => {
-                        self.rejoin(wanted).await?;
+                        self.rejoin(wanted, rejoin_after).await?;
+                        rejoin_after = rejoin_after.saturating_mul(2);
                         progress = (0, Instant::now());
                     }
                 }
@@ -276,8 +283,9 @@ impl<T: Transport> Coordinator<T> {
             Ok::<(), RoleError>(())
         })
         .await
-        .map_err(|_| RoleError::Timeout {
-            what: format!("{wanted} donors (have {})", self.standby.len()),
+        .map_err(|_| RoleError::TooFewDonors {
+            joined: self.standby.len(),
+            wanted,
             seconds: limit.as_secs_f64(),
         })?
     }
@@ -294,12 +302,11 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// Joins the room again; the donors greet the new peer, and each is admitted anew.
-    async fn rejoin(&mut self, wanted: usize) -> Result<(), RoleError> {
+    async fn rejoin(&mut self, wanted: usize, waited: Duration) -> Result<(), RoleError> {
         tracing::warn!(
             have = self.standby.len(),
             wanted,
-            "no donor admitted for {:?}: joining the room again so that every link is made anew",
-            self.config.rejoin_after
+            "no donor admitted for {waited:?}: joining the room again so that every link is made anew",
         );
         self.transport.rejoin().await?;
         self.report.rejoins += 1;

@@ -41,6 +41,10 @@ pub struct DonorConfig {
     /// GPU memory offered for weights, KV caches and scratch (WebGPU does not report it).
     pub usable_gpu_bytes: u64,
     pub limits: FrameLimits,
+    /// Speed to report instead of probing (ms per reference layer). The plan follows the
+    /// donors' speeds, and a probe on a shared, loaded CPU can be off by 2x: tests pin it so
+    /// that their plans do not depend on the machine's load. `None`: probe the GPU.
+    pub pinned_ms_per_layer: Option<f32>,
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -149,19 +153,79 @@ impl<T: Transport> Donor<T> {
 
     /// Probes the GPU, says Hello to every peer, and serves until dismissed or disconnected.
     pub async fn run(mut self) -> Result<DonorExit, RoleError> {
-        self.status.ms_per_layer = probe::probe_ms_per_layer(&self.config.gpu).await?;
+        self.start().await?;
+        let exit = self.serve().await;
+        self.leave().await;
+        exit
+    }
+
+    /// Serves one coordinator after another until the transport closes or a coordinator
+    /// refuses this donor: after a dismissal or a coordinator's departure the donor greets the
+    /// room again and waits for the next one, keeping the layers it holds for a plan that
+    /// gives it the same range (`StageHost::can_serve`). `on_exit` hears each coordinator's end.
+    pub async fn run_staying(
+        mut self,
+        mut on_exit: impl FnMut(&DonorExit),
+    ) -> Result<(), RoleError> {
+        self.start().await?;
+        loop {
+            let exit = self.serve().await;
+            self.flush_to_coordinator().await;
+            let exit = match exit {
+                Ok(exit) => exit,
+                Err(error) => {
+                    self.leave().await;
+                    return Err(error);
+                }
+            };
+            on_exit(&exit);
+            if exit == DonorExit::Closed {
+                self.leave().await;
+                return Ok(());
+            }
+            self.return_to_room().await;
+        }
+    }
+
+    async fn start(&mut self) -> Result<(), RoleError> {
+        self.status.ms_per_layer = match self.config.pinned_ms_per_layer {
+            Some(ms) => ms,
+            None => probe::probe_ms_per_layer(&self.config.gpu).await?,
+        };
         self.publish();
         for peer in self.transport.peers() {
             self.hello(peer).await;
         }
-        let exit = self.serve().await;
+        Ok(())
+    }
+
+    async fn leave(&mut self) {
         self.status.phase = DonorPhase::Left;
         self.publish();
-        // Dropping the transport discards what it still queues (an answer, an error report).
+        self.flush_to_coordinator().await;
+    }
+
+    /// Dropping the transport discards what it still queues (an answer, an error report).
+    async fn flush_to_coordinator(&mut self) {
         if let Some(coordinator) = self.coordinator {
             let _ = with_timeout(EXIT_FLUSH, self.transport.flush(coordinator)).await;
         }
-        exit
+    }
+
+    /// Forgets the coordinator (not the stage it loaded) and greets every peer again.
+    pub(super) async fn return_to_room(&mut self) {
+        self.coordinator = None;
+        self.status.coordinator = None;
+        self.status.epoch = None;
+        self.status.stage_id = None;
+        self.status.phase = DonorPhase::Joining;
+        self.validator = FrameValidator::new(self.config.limits);
+        self.publish();
+        self.greeted.clear();
+        self.next_regreet = Instant::now() + REGREET;
+        for peer in self.transport.peers() {
+            self.hello(peer).await;
+        }
     }
 
     async fn serve(&mut self) -> Result<DonorExit, RoleError> {
@@ -332,6 +396,14 @@ impl<T: Transport> Donor<T> {
     }
 
     async fn serve_stage(&mut self, from: PeerId, host: StageHost, assign: &Assign, load_ms: u32) {
+        // Ready promises a working chain: the first Forward must find the next stage.
+        if !self.reach(assign.downstream).await {
+            self.host = Some(host);
+            if !self.closed {
+                self.rejoin_for_link(assign.downstream).await;
+            }
+            return;
+        }
         let input = if assign.embedding {
             InputKind::Tokens
         } else {

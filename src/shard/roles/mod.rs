@@ -11,6 +11,7 @@ mod constrain;
 pub mod coordinator;
 pub mod donor;
 mod host;
+mod link;
 mod offload;
 pub mod probe;
 mod recovery;
@@ -57,6 +58,13 @@ pub enum RoleError {
     },
     #[error("timed out after {seconds:.1} s waiting for {what}")]
     Timeout { what: String, seconds: f64 },
+    /// The coordinator's join timeout passed before enough donors were admitted.
+    #[error("{joined} of {wanted} donors joined within {seconds} s")]
+    TooFewDonors {
+        joined: usize,
+        wanted: usize,
+        seconds: f64,
+    },
     #[error("{0}")]
     Invalid(String),
 }

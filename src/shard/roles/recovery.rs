@@ -17,12 +17,15 @@ use std::collections::HashSet;
 use web_time::Instant;
 
 use super::super::frame::{Assign, ErrorCode, Message};
-use super::super::plan::{replan, FleetChange, Plan};
-use super::super::transport::{send_message, PeerId, Transport, TransportEvent};
+use super::super::plan::{plan, replan, FleetChange, Plan, PlanError};
+use super::super::transport::{send_message, PeerId, Transport, TransportError, TransportEvent};
 use super::coordinator::Coordinator;
 use super::session::Session;
 use super::timer::with_timeout;
 use super::RoleError;
+
+/// Times one run joins the room again after its transport closed before it gives up.
+const MAX_RECONNECTS: u32 = 3;
 
 /// An event after the checks every phase shares.
 pub(super) enum Incoming {
@@ -47,7 +50,7 @@ impl<T: Transport> Coordinator<T> {
             if lost.is_empty() {
                 break;
             }
-            plan = self.plan_without(&lost)?;
+            plan = self.plan_after_loss(&lost).await?;
         }
         self.report.plan = self.plan_entries();
         if let Some(verifier) = self.verifier.as_mut() {
@@ -75,6 +78,8 @@ impl<T: Transport> Coordinator<T> {
         let started = Instant::now();
         let plan = self.join_standby(self.plan.clone())?;
         if plan.stages == self.plan.stages {
+            // Not an error: by their measured speed the chain is as fast without them.
+            tracing::info!("the joined donor(s) get no stage: the plan is no faster with them");
             self.plan = plan;
             return self.resume(session).await;
         }
@@ -99,16 +104,69 @@ impl<T: Transport> Coordinator<T> {
         Ok(())
     }
 
-    /// The plan after `lost` leave; admitted standby donors join first so they can take over.
-    pub(super) fn plan_without(&mut self, lost: &[PeerId]) -> Result<Plan, RoleError> {
-        let mut plan = self.join_standby(self.plan.clone())?;
+    /// The plan after `lost` leave, admitted standby donors joining first so they can take
+    /// over. When the donors left cannot hold the model, waits up to `join_timeout` for more
+    /// to join instead of giving up: a donor whose link to the next stage never worked
+    /// leaves and joins again under a new id (`link.rs`), and the plan needs it back.
+    pub(super) async fn plan_after_loss(&mut self, lost: &[PeerId]) -> Result<Plan, RoleError> {
         for id in lost {
             self.donors.remove(id);
-            if plan.donors.iter().any(|d| d.id == *id) {
-                plan = replan(&self.sizes, &plan, FleetChange::Leave(*id))?;
+        }
+        self.plan.donors.retain(|d| !lost.contains(&d.id));
+        let started = Instant::now();
+        let limit = self.config.join_timeout;
+        loop {
+            let mut donors = self.plan.donors.clone();
+            for joined in &self.standby {
+                if donors.iter().all(|d| d.id != joined.id) {
+                    donors.push(*joined);
+                }
+            }
+            let error = match plan(&self.sizes, &donors) {
+                Ok(plan) => {
+                    self.standby.clear();
+                    return Ok(plan);
+                }
+                Err(error) => error,
+            };
+            let short = matches!(
+                error,
+                PlanError::CannotHold { .. }
+                    | PlanError::LayerTooLarge { .. }
+                    | PlanError::NoDonors
+            );
+            let left = limit.saturating_sub(started.elapsed());
+            if !short || left.is_zero() {
+                return Err(error.into());
+            }
+            if !self.plan.stages.is_empty() {
+                tracing::warn!(%error, "the donors left cannot hold the model; waiting for more to join");
+                // No stage runs now: a donor leaving meanwhile is simply taken off the order.
+                self.plan.stages.clear();
+            }
+            match with_timeout(left, self.next_incoming()).await {
+                Ok(incoming) => {
+                    incoming?;
+                }
+                Err(_) => return Err(error.into()),
             }
         }
-        Ok(plan)
+    }
+
+    /// The transport closed under a run (matchbox ends a whole socket when one peer's
+    /// handshake panics): joins the room again and recovers as if every donor were lost.
+    /// The donors stay in the room, greet the new id and keep the layers they hold.
+    pub(super) async fn reconnect(&mut self, session: &mut Session<'_>) -> Result<(), RoleError> {
+        if self.report.reconnects >= MAX_RECONNECTS {
+            return Err(TransportError::Closed.into());
+        }
+        tracing::warn!("the transport closed under the run; joining the room again");
+        self.transport.rejoin().await?;
+        self.report.reconnects += 1;
+        let lost: Vec<PeerId> = self.plan.donors.iter().map(|d| d.id).collect();
+        self.standby.clear();
+        self.absent.clear();
+        self.recover(session, &lost).await
     }
 
     /// `plan` with the standby donors joined, at the end of the order.

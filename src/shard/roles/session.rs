@@ -16,7 +16,7 @@ use web_time::Instant;
 use super::super::frame::{
     ErrorCode, Forward, Heartbeat, Message, Reply, StageInput, StageOutput, StageResult, TokenEvent,
 };
-use super::super::transport::{send_message, PeerId, Transport};
+use super::super::transport::{send_message, PeerId, Transport, TransportError};
 use super::constrain::Constrained;
 use super::coordinator::Coordinator;
 use super::recovery::Incoming;
@@ -164,12 +164,16 @@ impl<T: Transport> Coordinator<T> {
                 let tick = sleep(wait).fuse();
                 futures::pin_mut!(recv, tick);
                 futures::select_biased! {
-                    event = recv => Some(event?),
+                    event = recv => Some(event),
                     () = tick => None,
                 }
             };
             let lost = match event {
-                Some(event) => match self.classify(event).await {
+                Some(Err(TransportError::Closed)) => {
+                    self.reconnect(&mut session).await?;
+                    continue;
+                }
+                Some(event) => match self.classify(event?).await {
                     Incoming::Nothing => Vec::new(),
                     Incoming::Lost(peer) => vec![peer],
                     Incoming::Message(from, message) => {
@@ -532,14 +536,14 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// Re-plans without `lost`, reloads, and replays every request in flight.
-    async fn recover(
+    pub(super) async fn recover(
         &mut self,
         session: &mut Session<'_>,
         lost: &[PeerId],
     ) -> Result<(), RoleError> {
         let started = Instant::now();
         tracing::warn!(?lost, "donor lost; re-planning");
-        let plan = self.plan_without(lost)?;
+        let plan = self.plan_after_loss(lost).await?;
         self.establish(plan).await?;
         session.rewind();
         for position in 0..session.active.len() {

@@ -112,8 +112,7 @@ impl<T: Transport> Donor<T> {
                 return;
             }
         }
-        self.deferred_bytes += deferred_size(&event);
-        self.deferred.push_back(event);
+        self.keep_for_later(event);
     }
 
     /// The next event kept while a step computed, if any.
@@ -189,7 +188,7 @@ fn is_heartbeat(frame: &[u8]) -> bool {
     frame.len() >= FRAME_HEADER_LEN && frame[3] == Kind::Heartbeat as u8
 }
 
-fn deferred_size(event: &TransportEvent) -> usize {
+pub(super) fn deferred_size(event: &TransportEvent) -> usize {
     match event {
         TransportEvent::Frame { frame, .. } => EVENT_OVERHEAD + frame.len(),
         _ => EVENT_OVERHEAD,

@@ -10,9 +10,12 @@
 
 mod cause;
 mod driver;
+#[cfg(not(target_arch = "wasm32"))]
+mod signaller;
 mod spawn;
 
 use std::collections::HashSet;
+use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -118,7 +121,8 @@ impl WebRtcTransport {
             signal_url: signal_url.to_string(),
             room: room.to_string(),
         })?;
-        let (mut socket, message_loop) = WebRtcSocket::builder(url.clone())
+        let builder = spawn::checked_signals(WebRtcSocket::builder(url.clone()));
+        let (mut socket, message_loop) = builder
             .ice_server(RtcIceServerConfig {
                 urls: config.ice_urls.clone(),
                 username: config.ice_username.clone(),
@@ -132,10 +136,15 @@ impl WebRtcTransport {
         let (ended_sender, mut ended) = oneshot::channel();
         let loop_url = url.clone();
         spawn::spawn(async move {
-            let result = message_loop.await;
+            // A panic inside matchbox ends this socket only, as an error: its links close and
+            // `recv` says the transport is closed; the runner goes on.
+            let result = match AssertUnwindSafe(message_loop).catch_unwind().await {
+                Ok(result) => result.map_err(|error| describe(&error)),
+                Err(panic) => Err(format!("matchbox panicked: {}", panic_text(&panic))),
+            };
             // Once `connect` has returned, nobody listens: say why the socket ended.
-            if let Err(Err(error)) = ended_sender.send(result) {
-                tracing::warn!("WebRTC socket for {loop_url} ended: {}", describe(&error));
+            if let Err(Err(reason)) = ended_sender.send(result) {
+                tracing::warn!("WebRTC socket for {loop_url} ended: {reason}");
             }
         })?;
 
@@ -323,10 +332,10 @@ async fn wait_for_id(socket: &mut WebRtcSocket) -> matchbox_socket::PeerId {
 /// Why matchbox's socket ended before we were admitted.
 fn connect_error(
     url: &str,
-    result: Result<Result<(), matchbox_socket::Error>, oneshot::Canceled>,
+    result: Result<Result<(), String>, oneshot::Canceled>,
 ) -> TransportError {
     let reason = match result {
-        Ok(Err(error)) => describe(&error),
+        Ok(Err(reason)) => reason,
         Ok(Ok(())) | Err(oneshot::Canceled) => {
             "the socket closed before the server assigned an id".to_string()
         }
@@ -347,4 +356,13 @@ fn describe(error: &matchbox_socket::Error) -> String {
             format!("disconnected: {}", cause::signaling_cause(cause))
         }
     }
+}
+
+/// A panic's message, when it has one.
+fn panic_text(panic: &Box<dyn std::any::Any + Send>) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
 }

@@ -1,8 +1,10 @@
 //! Where the transport's background task runs: a tokio task natively, the browser's
-//! microtask queue on wasm. The only platform switch of the WebRTC transport; matchbox hides
-//! the rest.
+//! microtask queue on wasm; and who carries its signals. The only platform switch of the
+//! WebRTC transport; matchbox hides the rest.
 
 use std::future::Future;
+
+use matchbox_socket::WebRtcSocketBuilder;
 
 use crate::shard::transport::TransportError;
 
@@ -20,4 +22,18 @@ pub(super) fn spawn(task: impl Future<Output = ()> + Send + 'static) -> Result<(
 pub(super) fn spawn(task: impl Future<Output = ()> + 'static) -> Result<(), TransportError> {
     wasm_bindgen_futures::spawn_local(task);
     Ok(())
+}
+
+/// Natively, peers' signals are checked before matchbox sees them (`signaller`).
+#[cfg(not(target_arch = "wasm32"))]
+pub(super) fn checked_signals(builder: WebRtcSocketBuilder) -> WebRtcSocketBuilder {
+    builder.signaller_builder(std::sync::Arc::new(
+        super::signaller::CheckedSignallerBuilder,
+    ))
+}
+
+/// In a browser, matchbox's own signaller: the page's WebRTC stack parses the SDP.
+#[cfg(target_arch = "wasm32")]
+pub(super) fn checked_signals(builder: WebRtcSocketBuilder) -> WebRtcSocketBuilder {
+    builder
 }

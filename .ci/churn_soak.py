@@ -1,0 +1,218 @@
+#!/usr/bin/env python3
+"""Donor churn soak: many donor kills in one generation run, against single-device ids.
+
+    python3 .ci/churn_soak.py RUNNER [--kills 20] [--every 2] [--donors 3] [--mem-mib 300] [--backend vulkan]
+
+RUNNER is a `runner` binary. It starts `runner serve --fleet`, `--donors` donor processes
+(each offering `--mem-mib`) and one `runner coordinate
+--progress --json` over SmolLM2 (WEBSHARD_MODELS, or models/ in the repository). Each time
+`--every` more tokens have come since the last kill and the last kill's replacement has been
+admitted, it kills (SIGKILL) the donor of the first or the last stage in turn and starts a
+fresh donor, which joins while the survivors recover, until `--kills` donors are dead. With
+300 MiB each, two donors hold SmolLM2, so every recovery has a plan. Then it checks that
+
+- the coordinator's ids equal single-device `runner generate --temp 0` ids,
+- the progress lines name every token index exactly once, in order (none lost or repeated),
+- the coordinator recovered once per kill.
+
+It prints one line per kill and a summary, and exits non-zero on the first failed check.
+Every process is killed on exit; every wait has a limit. CI runs it with `--kills 5`
+(native-runner/tests/fleet.rs); the documented soak is `--kills 20`.
+"""
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TOKEN = "churn-soak"
+# Counting goes on without an end-of-sequence token, so the run outlasts every kill.
+PROMPT = "1, 2, 3, 4, 5, 6, 7, 8,"
+# The coordinator's info lines say when a donor is admitted; donors say when a link waited.
+LOG = "warn,webshard::shard::roles=info"
+LIMIT_S = 120
+CHILDREN = []
+# What a failed wait prints: the coordinator's last lines, set once it runs.
+DIAGNOSE = lambda: ""
+
+
+def models_dir():
+    return os.environ.get("WEBSHARD_MODELS") or os.path.join(ROOT, "models")
+
+
+def spawn(args, err_path):
+    err = open(err_path, "w+")
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=err, text=True, env={**os.environ, "RUST_LOG": LOG})
+    CHILDREN.append(proc)
+    return proc, err
+
+
+def read(err):
+    err.seek(0)
+    return err.read()
+
+
+def cleanup():
+    for proc in CHILDREN:
+        if proc.poll() is None:
+            proc.kill()
+    for proc in CHILDREN:
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+
+
+def wait_for(what, predicate, limit=LIMIT_S):
+    deadline = time.time() + limit
+    while time.time() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise SystemExit(f"churn soak: no {what} within {limit} s{DIAGNOSE()}")
+
+
+def reference(runner, n, backend):
+    run = subprocess.run([runner, "generate", "-m", os.path.join(models_dir(), MODEL),
+                          "-p", PROMPT, "-n", str(n), "--temp", "0", "--json", "--quiet",
+                          "--backend", backend],
+                         capture_output=True, text=True, timeout=LIMIT_S,
+                         stdin=subprocess.DEVNULL)
+    if run.returncode != 0:
+        raise SystemExit(f"runner generate failed:\n{run.stderr[-2000:]}")
+    return json.loads(run.stdout)["ids"]
+
+
+class Fleet:
+    def __init__(self, runner, logdir, mem_mib, backend):
+        self.runner, self.logdir, self.mem_mib, self.backend = runner, logdir, mem_mib, backend
+        serve, err = spawn([runner, "serve", "--root", ROOT, "--models", models_dir(),
+                            "--port", "0", "--fleet", TOKEN],
+                           os.path.join(logdir, "serve.err"))
+        self.serve = serve
+        host = wait_for("banner from runner serve",
+                        lambda: re.search(r"serving http://([0-9.:]+)/",
+                                          serve.stdout.readline() or ""))
+        self.host = host.group(1)
+        self.donors = []
+
+    def start_donor(self):
+        index = len(self.donors)
+        proc, err = spawn([self.runner, "donor", "--signal", f"ws://{self.host}/signal",
+                           "--fleet", TOKEN, "--gpu-mem-mib", str(self.mem_mib),
+                           "--backend", self.backend],
+                          os.path.join(self.logdir, f"donor{index}.err"))
+        wait_for(f"id from donor {index}", lambda: "joined the fleet as" in read(err))
+        self.donors.append((proc, err))
+
+    def stages(self):
+        """(first layer, donor index) of every live donor serving this run, chain order."""
+        serving = []
+        for index, (proc, err) in enumerate(self.donors):
+            if proc.poll() is not None:
+                continue
+            lines = re.findall(r"^(\w+): layers (?:Some\((\d+)\.\.\d+\)|None)", read(err), re.M)
+            if lines and lines[-1][0] == "Serving":
+                serving.append((int(lines[-1][1]), index))
+        return sorted(serving)
+
+
+def alive(coordinator, cerr):
+    if coordinator.poll() is not None:
+        raise SystemExit(f"coordinator ended early:\n{read(cerr)[-3000:]}")
+    return True
+
+
+def progress_indices(text):
+    return [int(m) for m in re.findall(r"^token 0 (\d+) \d+$", text, re.M)]
+
+
+def soak(runner, kills, every, donors, mem_mib, backend, logdir):
+    # Tokens may come while a newcomer joins, too; a run that ends before the last kill fails.
+    n = (every + 2) * kills + 6
+    expected = reference(runner, n, backend)
+    fleet = Fleet(runner, logdir, mem_mib, backend)
+    for _ in range(donors):
+        fleet.start_donor()
+    coordinator, cerr = spawn(
+        [runner, "coordinate", "-m", f"http://{fleet.host}/models/{MODEL}",
+         "--signal", f"ws://{fleet.host}/signal", "--fleet", TOKEN, "--donors", str(donors),
+         "-p", PROMPT, "-n", str(n), "--temp", "0", "--json", "--progress", "--backend", backend],
+        os.path.join(logdir, "coordinate.err"))
+    global DIAGNOSE
+    DIAGNOSE = lambda: "\n" + read(cerr)[-3000:]
+    started = time.time()
+    mark, admitted = 0, donors
+    for kill in range(kills):
+        # `every` tokens since the last kill, its replacement admitted, two stages to pick from.
+        wait_for(f"{mark + every} tokens with {admitted} donors admitted",
+                 lambda: alive(coordinator, cerr)
+                 and len(progress_indices(read(cerr))) >= mark + every
+                 and read(cerr).count("donor admitted") >= admitted
+                 and len(fleet.stages()) >= 2)
+        stages = fleet.stages()
+        first_layer, victim = stages[0] if kill % 2 == 0 else stages[-1]
+        fleet.donors[victim][0].kill()
+        mark = len(progress_indices(read(cerr)))
+        print(f"kill {kill + 1}/{kills}: donor {victim} (layers from {first_layer}) after "
+              f"{mark} tokens, {time.time() - started:.1f} s", flush=True)
+        # The replacement starts while the survivors recover, and joins at the next re-plan.
+        admitted = read(cerr).count("donor admitted") + 1
+        fleet.start_donor()
+    try:
+        out, _ = coordinator.communicate(timeout=LIMIT_S * 2)
+    except subprocess.TimeoutExpired:
+        raise SystemExit(f"coordinator did not finish:\n{read(cerr)[-3000:]}")
+    if coordinator.returncode != 0:
+        raise SystemExit(f"coordinator failed:\n{read(cerr)[-3000:]}")
+    report = json.loads(out)
+    indices = progress_indices(read(cerr))
+    failures = []
+    if report["ids"] != expected:
+        failures.append(f"ids {report['ids']} differ from single device {expected}")
+    if indices != list(range(n)):
+        failures.append(f"token indices {indices}: some lost or repeated")
+    if report["recoveries"] != kills:
+        failures.append(f"{report['recoveries']} recoveries for {kills} kills")
+    recovery = report["recovery_ms"]
+    print(f"{kills} kills in {time.time() - started:.1f} s, {n} tokens, recoveries "
+          f"{report['recoveries']} (median {sorted(recovery)[len(recovery) // 2]:.0f} ms, "
+          f"max {max(recovery):.0f} ms), joins {report['joins']}")
+    return failures
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runner")
+    parser.add_argument("--kills", type=int, default=20)
+    parser.add_argument("--every", type=int, default=2, help="tokens between kills")
+    parser.add_argument("--donors", type=int, default=3)
+    parser.add_argument("--mem-mib", type=int, default=300)
+    parser.add_argument("--backend", default="vulkan")
+    args = parser.parse_args()
+    if args.kills < 1 or args.every < 1 or args.donors < 3:
+        raise SystemExit("--kills and --every must be at least 1, --donors at least 3")
+    with tempfile.TemporaryDirectory() as logdir:
+        try:
+            failures = soak(args.runner, args.kills, args.every, args.donors, args.mem_mib,
+                            args.backend, logdir)
+        finally:
+            cleanup()
+    for failure in failures:
+        print(f"churn soak: FAILED: {failure}", file=sys.stderr)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    finally:
+        cleanup()
