@@ -1,7 +1,8 @@
 // Decode attention for discrete GPUs, the part every entry shares: few query positions against
 // a KV cache, split over the keys (flash-decoding), with every phase spread over the lanes of
 // the workgroup. The entries (attention_decode_gpu.wgsl: q from a buffer, every key cached;
-// attention_decode_rope.wgsl: q and the newest key rotated in the same dispatch) declare
+// attention_decode_rope.wgsl: q and the newest key rotated in the same dispatch;
+// attention_decode_rows.wgsl: a batched step's rows, each in its own slot of a pool) declare
 // `params`, `k_cache` and `v_cache` and fill `q_row` before calling `attend`.
 //
 // Workgroup (split, head, token) owns one query head and a contiguous share of at most KPS of
@@ -86,18 +87,18 @@ fn weighted_values(first: u32, row_stride: u32, cached: u32, g: u32, d4: u32) ->
     return acc;
 }
 
-// Attends query head `head` of `token` (q_row, visible to every lane) over split `split` of
-// its keys; with `fresh`, the split's last key is fresh_k/fresh_v. Uniform control flow.
-fn attend(split: u32, head: u32, token: u32, lane: u32, fresh: bool) {
+// Attends query head `head` of `token` (q_row, visible to every lane) at position `pos` over
+// split `split` of its keys, whose cache region begins `base` vec4s into the bindings; with
+// `fresh`, the split's last key is fresh_k/fresh_v. Uniform control flow.
+fn attend(split: u32, head: u32, token: u32, pos: u32, base: u32, lane: u32, fresh: bool) {
     let kv_group = head / (params.heads / params.kv_heads);
-    let pos = params.start_pos + token;
     let lo = first_visible(pos, params.window);
     let visible = pos + 1u - lo;
     let begin = lo + split * visible / params.splits;
     let count = lo + (split + 1u) * visible / params.splits - begin;
     let cached = count - u32(fresh);
     let row_stride = params.kv_heads * HD4;
-    let first = begin * row_stride + kv_group * HD4;
+    let first = base + begin * row_stride + kv_group * HD4;
 
     // Phase 1: scores of keys lane, lane + WG, ...
     var local_max = NEG;

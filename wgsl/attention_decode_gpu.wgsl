@@ -26,5 +26,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         q_row[i] = q[row * HD4 + i] * params.scale;
     }
     workgroupBarrier();
-    attend(wg.x, wg.y, wg.z, lane, false);
+    attend(wg.x, wg.y, wg.z, params.start_pos + wg.z, 0u, lane, false);
 }

@@ -135,5 +135,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
     workgroupBarrier();
-    attend(split, head, 0u, lane, fresh);
+    attend(split, head, 0u, params.start_pos, 0u, lane, fresh);
 }

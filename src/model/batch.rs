@@ -2,15 +2,18 @@
 //!
 //! Row `i` of the step is sequence `i`'s next token, at its own position in its own KV cache.
 //! The weight products run over all rows together through the prompt path's tiled kernels
-//! (one pass over each matrix for the whole batch: what makes a batch cheap), while rope, the
-//! cache write and attention run per row on the row's own cache (`block::attend_rows`). One
+//! (one pass over each matrix for the whole batch: what makes a batch cheap), while rope and
+//! the cache write run per row on the row's own cache (`block::attend_rows`), and attention
+//! runs in one dispatch over all rows when their caches are slots of one pool (the serving
+//! pool's `KvCache::pooled`; a row table in the scratch gives each row's position and slot),
+//! else per row. One
 //! row alone takes the single-token path unchanged, so a batch of one decodes exactly as a
 //! lone sequence does.
 
 use std::ops::Range;
 
 use crate::gpu::Recorder;
-use crate::ops::attention::KvCache;
+use crate::ops::attention::{self, KvCache};
 
 use super::scratch::HEAD_ROWS;
 use super::stage::Stage;
@@ -40,6 +43,12 @@ impl Stage {
         self.gpu
             .queue
             .write_buffer(&self.scratch.ids, 0, bytemuck::cast_slice(&ids));
+        if let Some(table) = pooled_row_table(rows) {
+            let words = bytemuck::cast_slice(&table);
+            self.gpu
+                .queue
+                .write_buffer(&self.scratch.row_table, 0, words);
+        }
         self.with_recorder(("batch", tokens), |mut rec| {
             self.record_embedding(&mut rec, tokens)?;
             self.record_row_blocks(&mut rec, rows);
@@ -121,6 +130,16 @@ impl Stage {
         }
         Ok(())
     }
+}
+
+/// The row table of rows whose caches are slots of one pool (several rows), else `None`.
+pub(super) fn pooled_row_table(rows: &[BatchRow<'_>]) -> Option<Vec<u32>> {
+    if rows.len() < 2 {
+        return None;
+    }
+    let caches: Vec<&KvCache> = rows.iter().map(|row| row.cache).collect();
+    let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
+    attention::row_table(&caches, &positions).ok()
 }
 
 /// `0..tokens` in pieces of at most `HEAD_ROWS` rows.

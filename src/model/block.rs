@@ -178,9 +178,9 @@ pub(super) fn rotate_and_attend(
 
 /// A batched decode step's attention (`model::batch`): q, k and v of row `i` (from the tiled
 /// products, in `q`, `k` and `v`) are normalised, rotated and stored at row `i`'s position in
-/// its own cache, and row `i` attends over that cache alone. The attention kernels read their
-/// query from row 0 and write row 0, so each row's q goes through `qkv` and its result through
-/// `gate` (both free until the MLP) on its way into `attn`.
+/// its own cache, and row `i` attends over that cache alone: all rows in one dispatch where
+/// their caches are one pool's slots (`attention_decode_rows`, reading the row table that
+/// `forward_batch_logits` wrote), else row by row.
 fn attend_rows(
     rec: &mut Recorder,
     step: &LayerStep,
@@ -195,7 +195,6 @@ fn attend_rows(
         k: &n.k.buffer,
         eps: cfg.rms_eps,
     });
-    let q_bytes = u64::from(cfg.q_dim()) * 4;
     for (index, row) in rows.iter().enumerate() {
         let index = index as u32;
         let target = StoreTarget {
@@ -219,10 +218,39 @@ fn attend_rows(
         let scaling = step.rope_scaling.as_ref();
         let norms = head_norms.as_ref();
         rope::rope_store_scaled(rec, &target, norms, scaling, 1, row.position, rope_params);
-        rec.copy(&s.q, u64::from(index) * q_bytes, &s.qkv, 0, q_bytes);
+    }
+    let pooled = super::batch::pooled_row_table(rows).is_some();
+    if pooled && attention::decode_rows_supported(rec.gpu(), params) {
+        let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
+        let table = attention::DecodeRows {
+            cache: rows[0].cache,
+            table: &s.row_table,
+            positions: &positions,
+        };
+        let layer = step.cache_layer;
+        attention::attention_decode_rows(rec, &s.q, &table, layer, &s.attn, params);
+        return;
+    }
+    attend_rows_one_by_one(rec, step, rows, params);
+}
+
+/// Each row's attention over its own cache in turn. The attention kernels read their query
+/// from row 0 and write row 0, so each row's q goes through `qkv` and its result through
+/// `gate` (both free until the MLP) on its way into `attn`.
+fn attend_rows_one_by_one(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    rows: &[super::batch::BatchRow],
+    params: &AttentionParams,
+) {
+    let s = step.scratch;
+    let q_bytes = u64::from(step.cfg.q_dim()) * 4;
+    for (index, row) in rows.iter().enumerate() {
+        let offset = index as u64 * q_bytes;
+        rec.copy(&s.q, offset, &s.qkv, 0, q_bytes);
         let (cache, layer) = (row.cache, step.cache_layer);
         attention::attention(rec, &s.qkv, cache, layer, &s.gate, row.position, 1, params);
-        rec.copy(&s.gate, 0, &s.attn, u64::from(index) * q_bytes, q_bytes);
+        rec.copy(&s.gate, 0, &s.attn, offset, q_bytes);
     }
 }
 

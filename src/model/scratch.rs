@@ -37,13 +37,16 @@ pub struct Scratch {
     /// A short-convolution block's B, C and x, `[tokens, 3 · d_model]` (LFM2; 4 bytes for
     /// models without one).
     pub mixer: wgpu::Buffer,
+    /// A batched decode step's row table (position, slot base) per row
+    /// (`attention::row_table`), `[max_batch, 2]` u32.
+    pub row_table: wgpu::Buffer,
 }
 
 impl Scratch {
     /// The bytes `new` allocates (for fitting a model before loading it).
     pub fn bytes(cfg: &ModelConfig, max_batch: u32) -> u64 {
-        // ids, then hidden..act as listed in `new`.
-        let per_row = 1 + 3 * cfg.d_model + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 3 * cfg.ff_dim;
+        // ids and the row table, then hidden..act as listed in `new`.
+        let per_row = 3 + 3 * cfg.d_model + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 3 * cfg.ff_dim;
         let one_token = cfg.q_dim() + 2 * cfg.kv_dim();
         let head = 2 * cfg.d_model + cfg.vocab;
         // argmax (one per head row), the allowed set, top-k ids (with room for the values)
@@ -82,6 +85,7 @@ impl Scratch {
             top_ids: storage_buffer(gpu, "top ids", u64::from(2 * MAX_TOP_K) * 4),
             top_values: storage_buffer(gpu, "top values", u64::from(MAX_TOP_K) * 4),
             mixer: storage_buffer(gpu, "mixer", mixer_bytes(cfg, max_batch)),
+            row_table: storage_buffer(gpu, "row table", rows * 8),
         }
     }
 }

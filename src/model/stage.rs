@@ -388,6 +388,26 @@ impl Stage {
         new_cache(&self.gpu, &self.cfg, &self.spec)
     }
 
+    /// `slots` caches shaped like `new_kv_cache`'s in one pool (`KvCache::pooled`), whose
+    /// rows a batched step attends in one dispatch; `None` where the model keeps state beside
+    /// its keys and values (short convolutions) or one pooled layer exceeds a binding.
+    pub fn new_pooled_kv_caches(&self, slots: u32) -> Option<Vec<KvCache>> {
+        if self.cfg.short_conv.is_some() {
+            return None;
+        }
+        let (cfg, layers) = (&self.cfg, self.spec.layers.len() as u32);
+        let context = self.spec.max_context;
+        KvCache::pooled(
+            &self.gpu,
+            layers,
+            context,
+            cfg.n_kv_heads,
+            cfg.head_dim,
+            slots,
+        )
+        .ok()
+    }
+
     /// Makes `cache` the one forward calls read and write, and returns the previous one.
     /// Work already submitted keeps the buffers it was recorded with.
     pub fn swap_kv_cache(&mut self, cache: KvCache) -> KvCache {

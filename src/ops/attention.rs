@@ -7,18 +7,24 @@
 //! whose lanes walk whole tiles serially, and `attention_decode_gpu.wgsl` (see `decode_gpu`)
 //! for GPUs, which spreads scoring, softmax and value sums over the lanes and uses the
 //! workgroup reductions of `Lib::Reduce`; for one token, `decode_rope` also takes over
-//! `rope_store`'s work in the same dispatch. The other kernels use no subgroup operations, so
+//! `rope_store`'s work in the same dispatch; `decode_rows` attends a batched step's rows, each
+//! in its own slot of a KV pool, in one dispatch. The other kernels use no subgroup operations, so
 //! their subgroup variants compile the same code; f16 variants keep prefill's key/value tiles
 //! in f16 workgroup memory, which doubles the keys per tile. Everything accumulates in f32.
 
 mod decode_gpu;
 mod decode_rope;
+mod decode_rows;
 mod kv_cache;
 mod reference;
 mod softmax;
 
 pub use decode_gpu::attention_decode_gpu;
 pub use decode_rope::{rope_attention_decode, rope_attention_supported};
+pub use decode_rows::{
+    attention_decode_rows, attention_rows_reference, decode_rows_supported, row_table, DecodeRows,
+    ReferenceRow,
+};
 pub use kv_cache::{kv_write, KvCache};
 pub use reference::{attention_reference, bidirectional_attention_reference};
 pub use softmax::{softmax, softmax_reference};

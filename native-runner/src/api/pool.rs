@@ -1,8 +1,9 @@
 //! The KV pool of one served model: `--parallel` slots, each a KV cache of `--ctx` positions,
 //! counted in blocks of `BLOCK_TOKENS`; and the prefix cache over them.
 //!
-//! A slot's cache is one contiguous region (the attention kernels read a sequence's keys from
-//! position 0), so blocks are the unit of accounting and of reuse rather than of placement.
+//! A slot's cache is one contiguous region of the pool's buffers (the attention kernels read
+//! a sequence's keys from its region's position 0), so blocks are the unit of accounting and
+//! of reuse rather than of placement.
 //! A freed slot keeps its keys and values: they are the prefix cache. A new request takes the
 //! free slot whose tokens share the longest prefix with its prompt (the least recently used
 //! one when none does, which evicts that slot's cached prefix), and when another slot, busy or
@@ -40,18 +41,25 @@ pub struct Claim {
 }
 
 impl KvPool {
-    /// `slots` caches shaped like the stage's own.
+    /// `slots` caches shaped like the stage's own: one pool of buffers where the stage allows
+    /// it (`Stage::new_pooled_kv_caches`: a batched step then attends every row in one
+    /// dispatch), else a cache per slot.
     pub fn new(stage: &Stage, slots: usize) -> Result<KvPool, ModelError> {
-        let slots = (0..slots)
-            .map(|_| {
-                Ok(Slot {
-                    cache: Some(stage.new_kv_cache()?),
-                    tokens: Vec::new(),
-                    busy: false,
-                    last_used: 0,
-                })
+        let caches = match stage.new_pooled_kv_caches(slots as u32) {
+            Some(caches) => caches,
+            None => (0..slots)
+                .map(|_| stage.new_kv_cache())
+                .collect::<Result<Vec<_>, ModelError>>()?,
+        };
+        let slots = caches
+            .into_iter()
+            .map(|cache| Slot {
+                cache: Some(cache),
+                tokens: Vec::new(),
+                busy: false,
+                last_used: 0,
             })
-            .collect::<Result<Vec<_>, ModelError>>()?;
+            .collect();
         Ok(KvPool {
             slots,
             positions: stage.spec.max_context,

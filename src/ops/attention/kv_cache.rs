@@ -34,6 +34,10 @@ pub struct KvCache {
     pub layers_per_buffer: u32,
     /// Bytes from one layer to the next inside a buffer.
     pub layer_stride: u64,
+    /// Bytes from the start of a layer to this cache's region (its slot in a pool; 0 alone).
+    pub slot_offset: u64,
+    /// Bytes of a layer's whole pool (`layer_bytes` alone): what a batched step binds.
+    pub pooled_bytes: u64,
     /// Partial results of split decode attention, reused by every call (grown on demand).
     pub(super) scratch: Mutex<Option<DecodeScratch>>,
     /// The sequence's short-convolution state where the model has such blocks (LFM2): kept
@@ -60,52 +64,107 @@ impl KvCache {
         kv_heads: u32,
         head_dim: u32,
     ) -> Result<Self, GpuError> {
-        if layers == 0 || max_ctx == 0 || kv_heads == 0 || head_dim == 0 || head_dim % 16 != 0 {
+        let mut caches = Self::pooled(gpu, layers, max_ctx, kv_heads, head_dim, 1)?;
+        Ok(caches.remove(0))
+    }
+
+    /// `slots` caches of `max_ctx` positions each, views of shared buffers in which every
+    /// layer holds the slots' regions side by side. Fails like `new`, and when one pooled
+    /// layer does not fit in a binding.
+    pub fn pooled(
+        gpu: &Gpu,
+        layers: u32,
+        max_ctx: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        slots: u32,
+    ) -> Result<Vec<Self>, GpuError> {
+        let sizes = [layers, max_ctx, kv_heads, head_dim, slots];
+        if sizes.contains(&0) || head_dim % 16 != 0 {
             return Err(shape_error(format!(
-                "layers {layers}, max_ctx {max_ctx}, kv_heads {kv_heads}, head_dim {head_dim}: \
-                 every size must be positive and head_dim a multiple of 16"
+                "layers {layers}, max_ctx {max_ctx}, kv_heads {kv_heads}, head_dim {head_dim}, \
+                 slots {slots}: every size must be positive and head_dim a multiple of 16"
             )));
         }
         let layer_bytes = u64::from(max_ctx) * u64::from(kv_heads) * u64::from(head_dim) * 4;
         let alignment = u64::from(gpu.device.limits().min_storage_buffer_offset_alignment);
-        let layer_stride = layer_bytes.next_multiple_of(alignment);
+        // Each slot's region starts at an aligned offset, so it binds on its own.
+        let region = layer_bytes.next_multiple_of(alignment);
+        let pooled_bytes = u64::from(slots - 1) * region + layer_bytes;
+        let layer_stride = pooled_bytes.next_multiple_of(alignment);
         let limit = gpu.caps.max_binding.min(gpu.caps.max_buffer);
         // Offsets inside the kernels are u32 vec4 indices.
-        if layer_bytes > limit || layer_bytes > u64::from(u32::MAX) {
+        if pooled_bytes > limit || pooled_bytes > u64::from(u32::MAX) {
             return Err(GpuError::BindingTooSmall {
-                name: "kv_cache layer".into(),
-                needed: layer_bytes,
+                name: format!("kv_cache layer of {slots} slots"),
+                needed: pooled_bytes,
                 limit,
             });
         }
         // A buffer of n layers needs (n - 1) strides plus one layer.
-        let layers_per_buffer = ((limit - layer_bytes) / layer_stride + 1).min(u64::from(layers));
+        let layers_per_buffer = ((limit - pooled_bytes) / layer_stride + 1).min(u64::from(layers));
         let layers_per_buffer = layers_per_buffer as u32;
         let buffers = layers.div_ceil(layers_per_buffer);
         let mut k = Vec::with_capacity(buffers as usize);
         let mut v = Vec::with_capacity(buffers as usize);
         for index in 0..buffers {
             let held = layers_per_buffer.min(layers - index * layers_per_buffer);
-            let bytes = u64::from(held - 1) * layer_stride + layer_bytes;
+            let bytes = u64::from(held - 1) * layer_stride + pooled_bytes;
             k.push(cache_buffer(gpu, &format!("kv_cache.k[{index}]"), bytes));
             v.push(cache_buffer(gpu, &format!("kv_cache.v[{index}]"), bytes));
         }
-        Ok(KvCache {
-            k,
-            v,
+        let slot = |index: u32| KvCache {
+            k: k.clone(),
+            v: v.clone(),
             layers,
             max_ctx,
             kv_heads,
             head_dim,
             layers_per_buffer,
             layer_stride,
+            slot_offset: u64::from(index) * region,
+            pooled_bytes,
             scratch: Mutex::new(None),
             short_conv: None,
+        };
+        Ok((0..slots).map(slot).collect())
+    }
+
+    /// Whether `other` is a slot of the same pool (so one binding reaches both).
+    pub fn same_pool(&self, other: &KvCache) -> bool {
+        self.k[0] == other.k[0] && self.layer_stride == other.layer_stride
+    }
+
+    /// Where this cache's region begins inside a pooled layer binding, in vec4s.
+    pub fn slot_base_vec4(&self) -> u32 {
+        (self.slot_offset / 16) as u32
+    }
+
+    /// The binding of `layer`'s keys of every slot of the pool.
+    pub fn pooled_k_layer(&self, layer: u32) -> wgpu::BindingResource<'_> {
+        self.pooled_binding(&self.k, layer)
+    }
+
+    /// The binding of `layer`'s values of every slot of the pool.
+    pub fn pooled_v_layer(&self, layer: u32) -> wgpu::BindingResource<'_> {
+        self.pooled_binding(&self.v, layer)
+    }
+
+    fn pooled_binding<'a>(
+        &self,
+        buffers: &'a [wgpu::Buffer],
+        layer: u32,
+    ) -> wgpu::BindingResource<'a> {
+        let (index, offset) = self.layer_location(layer);
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer: &buffers[index],
+            offset: offset - self.slot_offset,
+            size: std::num::NonZeroU64::new(self.pooled_bytes),
         })
     }
 
     /// Queues a copy of positions `0..tokens` of every layer's keys and values from `source`
-    /// (a cache of the same shape, so the same offsets): a prompt prefix shared between
+    /// (a cache of the same shape): a prompt prefix shared between
     /// sequences. Panics when the shapes differ or `tokens` exceeds either cache.
     pub fn copy_prefix_from(&self, gpu: &Gpu, source: &KvCache, tokens: u32) {
         let same_shape = (self.layers, self.max_ctx, self.kv_heads, self.head_dim)
@@ -121,15 +180,23 @@ impl KvCache {
             "copy_prefix_from: {tokens} positions"
         );
         let bytes = u64::from(tokens) * u64::from(self.kv_heads) * u64::from(self.head_dim) * 4;
+        if bytes == 0 {
+            return;
+        }
         let mut encoder = gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("kv prefix copy"),
             });
+        // Slots of one pool share buffers, and a copy within one buffer is refused: each
+        // piece goes through a staging buffer.
+        let staging = cache_buffer(gpu, "kv prefix staging", bytes);
         for layer in 0..self.layers {
-            let (buffer, offset) = self.layer_location(layer);
+            let (from_buffer, from_offset) = source.layer_location(layer);
+            let (to_buffer, to_offset) = self.layer_location(layer);
             for (from, to) in [(&source.k, &self.k), (&source.v, &self.v)] {
-                encoder.copy_buffer_to_buffer(&from[buffer], offset, &to[buffer], offset, bytes);
+                encoder.copy_buffer_to_buffer(&from[from_buffer], from_offset, &staging, 0, bytes);
+                encoder.copy_buffer_to_buffer(&staging, 0, &to[to_buffer], to_offset, bytes);
             }
         }
         gpu.queue.submit([encoder.finish()]);
@@ -148,7 +215,8 @@ impl KvCache {
             self.layers
         );
         let index = layer / self.layers_per_buffer;
-        let offset = u64::from(layer % self.layers_per_buffer) * self.layer_stride;
+        let offset =
+            u64::from(layer % self.layers_per_buffer) * self.layer_stride + self.slot_offset;
         (index as usize, offset)
     }
 

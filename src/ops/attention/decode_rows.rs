@@ -1,0 +1,174 @@
+//! Decode attention of a batched step in one dispatch (`wgsl/attention_decode_rows.wgsl`
+//! around `attention_decode_core.wgsl`): row `r` of `q` is one sequence's query at its own
+//! position, over its own slot of a KV pool (`KvCache::pooled`), whose whole layer is bound
+//! once. A row table on the GPU gives each row's position and slot region. Without it a step
+//! of R rows took R attention calls per layer (plus the copies in and out of row 0).
+//!
+//! The kernel is the GPU decode kernel's, on every adapter: it bounds the keys per workgroup,
+//! so it also stays within llvmpipe's loop limits, and one dispatch over R rows beats R
+//! dispatches of the CPU adapters' kernel there too.
+
+use super::{combine, first_visible, partials, AttentionParams, KernelParams};
+use crate::gpu::{Kernel, Lib, Recorder};
+use crate::ops::attention::decode_gpu::{self, MAX_KEYS_PER_SPLIT, WG};
+use crate::ops::attention::{attention_reference, KvCache};
+
+const DECODE_ROWS: Kernel = Kernel {
+    name: "attention_decode_rows",
+    source: concat!(
+        include_str!("../../../wgsl/attention_decode_rows.wgsl"),
+        include_str!("../../../wgsl/attention_decode_core.wgsl")
+    ),
+    entry: "main",
+    libs: &[Lib::Reduce, Lib::AttentionMask],
+};
+
+/// The rows of one batched step as the kernel reads them: one cache of the pool (any slot:
+/// they share the bindings), the GPU row table (`row_table`'s words) and the positions.
+pub struct DecodeRows<'a> {
+    pub cache: &'a KvCache,
+    pub table: &'a wgpu::Buffer,
+    pub positions: &'a [u32],
+}
+
+/// The row table's words, (position, slot base) per row, for rows at `positions` in `caches`;
+/// an error that says which row when a cache is not in the first one's pool or a position is
+/// outside its cache.
+pub fn row_table(caches: &[&KvCache], positions: &[u32]) -> Result<Vec<u32>, String> {
+    if caches.is_empty() || caches.len() != positions.len() {
+        return Err(format!(
+            "{} caches for {} positions (one each, at least one)",
+            caches.len(),
+            positions.len()
+        ));
+    }
+    let mut words = Vec::with_capacity(2 * caches.len());
+    for (row, (cache, &position)) in caches.iter().zip(positions).enumerate() {
+        if !cache.same_pool(caches[0]) {
+            return Err(format!("row {row}'s cache is not in row 0's pool"));
+        }
+        if position >= cache.max_ctx {
+            return Err(format!(
+                "row {row} at position {position} beyond its cache's {} positions",
+                cache.max_ctx
+            ));
+        }
+        words.extend([position, cache.slot_base_vec4()]);
+    }
+    Ok(words)
+}
+
+/// Whether the rows kernel runs this shape on this device.
+pub fn decode_rows_supported(gpu: &crate::gpu::Gpu, p: &AttentionParams) -> bool {
+    decode_gpu::supported(gpu, p)
+}
+
+/// out[r, h*hd..] = softmax(q_r·K_r^T * scale, causal (+window)) V_r over keys 0..=position_r
+/// of row r's slot in `layer`. `q` and `out` are [rows, heads * head_dim] f32; every row's
+/// cache must already hold its keys and values up to its position.
+///
+/// Panics when shapes disagree or the table is shorter than the rows: the model code builds
+/// both from `row_table`.
+pub fn attention_decode_rows(
+    rec: &mut Recorder,
+    q: &wgpu::Buffer,
+    rows: &DecodeRows,
+    layer: u32,
+    out: &wgpu::Buffer,
+    p: &AttentionParams,
+) {
+    let count = rows.positions.len() as u32;
+    if count == 0 {
+        return;
+    }
+    check_rows(rows, layer, q, out, p);
+    assert!(
+        decode_rows_supported(rec.gpu(), p),
+        "batched decode attention cannot hold head_dim {}",
+        p.head_dim
+    );
+    let visible = rows
+        .positions
+        .iter()
+        .map(|&pos| pos - first_visible(pos, p.window) + 1)
+        .max()
+        .unwrap_or(1);
+    let splits = decode_gpu::splits(rec.gpu(), p, count, visible);
+    let params = KernelParams::new(p, 0, count, splits);
+    let pipeline = rec.pipeline(
+        &DECODE_ROWS,
+        &[("WG", WG), ("HD", p.head_dim), ("KPS", MAX_KEYS_PER_SPLIT)],
+    );
+    let partial_rows = if splits > 1 { count } else { 1 };
+    let (acc, stats) = partials(rec, rows.cache, partial_rows, p, splits);
+    let bindings = [
+        q.as_entire_binding(),
+        rows.cache.pooled_k_layer(layer),
+        rows.cache.pooled_v_layer(layer),
+        out.as_entire_binding(),
+        acc.as_entire_binding(),
+        stats.as_entire_binding(),
+        rows.table.as_entire_binding(),
+    ];
+    rec.dispatch(&pipeline, &params, &bindings, [splits, p.heads, count]);
+    if splits > 1 {
+        combine(rec, &params, p.head_dim, &acc, &stats, out);
+    }
+}
+
+fn check_rows(
+    rows: &DecodeRows,
+    layer: u32,
+    q: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    p: &AttentionParams,
+) {
+    let cache = rows.cache;
+    assert!(
+        p.kv_heads == cache.kv_heads && p.head_dim == cache.head_dim,
+        "batched attention with {} kv heads of {} on a cache of {} kv heads of {}",
+        p.kv_heads,
+        p.head_dim,
+        cache.kv_heads,
+        cache.head_dim
+    );
+    assert!(
+        p.heads > 0 && p.heads % p.kv_heads == 0 && p.window != Some(0),
+        "{} query heads on {} kv heads, window {:?}",
+        p.heads,
+        p.kv_heads,
+        p.window
+    );
+    assert!(layer < cache.layers, "layer {layer} of {}", cache.layers);
+    let count = rows.positions.len() as u64;
+    assert!(
+        rows.positions.iter().all(|&pos| pos < cache.max_ctx) && rows.table.size() >= count * 8,
+        "batched attention rows beyond the cache or the row table"
+    );
+    let needed = count * u64::from(p.heads) * u64::from(p.head_dim) * 4;
+    assert!(
+        q.size() >= needed && out.size() >= needed,
+        "batched attention of {count} rows needs {needed}-byte q and out buffers"
+    );
+}
+
+/// One row of the CPU reference: the sequence's keys and values ([pos][kv_head][head_dim],
+/// at least position + 1 of them) and its position.
+pub struct ReferenceRow<'a> {
+    pub k: &'a [f32],
+    pub v: &'a [f32],
+    pub position: u32,
+}
+
+/// `attention_decode_rows` on the CPU: each row of `q` through `attention_reference` over
+/// its own keys and values.
+pub fn attention_rows_reference(q: &[f32], rows: &[ReferenceRow], p: &AttentionParams) -> Vec<f32> {
+    let width = (p.heads * p.head_dim) as usize;
+    rows.iter()
+        .enumerate()
+        .flat_map(|(r, row)| {
+            let query = &q[r * width..(r + 1) * width];
+            attention_reference(query, row.k, row.v, row.position, 1, p)
+        })
+        .collect()
+}
