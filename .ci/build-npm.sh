@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-SOURCES=(web/openai.js web/openai-request.js web/tool-calls.js web/engine-client.js web/worker.js npm/index.d.ts npm/README.md)
+SOURCES=(web/openai.js web/openai-request.js web/openai-embeddings.js web/tool-calls.js web/engine-client.js web/worker.js npm/index.d.ts npm/README.md)
 # Only what worker.js loads: the package's types are index.d.ts, not wasm-bindgen's.
 WASM=(webshard.js webshard_bg.wasm)
 BUILD=npm/build

@@ -70,6 +70,8 @@ export interface CacheStats {
 
 /** The loaded model and the device it runs on. */
 export interface EngineInfo {
+  /** A model that generates (chat, completions). */
+  task: 'generation';
   url: string;
   adapter: string;
   backend: string;
@@ -97,6 +99,31 @@ export interface EngineInfo {
   toolSupport: 'hermes' | 'none' | 'other';
 }
 
+/** A loaded embedding model (an encoder such as `bert`, or a decoder loaded with `embeddings: true`). */
+export interface EmbeddingModelInfo {
+  task: 'embeddings';
+  url: string;
+  adapter: string;
+  backend: string;
+  variant: string;
+  f16: boolean;
+  subgroups: boolean;
+  /** `bert`, `nomic-bert`, `llama`... */
+  arch: string;
+  /** Length of every embedding. */
+  dimensions: number;
+  vocab: number;
+  /** Most tokens one input may have, special tokens included. */
+  maxContext: number;
+  /** How token states become one vector (the GGUF's `pooling_type`). */
+  pooling: 'mean' | 'cls' | 'last';
+  loadSeconds: number;
+  networkRequests: number;
+  networkBytes: number;
+  wasmMemoryBefore: number;
+  wasmMemoryPeak: number;
+}
+
 /** `createEngine`'s options: the model's URL, the load settings, and callbacks. */
 export interface CreateEngineOptions {
   /** URL of a GGUF file, read with HTTP Range requests (another origin needs CORS). */
@@ -109,6 +136,9 @@ export interface CreateEngineOptions {
   chunkBytes?: number;
   /** Range requests in flight; default 4, 1 to 16. */
   inFlight?: number;
+  /** Load the model to embed only (`embeddings.create`); encoder GGUFs (bert, nomic-bert)
+   * always load so. A causal decoder's final hidden states are then pooled. */
+  embeddings?: boolean;
   /** Use the f32 kernels even where the adapter has shader-f16. */
   disableF16?: boolean;
   disableSubgroups?: boolean;
@@ -297,14 +327,48 @@ export interface Completions {
   create(body: CompletionCreateParams, options?: RequestOptions): Promise<Completion | AsyncIterable<Completion>>;
 }
 
-/** A loaded model behind the OpenAI-shaped API. Requests run one at a time, in call order. */
+export interface EmbeddingCreateParams {
+  /** A text, texts, token ids, or lists of token ids; at most 2048 inputs. */
+  input: string | string[] | number[] | number[][];
+  /** The loaded model's name (its file's stem) or URL; any other is refused. */
+  model?: string;
+  /** `float` (default): number lists; `base64`: the little-endian f32 bytes. */
+  encoding_format?: 'float' | 'base64';
+  /** Only the model's own length is possible. */
+  dimensions?: number;
+  user?: string;
+}
+
+/** One input's vector, pooled as the model says and L2-normalised. */
+export interface Embedding<E extends number[] | string = number[]> {
+  object: 'embedding';
+  index: number;
+  embedding: E;
+}
+
+export interface CreateEmbeddingResponse<E extends number[] | string = number[]> {
+  object: 'list';
+  data: Embedding<E>[];
+  model: string;
+  usage: { prompt_tokens: number; total_tokens: number };
+}
+
+export interface Embeddings {
+  create(body: EmbeddingCreateParams & { encoding_format?: 'float' }, options?: { signal?: AbortSignal }): Promise<CreateEmbeddingResponse<number[]>>;
+  create(body: EmbeddingCreateParams & { encoding_format: 'base64' }, options?: { signal?: AbortSignal }): Promise<CreateEmbeddingResponse<string>>;
+}
+
+/** A loaded model behind the OpenAI-shaped API. Requests run one at a time, in call order.
+ * A generation model answers `chat` and `completions`, an embedding model `embeddings`
+ * (`info.task` says which); the others reject with an `EngineError` of kind `options`. */
 export interface OpenAIEngine {
   /** The model's name: its file's stem. */
   readonly model: string;
   readonly url: string;
-  readonly info: EngineInfo;
+  readonly info: EngineInfo | EmbeddingModelInfo;
   readonly chat: { completions: ChatCompletions };
   readonly completions: Completions;
+  readonly embeddings: Embeddings;
   /** Stops the running request after its current token. */
   abort(): void;
 }
@@ -315,6 +379,8 @@ export interface LoadedEngine {
   generate(prompt: string, options: object, onToken?: (text: string) => void): Promise<object>;
   chat(messages: { role: string; content: string; tool_calls?: object[]; tool_call_id?: string }[], options: object, onToken?: (text: string) => void): Promise<object>;
   abort(): void;
+  /** Embedding models only: `{ embeddings, promptTokens }` for `embeddings.create`. */
+  embed?(inputs: string[] | number[][]): Promise<{ embeddings: number[][]; promptTokens: number }>;
 }
 
 /** Loads `options.model` in a new Web Worker on WebGPU; resolves once it is on the GPU. */

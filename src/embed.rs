@@ -81,6 +81,8 @@ pub enum EmbedError {
     },
     #[error("input {index} has no tokens")]
     Empty { index: usize },
+    #[error("input {index} has token id {id}, outside the vocabulary of {vocab}")]
+    OutOfVocabulary { index: usize, id: u32, vocab: u32 },
     #[error(
         "the model's pooling type {0} is not one of mean (1), CLS (2) or last (3); choose one"
     )]
@@ -114,6 +116,8 @@ pub struct Embedder {
     network: Network,
     /// From `*.pooling_type`; `None` when the file names none.
     model_pooling: Option<u32>,
+    /// `general.architecture`.
+    arch: String,
 }
 
 /// Whether `general.architecture` names an encoder (rather than a causal decoder).
@@ -134,6 +138,7 @@ impl Embedder {
     ) -> Result<Embedder, EmbedError> {
         let header = read_header(source).await?;
         let tokenizer = Tokenizer::from_metadata(&header.metadata)?;
+        let arch = header.architecture()?.to_string();
         if is_encoder(&header) {
             let encoder = BertEncoder::load(gpu, source, &header, progress).await?;
             let model_pooling = encoder.cfg.pooling_type;
@@ -141,16 +146,22 @@ impl Embedder {
                 tokenizer,
                 network: Network::Encoder(encoder),
                 model_pooling,
+                arch,
             });
         }
-        let arch = header.architecture()?.to_string();
         let model_pooling = header.metadata.opt_u32(&format!("{arch}.pooling_type"))?;
         let decoder = PooledDecoder::load(gpu, source, header, max_context, progress).await?;
         Ok(Embedder {
             tokenizer,
             network: Network::Decoder(decoder),
             model_pooling,
+            arch,
         })
+    }
+
+    /// `general.architecture`: `bert`, `nomic-bert`, `llama`...
+    pub fn architecture(&self) -> &str {
+        &self.arch
     }
 
     /// Length of each embedding.
@@ -227,6 +238,10 @@ impl Embedder {
                     tokens: ids.len(),
                     max,
                 });
+            }
+            let vocab = self.vocab();
+            if let Some(&id) = ids.iter().find(|&&id| id >= vocab) {
+                return Err(EmbedError::OutOfVocabulary { index, id, vocab });
             }
         }
         let mut out = Vec::with_capacity(inputs.len());

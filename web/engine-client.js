@@ -10,6 +10,8 @@
 //   const out = await engine.chat([{ role, content }], options, onToken, onPrefill);
 //   // onPrefill(done, total): prompt tokens processed so far, while the prompt is prefilled
 //   engine.abort();
+//   const { embeddings, promptTokens } = await engine.embed(['text', [101, 2023, 102]]);
+//   // an embedding model (encoder, or `embeddings: true` at load): L2-normalised vectors
 // openai.js puts the OpenAI-shaped API (chat.completions.create...) over this.
 
 /** An Error carrying the engine's error class (`not-found`, `not-gguf`, `no-webgpu`...). */
@@ -114,6 +116,11 @@ export class WorkerEngine {
 
   chat(messages, options = {}, onToken, onPrefill) {
     return this.channel.request({ type: 'chat', messages, options }, { onToken, onPrefill });
+  }
+
+  /** Embeds strings or token-id lists: `{ embeddings: number[][], promptTokens }`. */
+  embed(inputs) {
+    return this.channel.request({ type: 'embed', inputs });
   }
 
   tokenize(text) {

@@ -8,6 +8,8 @@
 //   for await (const chunk of await engine.chat.completions.create({ messages, stream: true,
 //     stream_options: { include_usage: true } })) ...   // chat.completion.chunk objects
 //   await engine.completions.create({ prompt, max_tokens });  // a text_completion
+//   await engine.embeddings.create({ input: ['a', 'b'] });  // { data[].embedding, usage }
+//   (an embedding model: an encoder GGUF such as bert, or `createEngine({ embeddings: true })`)
 // The model runs in a Web Worker (engine-client.js, worker.js); `wrapEngine` puts the same
 // API over an engine already loaded (the worker's, or a fleet's). Requests run one at a time
 // in call order. `create(body, { signal })` stops on an AbortSignal and rejects with an
@@ -17,6 +19,7 @@
 import { WorkerEngine, EngineError } from './engine-client.js';
 import { chatPlan, completionPlan, BadRequestError } from './openai-request.js';
 import { CallReader, readCall } from './tool-calls.js';
+import { embeddingError, embeddingPlan, embeddingResponse } from './openai-embeddings.js';
 
 export { BadRequestError, EngineError };
 
@@ -130,6 +133,7 @@ class OpenAIEngine {
     this.queue = Promise.resolve();
     this.chat = { completions: { create: (body, options) => this.createChat(body, options) } };
     this.completions = { create: (body, options) => this.createCompletion(body, options) };
+    this.embeddings = { create: (body, options) => this.createEmbeddings(body, options) };
   }
 
   get info() {
@@ -161,6 +165,18 @@ class OpenAIEngine {
     const run = (onToken) => this.engine.generate(plan.prompt, plan.options, onToken, onPrefill);
     const shape = completionShape(newId('cmpl'), this.model);
     return plan.stream ? this.stream(plan, run, shape, signal) : shape.whole(await this.whole(plan, run, signal));
+  }
+
+  async createEmbeddings(body, { signal } = {}) {
+    this.checkModel(body);
+    if (typeof this.engine.embed !== 'function') throw new EngineError('embeddings: this engine does not embed', 'options');
+    const plan = embeddingPlan(body, this.info);
+    const turn = this.queue.then(async () => {
+      if (signal?.aborted) throw abortError();
+      return this.engine.embed(plan.inputs).catch((err) => Promise.reject(embeddingError(err, plan)));
+    });
+    this.queue = turn.catch(() => {});
+    return embeddingResponse(await turn, plan, this.model);
   }
 
   /** Runs `run(onToken)` after the requests before it; `signal` stops it. */

@@ -66,10 +66,10 @@ pub struct WebEngine {
 /// Browsers only log these, and the work they spoil reads back as zeros, so every load and
 /// generation checks here and fails with the browser's message instead of producing garbage.
 #[derive(Clone, Default)]
-struct GpuErrors(Arc<std::sync::Mutex<Option<String>>>);
+pub(super) struct GpuErrors(Arc<std::sync::Mutex<Option<String>>>);
 
 impl GpuErrors {
-    fn watch(gpu: &Gpu) -> GpuErrors {
+    pub(super) fn watch(gpu: &Gpu) -> GpuErrors {
         let errors = GpuErrors::default();
         let slot = errors.0.clone();
         gpu.device
@@ -81,7 +81,7 @@ impl GpuErrors {
         errors
     }
 
-    fn check(&self) -> Result<(), WebError> {
+    pub(super) fn check(&self) -> Result<(), WebError> {
         match self.0.lock().ok().and_then(|first| first.clone()) {
             Some(message) => Err(WebError::Validation(message)),
             None => Ok(()),
@@ -90,10 +90,10 @@ impl GpuErrors {
 }
 
 /// The callback and signal members of `Engine.load`'s options.
-struct LoadHooks {
-    on_progress: Option<Function>,
-    on_device_lost: Option<Function>,
-    signal: Option<AbortSignal>,
+pub(super) struct LoadHooks {
+    pub(super) on_progress: Option<Function>,
+    pub(super) on_device_lost: Option<Function>,
+    pub(super) signal: Option<AbortSignal>,
 }
 
 pub(super) fn member<T: JsCast>(options: &JsValue, name: &str) -> Option<T> {
@@ -107,7 +107,7 @@ pub(super) fn member<T: JsCast>(options: &JsValue, name: &str) -> Option<T> {
 }
 
 impl LoadHooks {
-    fn read(options: &JsValue) -> LoadHooks {
+    pub(super) fn read(options: &JsValue) -> LoadHooks {
         LoadHooks {
             on_progress: member(options, "onProgress"),
             on_device_lost: member(options, "onDeviceLost"),
@@ -117,7 +117,7 @@ impl LoadHooks {
 }
 
 /// `{ bytesDone, bytesTotal, mbPerSec, tensor }` for `onProgress`.
-fn progress_event(p: &LoadProgress<'_>, seconds: f64) -> JsValue {
+pub(super) fn progress_event(p: &LoadProgress<'_>, seconds: f64) -> JsValue {
     let event = js_sys::Object::new();
     let mb_per_sec = if seconds > 0.0 {
         p.bytes_done as f64 / 1e6 / seconds
@@ -175,7 +175,7 @@ pub(super) async fn open_gpu(
 /// Reports a lost device to `on_lost(reason, message)` unless the engine was freed on purpose.
 /// wgpu wants a `Send` callback, so it only sends the news to a local task that holds the
 /// JS function.
-fn watch_device(gpu: &Gpu, on_lost: Option<Function>, disposed: Rc<Cell<bool>>) {
+pub(super) fn watch_device(gpu: &Gpu, on_lost: Option<Function>, disposed: Rc<Cell<bool>>) {
     let Some(on_lost) = on_lost else { return };
     let (sender, receiver) = futures::channel::oneshot::channel::<(String, String)>();
     let sender = std::sync::Mutex::new(Some(sender));
@@ -482,7 +482,7 @@ impl GenerateResult {
     }
 }
 
-fn to_js<T: serde::Serialize>(value: &T) -> Result<JsValue, JsValue> {
+pub(super) fn to_js<T: serde::Serialize>(value: &T) -> Result<JsValue, JsValue> {
     let serializer = serde_wasm_bindgen::Serializer::json_compatible();
     value
         .serialize(&serializer)

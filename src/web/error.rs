@@ -3,10 +3,12 @@
 
 use wasm_bindgen::{JsCast, JsValue};
 
+use crate::embed::EmbedError;
 use crate::engine::EngineError;
 use crate::front::RequestError;
 use crate::gguf::{GgufError, SourceError};
 use crate::gpu::GpuError;
+use crate::model::bert::ENCODER_ARCHITECTURES;
 use crate::model::{ConfigError, ModelError};
 use crate::sample::ConstraintError;
 use crate::shard::roles::RoleError;
@@ -15,6 +17,8 @@ use crate::shard::roles::RoleError;
 pub enum WebError {
     #[error(transparent)]
     Engine(#[from] EngineError),
+    #[error(transparent)]
+    Embed(#[from] EmbedError),
     #[error(transparent)]
     Source(#[from] SourceError),
     #[error(transparent)]
@@ -60,10 +64,11 @@ pub enum WebError {
 impl WebError {
     /// A short machine-readable class for pages: `not-found`, `http`, `network`, `not-gguf`,
     /// `unsupported`, `no-webgpu`, `aborted`, `busy`, `device-lost`, `options`, `cache`, `fleet`,
-    /// `other`.
+    /// `embedding-model` (an encoder given to `Engine`: load it as an `EmbeddingModel`), `other`.
     pub fn kind(&self) -> &'static str {
         match self {
             WebError::Engine(e) => engine_kind(e),
+            WebError::Embed(e) => embed_kind(e),
             WebError::Source(e) => source_kind(e),
             WebError::Gpu(_) | WebError::Validation(_) => "gpu",
             WebError::NoWebGpu(_) => "no-webgpu",
@@ -122,8 +127,25 @@ fn engine_kind(e: &EngineError) -> &'static str {
     }
 }
 
+fn embed_kind(e: &EmbedError) -> &'static str {
+    match e {
+        EmbedError::Gguf(g) => gguf_kind(g),
+        EmbedError::Source(s) => source_kind(s),
+        EmbedError::Model(m) => model_kind(m),
+        EmbedError::Tokenizer(_) | EmbedError::UnsupportedPooling(_) => "unsupported",
+        EmbedError::TooLong { .. }
+        | EmbedError::Empty { .. }
+        | EmbedError::OutOfVocabulary { .. } => "options",
+    }
+}
+
 fn model_kind(e: &ModelError) -> &'static str {
     match e {
+        ModelError::Config(ConfigError::UnsupportedArch(arch))
+            if ENCODER_ARCHITECTURES.contains(&arch.as_str()) =>
+        {
+            "embedding-model"
+        }
         ModelError::Config(ConfigError::Gguf(g)) | ModelError::Gguf(g) => gguf_kind(g),
         ModelError::Config(_) => "unsupported",
         ModelError::Source(s) => source_kind(s),

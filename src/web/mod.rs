@@ -1,6 +1,7 @@
 //! wasm-bindgen exports and worker glue: the only module that knows it runs in a browser.
 //!
 //! JavaScript sees `Engine` (load a GGUF URL into WebGPU, generate, chat, abort),
+//! `EmbeddingModel` (load an embedding GGUF, embed texts: `embedder`),
 //! `wasmMemoryBytes()`, `clearCache()`, `Donor` (lends this GPU to a shard fleet) and
 //! `Coordinator` (generates through a fleet of donors instead of this GPU). Loads
 //! read the file with ranged `fetch`es through an OPFS cache (`cache`), so interrupted
@@ -9,6 +10,7 @@
 pub mod cache;
 pub mod coordinator;
 pub mod donor;
+pub mod embedder;
 pub mod engine;
 pub mod error;
 pub mod fetch;

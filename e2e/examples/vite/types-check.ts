@@ -1,6 +1,6 @@
 // Checked by `tsc --noEmit` (npm run build), never run: the package's types say what a result
 // holds and refuse malformed requests, which they could not if anything were typed `any`.
-import { createEngine, BadRequestError, type ChatCompletion, type Completion, type OpenAIEngine } from 'webshard';
+import { createEngine, BadRequestError, type ChatCompletion, type Completion, type CreateEmbeddingResponse, type OpenAIEngine } from 'webshard';
 
 export async function typesCheck(engine: OpenAIEngine): Promise<string[]> {
   const whole: ChatCompletion = await engine.chat.completions.create({
@@ -25,4 +25,15 @@ export async function typesCheck(engine: OpenAIEngine): Promise<string[]> {
   const error = new BadRequestError('messages', 'must not be empty');
   pieces.push(error.param);
   return pieces;
+}
+
+export async function embeddingsTypesCheck(engine: OpenAIEngine): Promise<number[]> {
+  const floats: CreateEmbeddingResponse = await engine.embeddings.create({ input: ['a', 'b'] });
+  const packed: CreateEmbeddingResponse<string> = await engine.embeddings.create({ input: [[101, 102]], encoding_format: 'base64' });
+  // @ts-expect-error: encoding formats are float and base64
+  await engine.embeddings.create({ input: 'a', encoding_format: 'int8' });
+  // @ts-expect-error: input is text or token ids
+  await engine.embeddings.create({ input: [{ text: 'a' }] });
+  const dims = engine.info.task === 'embeddings' ? engine.info.dimensions : 0;
+  return [...floats.data[0].embedding, packed.data[0].embedding.length, floats.usage.prompt_tokens, dims];
 }
