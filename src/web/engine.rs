@@ -290,6 +290,25 @@ impl WebEngine {
         })
     }
 
+    /// Teacher-forced logits of `ids`, as `runner score` gives them: the rows of positions
+    /// `from..ids.length`, flattened into one `Float32Array` of `(ids.length - from) * vocab`
+    /// floats (the fidelity checks of e2e/tests/fidelity.spec.js). Forgets the conversation.
+    pub fn score(&self, ids: Vec<u32>, from: u32) -> js_sys::Promise {
+        let engine = self.engine.clone();
+        let gpu_errors = self.gpu_errors.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let mut engine = engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
+            if from as usize > ids.len() {
+                let what = format!("score: from {from} is past the {} ids", ids.len());
+                return Err(WebError::Options(what).into());
+            }
+            let rows = engine.score(&ids).await.map_err(WebError::from)?;
+            gpu_errors.check()?;
+            let kept: Vec<f32> = rows.into_iter().skip(from as usize).flatten().collect();
+            Ok(js_sys::Float32Array::from(kept.as_slice()).into())
+        })
+    }
+
     /// Stops the running generation after the current token.
     pub fn abort(&self) {
         self.stop.set(true);
