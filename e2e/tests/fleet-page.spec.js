@@ -98,7 +98,7 @@ test('no donor joining is a clear error after the join timeout', async ({ browse
   const { last, shown } = await pageError(page);
   expect(Date.now() - started).toBeLessThan(60 * 1000);
   expect(last.kind).toBe('fleet');
-  expect(shown).toContain('waiting for 2 donors (have 0)');
+  expect(shown).toContain('0 of 2 donors joined within 3 s');
   expect(shown).toContain('fleet token');
 });
 

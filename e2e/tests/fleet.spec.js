@@ -65,7 +65,7 @@ const openDonorPage = (browser) => openDonor(browser, contexts, { base, signal, 
 function startNativeDonor() {
   const child = new Child(
     'runner donor',
-    ['donor', '--signal', signal, '--fleet', TOKEN, '--gpu-mem-mib', String(NATIVE_MIB), '--backend', 'vulkan'],
+    ['donor', '--once', '--signal', signal, '--fleet', TOKEN, '--gpu-mem-mib', String(NATIVE_MIB), '--backend', 'vulkan'],
     COORDINATE_MS + 60 * 1000,
   );
   children.push(child);
