@@ -1,7 +1,9 @@
 //! Embeddings: tokenizer + encoder + pooling, as llama.cpp computes them (`llama-embedding`,
 //! llama-cpp-python's `Llama.embed`): each text is tokenized with its special tokens
-//! (`[CLS] .. [SEP]` for WordPiece), run through the encoder on its own, pooled the way the
-//! GGUF's `*.pooling_type` says (or the caller asks), and optionally L2-normalised.
+//! (`[CLS] .. [SEP]` for WordPiece), run through the encoder as if alone, pooled the way the
+//! GGUF's `*.pooling_type` says (or the caller asks), and optionally L2-normalised. An
+//! encoder packs as many inputs into one GPU pass as fit (`BertEncoder::hidden_states_packed`,
+//! each input attending to itself only); a pooled decoder runs one input per pass.
 //!
 //! Two kinds of model embed: encoders (`bert`, `nomic-bert`, with bidirectional attention) and any causal
 //! decoder the engine runs (`llama`, `qwen2`, `gemma3`), whose hidden states after the final
@@ -244,24 +246,57 @@ impl Embedder {
                 return Err(EmbedError::OutOfVocabulary { index, id, vocab });
             }
         }
+        let dims = self.dimensions();
         let mut out = Vec::with_capacity(inputs.len());
-        for ids in inputs {
-            let hidden = self.hidden_states(ids).await?;
-            let mut vector = pool(&hidden, self.dimensions(), pooling);
-            if options.normalize {
-                l2_normalize(&mut vector);
+        for pass in self.passes(inputs) {
+            let hidden = self.hidden_states(pass).await?;
+            let mut rows = hidden.as_slice();
+            for ids in pass {
+                let (mine, rest) = rows.split_at(ids.len() * dims);
+                rows = rest;
+                let mut vector = pool(mine, dims, pooling);
+                if options.normalize {
+                    l2_normalize(&mut vector);
+                }
+                out.push(vector);
             }
-            out.push(vector);
         }
         Ok(out)
     }
 }
 
 impl Embedder {
-    async fn hidden_states(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+    /// `inputs` split into GPU passes, in order: an encoder's passes greedily hold as many
+    /// consecutive inputs as fit its pass; a decoder's hold one each (packing a causal model
+    /// would need a causal mask within each sequence as well, and a cache position per token).
+    fn passes<'a>(&self, inputs: &'a [Vec<u32>]) -> Vec<&'a [Vec<u32>]> {
+        let limit = match &self.network {
+            Network::Encoder(encoder) => encoder.pass_tokens() as usize,
+            Network::Decoder(_) => return inputs.chunks(1).collect(),
+        };
+        let mut passes = Vec::new();
+        let (mut start, mut tokens) = (0, 0);
+        for (index, ids) in inputs.iter().enumerate() {
+            if index > start && tokens + ids.len() > limit {
+                passes.push(&inputs[start..index]);
+                (start, tokens) = (index, 0);
+            }
+            tokens += ids.len();
+        }
+        if start < inputs.len() {
+            passes.push(&inputs[start..]);
+        }
+        passes
+    }
+
+    /// The hidden states of one pass's inputs, their rows one after another.
+    async fn hidden_states(&self, pass: &[Vec<u32>]) -> Result<Vec<f32>, ModelError> {
         match &self.network {
-            Network::Encoder(encoder) => encoder.hidden_states(ids).await,
-            Network::Decoder(decoder) => decoder.hidden_states(ids).await,
+            Network::Encoder(encoder) => {
+                let inputs: Vec<&[u32]> = pass.iter().map(Vec::as_slice).collect();
+                encoder.hidden_states_packed(&inputs).await
+            }
+            Network::Decoder(decoder) => decoder.hidden_states(&pass[0]).await,
         }
     }
 }

@@ -63,6 +63,45 @@ fn rope_matches_reference() {
     }
 }
 
+/// Packed sequences (lengths 1, 7, 64 and 30, each counting from 0, as an encoder's batch
+/// packs them): `rope_at` against the reference run on each sequence alone.
+#[test]
+fn rope_at_restarts_positions_per_sequence() {
+    let seed = testing::fresh_seed();
+    let lengths = [1u32, 7, 64, 30];
+    let positions: Vec<u32> = lengths.iter().flat_map(|&n| 0..n).collect();
+    let tokens = positions.len() as u32;
+    for (gpu, variant) in each_variant() {
+        for (name, params, heads) in configurations() {
+            let row = (heads * params.head_dim) as usize;
+            let x: Vec<f32> = testing::random_f32(tokens as usize * row, seed)
+                .into_iter()
+                .map(|v| v * 8.0)
+                .collect();
+            let buffer = gpu::upload_f32(&gpu, "x", &x);
+            let position_buffer = gpu::upload_u32(&gpu, "positions", &positions);
+            let mut rec = Recorder::with_variant(&gpu, variant);
+            rope::rope_at(&mut rec, &buffer, tokens, heads, &position_buffer, &params);
+            rec.submit();
+            let n = x.len() as u64;
+            let got = pollster::block_on(gpu::read_f32(&gpu, &buffer, 0, n)).unwrap();
+            let mut want = x.clone();
+            let mut start = 0usize;
+            for &length in &lengths {
+                let end = start + length as usize * row;
+                rope::rope_reference(&mut want[start..end], length, heads, 0, &params);
+                start = end;
+            }
+            let what = format!(
+                "rope_at {name} {} ({}) {variant} seed={seed}",
+                gpu.caps.adapter, gpu.caps.backend
+            );
+            testing::assert_close(&got, &want, 2e-6, &what);
+            assert_untouched_beyond_rope_dims(&got, &x, &params, &what);
+        }
+    }
+}
+
 fn assert_untouched_beyond_rope_dims(got: &[f32], input: &[f32], p: &RopeParams, what: &str) {
     for (head_got, head_in) in got
         .chunks(p.head_dim as usize)

@@ -12,15 +12,16 @@ use std::sync::Arc;
 use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
 use webshard::gpu::{self, testing, Gpu, Recorder, Variant, WeightTensor};
 use webshard::ops::attention::{
-    attention_decode, attention_prefill, attention_reference, kv_write, softmax, softmax_reference,
-    AttentionParams, KvCache,
+    attention_decode, attention_prefill, attention_reference, kv_write, segment_table,
+    segmented_attention, segmented_attention_reference, softmax, softmax_reference,
+    AttentionParams, KvCache, Segments,
 };
 use webshard::ops::elementwise::{self, Activation};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
     dequant_row_reference, embed, matmul, matmul_reference, QuantMatrix, QuantType,
 };
-use webshard::ops::rope::{rope, rope_reference, RopeParams};
+use webshard::ops::rope::{rope, rope_at, rope_reference, RopeParams};
 use webshard::ops::{norm, select};
 
 wasm_bindgen_test_configure!(run_in_browser);
@@ -403,5 +404,78 @@ async fn attention_matches_reference() {
                 }
             }
         }
+    }
+}
+
+/// An encoder's packed batch: sequences of 1, 5, 66 and 2 tokens (the third crossing the
+/// 64-row workgroup), rope at positions restarting per sequence, then segmented attention.
+#[wasm_bindgen_test]
+async fn packed_sequences_match_reference() {
+    let seed = testing::fresh_seed();
+    let lengths = [1u32, 5, 66, 2];
+    let tokens: u32 = lengths.iter().sum();
+    let (heads, head_dim) = (12u32, 32u32);
+    let p = AttentionParams {
+        heads,
+        kv_heads: heads,
+        head_dim,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        window: None,
+        softcap: None,
+    };
+    let rope_p = RopeParams {
+        head_dim,
+        rope_dims: head_dim,
+        freq_base: 1000.0,
+        freq_scale: 1.0,
+        neox: true,
+    };
+    let n = (tokens * heads * head_dim) as usize;
+    let q: Vec<f32> = testing::random_f32(n, seed)
+        .iter()
+        .map(|x| x * 4.0)
+        .collect();
+    let (k, v) = (
+        testing::random_f32(n, seed + 1),
+        testing::random_f32(n, seed + 2),
+    );
+    let positions: Vec<u32> = lengths.iter().flat_map(|&len| 0..len).collect();
+    let mut rotated = q.clone();
+    let mut start = 0usize;
+    for &len in &lengths {
+        let end = start + (len * heads * head_dim) as usize;
+        rope_reference(&mut rotated[start..end], len, heads, 0, &rope_p);
+        start = end;
+    }
+    let want_attention = segmented_attention_reference(&q, &k, &v, &lengths, &p);
+    for (gpu, variant) in variants().await {
+        let what = label(&gpu, variant, "rope_at", seed);
+        let got = checked(&gpu, &what, async {
+            let buffer = gpu::upload_f32(&gpu, "x", &q);
+            let position_buffer = gpu::upload_u32(&gpu, "positions", &positions);
+            let mut rec = Recorder::with_variant(&gpu, variant);
+            rope_at(&mut rec, &buffer, tokens, heads, &position_buffer, &rope_p);
+            run_and_read(rec, &buffer, n).await
+        })
+        .await;
+        testing::assert_close(&got, &rotated, 1e-3, &what);
+        let what = label(&gpu, variant, "segmented attention", seed);
+        let got = checked(&gpu, &what, async {
+            let cache = KvCache::new(&gpu, 1, tokens, heads, head_dim).expect("cache");
+            let upload = |data: &[f32]| gpu::upload_f32(&gpu, "x", data);
+            let (q, k, v, out) = (upload(&q), upload(&k), upload(&v), output(&gpu, n));
+            let table = gpu::upload_u32(&gpu, "segments", &segment_table(&lengths));
+            let segments = Segments {
+                lengths: &lengths,
+                table: &table,
+            };
+            let mut rec = Recorder::with_variant(&gpu, variant);
+            kv_write(&mut rec, &cache, 0, &k, &v, 0, tokens);
+            segmented_attention(&mut rec, &q, &cache, 0, &out, &segments, &p);
+            run_and_read(rec, &out, n).await
+        })
+        .await;
+        let tolerance = if variant.f16 { 3e-3 } else { 2e-5 };
+        testing::assert_close(&got, &want_attention, tolerance, &what);
     }
 }

@@ -1,5 +1,7 @@
 // Causal attention for many query positions (prefill, chunked prefill after start_pos > 0);
-// with CAUSAL = 0, bidirectional attention (encoders): every query sees every key of the call.
+// with CAUSAL = 0, bidirectional attention (encoders): every query sees every key of the call;
+// with SEGMENTS = 1 as well, the call packs several sequences (an encoder's batch) and each
+// query sees only the keys of its own sequence, segments[token] (first and last key).
 // Workgroup (row_block, kv_group, split): the rows are (token, head) pairs of the query heads that
 // share kv head `kv_group`, token-major, WG rows per workgroup, one row per lane. Keys and
 // values stream through workgroup memory in tiles of BK keys (half_t in f16 variants, which
@@ -14,7 +16,8 @@
 // merged by attention_combine.wgsl. The head_dim loops take four vec4s per iteration for the
 // same reason (head_dim is a multiple of 16).
 //
-// Constants: WG (rows per workgroup), HD (head_dim), BK (keys per tile), CAUSAL (1 or 0).
+// Constants: WG (rows per workgroup), HD (head_dim), BK (keys per tile), CAUSAL (1 or 0),
+// SEGMENTS (1 or 0; 1 only with CAUSAL 0).
 
 struct Params {
     kv_heads: u32,
@@ -36,11 +39,25 @@ struct Params {
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> partial_acc: array<vec4<f32>>;
 @group(0) @binding(6) var<storage, read_write> partial_stats: array<vec2<f32>>;
+// SEGMENTS = 1: the first and last key of each token's sequence; a placeholder otherwise.
+@group(0) @binding(7) var<storage, read> segments: array<vec2<u32>>;
 
 const HD4: u32 = HD / 4u;
 
 var<workgroup> k_tile: array<half4_t, BK * HD4>;
 var<workgroup> v_tile: array<half4_t, BK * HD4>;
+
+// The first and last key the query of `token` sees. Both grow with the token in every mode
+// (sequences are packed in order), so a workgroup's keys run from its first token's first key
+// to its last token's last key.
+fn visible_keys(token: u32) -> vec2<u32> {
+    if (SEGMENTS == 1u) {
+        return segments[token];
+    }
+    let pos = params.start_pos + token;
+    let all_keys = params.start_pos + params.tokens - 1u;
+    return vec2<u32>(first_visible(pos, params.window), select(all_keys, pos, CAUSAL == 1u));
+}
 
 // Loads keys tile_start..tile_start + BK (those <= last_key) of `kv_group` into the tiles.
 fn load_tile(tile_start: u32, last_key: u32, kv_group: u32, lane: u32) {
@@ -65,18 +82,17 @@ fn main(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
     let in_range = row < params.tokens * group_size;
     let last_token = min(params.tokens - 1u, (first_row + WG - 1u) / group_size);
     // Keys any row of this workgroup can see.
-    let lo = first_visible(params.start_pos + first_row / group_size, params.window);
-    let all_keys = params.start_pos + params.tokens - 1u;
-    let hi = select(all_keys, params.start_pos + last_token, CAUSAL == 1u);
+    let lo = visible_keys(first_row / group_size).x;
+    let hi = visible_keys(last_token).y;
     let tiles = (hi - lo) / BK + 1u;
     let split_start = lo + split * tiles / params.splits * BK;
     let split_end = lo + (split + 1u) * tiles / params.splits * BK;
 
     let token = min(row / group_size, params.tokens - 1u);
     let head = kv_group * group_size + row % group_size;
-    let pos = params.start_pos + token;
-    let row_lo = first_visible(pos, params.window);
-    let row_hi = select(all_keys, pos, CAUSAL == 1u);
+    let row_keys = visible_keys(token);
+    let row_lo = row_keys.x;
+    let row_hi = row_keys.y;
     let q_base = (token * params.heads + head) * HD4;
     var query: array<vec4<f32>, HD4>;
     if (in_range) {

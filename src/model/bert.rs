@@ -13,18 +13,24 @@
 //! no biases, and a SwiGLU feed-forward: `Wdown · (silu(Wgate·x) * Wup·x)`.
 //!
 //! The output is the hidden state of every token; pooling (`crate::embed`) makes embeddings.
-//! The encoder runs one sequence per call: its keys and values go through a `KvCache` of the
-//! model's context so the attention kernels are the decoders' own.
+//! One call packs several sequences (at most `pass_tokens` tokens in all), as llama.cpp's
+//! sequence ids in one ubatch: their tokens follow one another, positions restart at each
+//! sequence, and attention keeps every token to its own sequence (`segmented_attention`), so
+//! the projections and feed-forward run over all the tokens at once and no padding is
+//! computed. Keys and values go through a `KvCache` of `pass_tokens` positions so the
+//! attention kernels are the decoders' own.
 
 use std::sync::Arc;
 
 use crate::gguf::{Header, Metadata, RangeSource};
 use crate::gpu::{self, Gpu, Recorder};
-use crate::ops::attention::{bidirectional_attention, kv_write, AttentionParams, KvCache};
+use crate::ops::attention::{
+    kv_write, segment_table, segmented_attention, AttentionParams, KvCache, Segments,
+};
 use crate::ops::elementwise::{activate, add_bias, add_in_place, gated_activation, Activation};
 use crate::ops::norm::layer_norm;
 use crate::ops::quant::{embed, matmul};
-use crate::ops::rope::{rope, RopeParams};
+use crate::ops::rope::{rope_at, RopeParams};
 
 use super::loader::{LoadOptions, LoadProgress, Loader, Matrix, Vector};
 use super::ModelError;
@@ -37,6 +43,10 @@ pub const NOMIC_ARCHITECTURE: &str = "nomic-bert";
 pub const ENCODER_ARCHITECTURES: &[&str] = &[ARCHITECTURE, NOMIC_ARCHITECTURE];
 /// Upper bound on the context an encoder may declare (BERT's is 512; long-context ones 8192).
 const MAX_CONTEXT: u32 = 1 << 16;
+/// Tokens one packed call holds at least (more where the context is longer): 16 inputs of
+/// 128 tokens, enough rows that a GPU's matmul tiles fill, at ~30 KB of activations a token
+/// for MiniLM.
+const MIN_PASS_TOKENS: u32 = 2048;
 
 /// The shape of a BERT encoder, from `bert.*` metadata.
 #[derive(Debug, Clone, PartialEq)]
@@ -176,11 +186,14 @@ struct BertLayer {
     out_norm: Norm,
 }
 
-/// Activations of one call, for at most `context_length` tokens.
+/// Activations of one call, for at most `pass_tokens` tokens.
 #[derive(Debug)]
 struct Buffers {
     ids: wgpu::Buffer,
+    /// Each token's position in its own sequence.
     positions: wgpu::Buffer,
+    /// `segment_table`'s words: each token's first and last key.
+    segments: wgpu::Buffer,
     zeros: wgpu::Buffer,
     x: wgpu::Buffer,
     tmp: wgpu::Buffer,
@@ -242,14 +255,9 @@ impl BertEncoder {
             layers.push(load_layer(&mut loader, &cfg, layer).await?);
         }
         loader.flush();
-        let cache = KvCache::new(
-            &gpu,
-            cfg.n_layers,
-            cfg.context_length,
-            cfg.n_heads,
-            cfg.head_dim,
-        )?;
-        let buffers = Buffers::new(&gpu, &cfg);
+        let pass_tokens = cfg.context_length.max(MIN_PASS_TOKENS);
+        let cache = KvCache::new(&gpu, cfg.n_layers, pass_tokens, cfg.n_heads, cfg.head_dim)?;
+        let buffers = Buffers::new(&gpu, &cfg, pass_tokens);
         Ok(BertEncoder {
             gpu,
             cfg,
@@ -263,8 +271,53 @@ impl BertEncoder {
         })
     }
 
-    /// The hidden state of every token of one sequence, `[ids.len(), d_model]` row-major.
-    pub async fn hidden_states(&self, ids: &[u32]) -> Result<Vec<f32>, ModelError> {
+    /// The most tokens one `hidden_states_packed` call takes, all its sequences together.
+    pub fn pass_tokens(&self) -> u32 {
+        self.cache.max_ctx
+    }
+
+    /// The hidden states of several sequences in one GPU pass, each computed as if alone:
+    /// `[tokens, d_model]` row-major, the sequences' rows one after another in order.
+    pub async fn hidden_states_packed(&self, inputs: &[&[u32]]) -> Result<Vec<f32>, ModelError> {
+        let mut lengths = Vec::with_capacity(inputs.len());
+        for ids in inputs {
+            self.check_sequence(ids)?;
+            lengths.push(ids.len() as u32);
+        }
+        let tokens: u32 = lengths.iter().sum();
+        if tokens == 0 || tokens > self.pass_tokens() {
+            return Err(ModelError::Plan(format!(
+                "{} sequences of {tokens} tokens in all do not fit one pass of 1..={} tokens",
+                inputs.len(),
+                self.pass_tokens()
+            )));
+        }
+        let ids: Vec<u32> = inputs.concat();
+        let positions: Vec<u32> = lengths.iter().flat_map(|&n| 0..n).collect();
+        let (gpu, b) = (&self.gpu, &self.buffers);
+        gpu.queue
+            .write_buffer(&b.ids, 0, bytemuck::cast_slice(&ids));
+        gpu.queue
+            .write_buffer(&b.positions, 0, bytemuck::cast_slice(&positions));
+        let table = segment_table(&lengths);
+        gpu.queue
+            .write_buffer(&b.segments, 0, bytemuck::cast_slice(&table));
+        let segments = Segments {
+            lengths: &lengths,
+            table: &b.segments,
+        };
+        let mut rec = Recorder::new(gpu);
+        self.record_embeddings(&mut rec, tokens);
+        for (index, layer) in self.layers.iter().enumerate() {
+            self.record_layer(&mut rec, layer, index as u32, &segments);
+        }
+        let bytes = u64::from(tokens) * u64::from(self.cfg.d_model) * 4;
+        let data = rec.submit_and_read(&b.x, 0, bytes).await?;
+        Ok(bytemuck::pod_collect_to_vec(&data))
+    }
+
+    /// One sequence's ids: 1..=context_length of them, each in the vocabulary.
+    fn check_sequence(&self, ids: &[u32]) -> Result<(), ModelError> {
         if ids.is_empty() {
             return Err(ModelError::Plan(
                 "an empty token sequence has no hidden states".into(),
@@ -276,24 +329,13 @@ impl BertEncoder {
                 max: self.cfg.context_length,
             });
         }
-        let tokens = ids.len() as u32;
-        if let Some(bad) = ids.iter().find(|&&id| id >= self.cfg.vocab) {
-            return Err(ModelError::Plan(format!(
+        match ids.iter().find(|&&id| id >= self.cfg.vocab) {
+            Some(bad) => Err(ModelError::Plan(format!(
                 "token id {bad} outside the vocabulary of {}",
                 self.cfg.vocab
-            )));
+            ))),
+            None => Ok(()),
         }
-        let gpu = &self.gpu;
-        gpu.queue
-            .write_buffer(&self.buffers.ids, 0, bytemuck::cast_slice(ids));
-        let mut rec = Recorder::new(gpu);
-        self.record_embeddings(&mut rec, tokens);
-        for (index, layer) in self.layers.iter().enumerate() {
-            self.record_layer(&mut rec, layer, index as u32, tokens);
-        }
-        let bytes = u64::from(tokens) * u64::from(self.cfg.d_model) * 4;
-        let data = rec.submit_and_read(&self.buffers.x, 0, bytes).await?;
-        Ok(bytemuck::pod_collect_to_vec(&data))
     }
 
     fn record_embeddings(&self, rec: &mut Recorder, tokens: u32) {
@@ -312,16 +354,17 @@ impl BertEncoder {
         self.embd_norm.record(rec, &b.tmp, &b.x, [tokens, d], eps);
     }
 
-    fn record_layer(&self, rec: &mut Recorder, layer: &BertLayer, index: u32, tokens: u32) {
+    fn record_layer(&self, rec: &mut Recorder, layer: &BertLayer, index: u32, segments: &Segments) {
         let b = &self.buffers;
+        let tokens = segments.tokens();
         let cfg = &self.cfg;
         let d = cfg.d_model;
         linear(rec, &layer.q, &b.x, &b.q, tokens);
         linear(rec, &layer.k, &b.x, &b.k, tokens);
         linear(rec, &layer.v, &b.x, &b.v, tokens);
         if let Some(params) = &cfg.rope {
-            rope(rec, &b.q, tokens, cfg.n_heads, 0, params);
-            rope(rec, &b.k, tokens, cfg.n_heads, 0, params);
+            rope_at(rec, &b.q, tokens, cfg.n_heads, &b.positions, params);
+            rope_at(rec, &b.k, tokens, cfg.n_heads, &b.positions, params);
         }
         kv_write(rec, &self.cache, index, &b.k, &b.v, 0, tokens);
         let params = AttentionParams {
@@ -332,7 +375,7 @@ impl BertEncoder {
             window: None,
             softcap: None,
         };
-        bidirectional_attention(rec, &b.q, &self.cache, index, &b.attn, tokens, &params);
+        segmented_attention(rec, &b.q, &self.cache, index, &b.attn, segments, &params);
         linear(rec, &layer.out, &b.attn, &b.tmp, tokens);
         add_in_place(rec, &b.tmp, &b.x, tokens * d);
         layer
@@ -446,15 +489,17 @@ async fn load_layer(
 }
 
 impl Buffers {
-    fn new(gpu: &Gpu, cfg: &BertConfig) -> Buffers {
-        let ctx = cfg.context_length;
-        let rows = |cols: u32| u64::from(ctx) * u64::from(cols) * 4;
+    fn new(gpu: &Gpu, cfg: &BertConfig, tokens: u32) -> Buffers {
+        let rows = |cols: u32| u64::from(tokens) * u64::from(cols) * 4;
         let activations = |label: &str, cols: u32| gpu::storage_buffer(gpu, label, rows(cols));
-        let positions: Vec<u32> = (0..ctx).collect();
+        let words = |label: &str, per_token: u32| {
+            gpu::upload_u32(gpu, label, &vec![0; (tokens * per_token) as usize])
+        };
         Buffers {
-            ids: gpu::upload_u32(gpu, "bert ids", &vec![0; ctx as usize]),
-            positions: gpu::upload_u32(gpu, "bert positions", &positions),
-            zeros: gpu::upload_u32(gpu, "bert token types", &vec![0; ctx as usize]),
+            ids: words("bert ids", 1),
+            positions: words("bert positions", 1),
+            segments: words("bert segments", 2),
+            zeros: words("bert token types", 1),
             x: activations("bert x", cfg.d_model),
             tmp: activations("bert tmp", cfg.d_model),
             q: activations("bert q", cfg.d_model),

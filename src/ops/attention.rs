@@ -1,7 +1,9 @@
 //! Attention over a KV cache in GPU memory: decode split over the keys (flash-decoding),
 //! tiled causal prefill, both with grouped-query heads, an optional sliding window and an
 //! optional logit soft-cap; bidirectional attention for encoders through the prefill kernel
-//! without its causal mask; plus the KV cache itself, a standalone softmax, and CPU references.
+//! without its causal mask, over one sequence or several packed ones (`segments`: each query
+//! sees its own sequence only); plus the KV cache itself, a standalone softmax, and CPU
+//! references.
 //!
 //! Decode has two kernels: `attention_decode.wgsl` for CPU adapters (`Caps::cpu_work_split`),
 //! whose lanes walk whole tiles serially, and `attention_decode_gpu.wgsl` (see `decode_gpu`)
@@ -17,6 +19,7 @@ mod decode_rope;
 mod decode_rows;
 mod kv_cache;
 mod reference;
+mod segments;
 mod softmax;
 
 pub use decode_gpu::attention_decode_gpu;
@@ -26,7 +29,10 @@ pub use decode_rows::{
     ReferenceRow,
 };
 pub use kv_cache::{kv_write, KvCache};
-pub use reference::{attention_reference, bidirectional_attention_reference};
+pub use reference::{
+    attention_reference, bidirectional_attention_reference, segmented_attention_reference,
+};
+pub use segments::{segment_table, segmented_attention, Segments};
 pub use softmax::{softmax, softmax_reference};
 
 use crate::gpu::{Gpu, Kernel, Lib, Recorder, Variant};
@@ -269,7 +275,17 @@ pub fn attention_prefill(
     tokens: u32,
     p: &AttentionParams,
 ) {
-    prefill_masked(rec, q, cache, layer, out, start_pos, tokens, p, true);
+    prefill_masked(
+        rec,
+        q,
+        cache,
+        layer,
+        out,
+        start_pos,
+        tokens,
+        p,
+        PrefillMask::Causal,
+    );
 }
 
 /// out[t, h*hd..] = softmax(q·K^T * scale) V over keys 0..tokens of `layer`, with no causal
@@ -289,10 +305,31 @@ pub fn bidirectional_attention(
         p.window.is_none(),
         "bidirectional attention has no sliding window"
     );
-    prefill_masked(rec, q, cache, layer, out, 0, tokens, p, false);
+    prefill_masked(
+        rec,
+        q,
+        cache,
+        layer,
+        out,
+        0,
+        tokens,
+        p,
+        PrefillMask::Bidirectional,
+    );
 }
 
-/// The prefill kernel, with or without its causal mask.
+/// Which keys each query of a prefill call sees.
+#[derive(Clone, Copy)]
+enum PrefillMask<'a> {
+    /// Keys up to its own position (and within the window).
+    Causal,
+    /// Every key of the call.
+    Bidirectional,
+    /// The keys of its own sequence, packed in `segments::Segments` order.
+    Segments(&'a Segments<'a>),
+}
+
+/// The prefill kernel under one of its masks.
 #[allow(clippy::too_many_arguments)]
 fn prefill_masked(
     rec: &mut Recorder,
@@ -303,15 +340,22 @@ fn prefill_masked(
     start_pos: u32,
     tokens: u32,
     p: &AttentionParams,
-    causal: bool,
+    mask: PrefillMask,
 ) {
     check_call(cache, layer, q, out, start_pos, tokens, p);
     if tokens == 0 {
         return;
     }
-    let row_blocks = (tokens * (p.heads / p.kv_heads)).div_ceil(PREFILL_WG);
+    let group = p.heads / p.kv_heads;
+    let row_blocks = (tokens * group).div_ceil(PREFILL_WG);
     let tile = prefill_tile(rec.gpu(), rec.variant(), p.head_dim);
-    let splits = prefill_splits(rec.gpu(), p, start_pos, tokens, tile);
+    // Packed sequences: a workgroup walks only the keys of the sequences its rows belong to.
+    let (causal, table, keys) = match mask {
+        PrefillMask::Causal => (true, None, None),
+        PrefillMask::Bidirectional => (false, None, None),
+        PrefillMask::Segments(s) => (false, Some(s.table), Some(s.widest_block(group))),
+    };
+    let splits = prefill_splits(rec.gpu(), p, start_pos, tokens, keys, tile);
     let pipeline = rec.pipeline(
         &PREFILL,
         &[
@@ -319,6 +363,7 @@ fn prefill_masked(
             ("HD", p.head_dim),
             ("BK", tile),
             ("CAUSAL", u32::from(causal)),
+            ("SEGMENTS", u32::from(table.is_some())),
         ],
     );
     let call = SplitCall {
@@ -330,7 +375,12 @@ fn prefill_masked(
         tokens,
         splits,
     };
-    dispatch_split(rec, &pipeline, &call, p, [row_blocks, p.kv_heads, splits]);
+    let params = KernelParams::new(p, start_pos, tokens, splits);
+    // The kernel binds the segment table in every variant; unsegmented ones never read it.
+    let table = table.unwrap_or(rec.gpu().placeholder());
+    let grid = [row_blocks, p.kv_heads, splits];
+    let extra = [table.as_entire_binding()];
+    dispatch_split_with(rec, &pipeline, &call, p, grid, &params, &extra);
 }
 
 /// One attention call of a kernel that splits the keys, as its dispatch sees it.
@@ -397,14 +447,22 @@ pub(super) fn dispatch_split_with<P: bytemuck::Pod>(
 /// Key splits of prefill: enough that no invocation exceeds the loop budget, and, where the
 /// partial results fit one binding, enough that few-token calls (chunked prefill deep into a
 /// context) still fill the GPU.
-fn prefill_splits(gpu: &Gpu, p: &AttentionParams, start_pos: u32, tokens: u32, tile: u32) -> u32 {
+/// `keys`, where given, bounds the keys of one workgroup more tightly than the call's shape.
+fn prefill_splits(
+    gpu: &Gpu,
+    p: &AttentionParams,
+    start_pos: u32,
+    tokens: u32,
+    keys: Option<u32>,
+    tile: u32,
+) -> u32 {
     let group = p.heads / p.kv_heads;
     let workgroups = (tokens * group).div_ceil(PREFILL_WG) * p.kv_heads;
     // Keys one workgroup may see: its tokens' positions plus the window behind the first.
     let tokens_per_block = PREFILL_WG.div_ceil(group) + 1;
-    let keys = p.window.map_or(start_pos + tokens, |w| {
+    let keys = keys.unwrap_or(p.window.map_or(start_pos + tokens, |w| {
         (start_pos + tokens).min(w.saturating_add(tokens_per_block))
-    });
+    }));
     let tiles = keys.div_ceil(tile);
     // Back-edges of the kernel's loops per key (two head_dim loops of 4 vec4s, the key loops)
     // and per tile (the tile load, the rescale, the tile loop).

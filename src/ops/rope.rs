@@ -21,6 +21,12 @@ const ROPE_STORE: Kernel = Kernel {
     entry: "rope_store",
     libs: &[Lib::Reduce, Lib::Rotary],
 };
+const ROPE_AT: Kernel = Kernel {
+    name: "rope_at",
+    source: include_str!("../../wgsl/rope_at.wgsl"),
+    entry: "main",
+    libs: &[Lib::Rotary],
+};
 const WG: u32 = 64;
 
 /// How one model applies RoPE to each head.
@@ -152,6 +158,58 @@ pub fn rope_scaled(
         pad: [0; 2],
     };
     let bindings = [x.as_entire_binding(), factors.as_entire_binding()];
+    rec.dispatch(&pipeline, &params, &bindings, grid);
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct RopeAtUniform {
+    tokens: u32,
+    heads: u32,
+    head_dim: u32,
+    rope_dims: u32,
+    neox: u32,
+    theta_scale: f32,
+    freq_scale: f32,
+    groups_x: u32,
+}
+
+/// `rope` with token t at position `positions[t]` (one u32 a token): several sequences packed
+/// into one call (an encoder's batch), each counting its positions from 0.
+pub fn rope_at(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    tokens: u32,
+    heads: u32,
+    positions: &wgpu::Buffer,
+    p: &RopeParams,
+) {
+    p.check();
+    assert!(
+        positions.size() >= u64::from(tokens) * 4,
+        "rope_at: {} bytes of positions for {tokens} tokens",
+        positions.size()
+    );
+    let invocations = tokens
+        .checked_mul(heads)
+        .and_then(|n| n.checked_mul(p.rope_dims / 2))
+        .expect("rope_at: tokens * heads * rope_dims/2 overflows u32");
+    if invocations == 0 {
+        return;
+    }
+    let pipeline = rec.pipeline(&ROPE_AT, &[("WG", WG)]);
+    let grid = workgroup_grid(rec.gpu(), invocations.div_ceil(WG));
+    let params = RopeAtUniform {
+        tokens,
+        heads,
+        head_dim: p.head_dim,
+        rope_dims: p.rope_dims,
+        neox: u32::from(p.neox),
+        theta_scale: p.theta_scale(),
+        freq_scale: p.freq_scale,
+        groups_x: grid[0],
+    };
+    let bindings = [x.as_entire_binding(), positions.as_entire_binding()];
     rec.dispatch(&pipeline, &params, &bindings, grid);
 }
 

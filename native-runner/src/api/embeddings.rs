@@ -6,7 +6,8 @@
 //! Each embedding model gets a thread that owns its `Embedder`. Handlers tokenize and check
 //! every input against the context before queueing (a 400 names the input's index); the
 //! thread takes every request waiting when it gets to run and embeds their inputs in one
-//! call, so concurrent requests are batched.
+//! `embed_ids` call, so concurrent requests are batched: an encoder packs them into as few GPU
+//! passes as its pass holds (`Embedder::embed_ids`).
 
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
