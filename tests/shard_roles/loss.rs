@@ -1,4 +1,5 @@
-//! Losses the donors left cannot absorb: the coordinator waits for donors to join.
+//! Lost donors: the chain is re-planned on the others, or, where the donors left cannot hold
+//! the model, the coordinator waits for donors to join; the ids stay the single device's.
 
 use std::sync::{Arc, Mutex};
 
@@ -62,4 +63,44 @@ fn a_loss_the_rest_cannot_hold_waits_for_a_donor_to_join() {
         !planned.contains(&handles[1].id.to_string().as_str()),
         "{planned:?}"
     );
+}
+
+/// Kills one donor after a given number of tokens; the chain is re-planned on the others and
+/// the requests replayed, and the ids are still the single device's.
+#[test]
+fn a_lost_donor_changes_no_token() {
+    let file = support::SMOLLM2.1;
+    let reference = single_device_ids(file, &PROMPTS[..1], 16);
+    let (prompt, want) = reference[0].clone();
+    let gpu = gpu();
+    for (donors, victim, kill_at) in [(3, 0, 1), (2, 1, 3), (3, 2, 6), (2, 0, 9), (3, 1, 13)] {
+        let (_network, transport, mut handles) = fleet(&gpu, donors);
+        let mut kill = Some(handles[victim].take_kill());
+        let on_token = move |update: &TokenEvent<'_>| {
+            if update.index + 1 == kill_at {
+                let _ = kill.take().map(|k| k.send(()));
+            }
+        };
+        let run = coordinate(
+            transport,
+            config(file, donors),
+            vec![greedy(&prompt, 16)],
+            on_token,
+        );
+        print_report(
+            &format!("{donors} donors, #{victim} killed after {kill_at}"),
+            &run.report,
+        );
+        assert_eq!(
+            run.outputs[0].ids, want,
+            "{donors} donors, #{victim} killed after {kill_at}"
+        );
+        assert_eq!(run.report.recoveries, 1);
+        assert_eq!(run.report.plan.len(), donors - 1);
+        assert!(run
+            .report
+            .plan
+            .iter()
+            .all(|stage| stage.donor != handles[victim].id.to_string()));
+    }
 }
