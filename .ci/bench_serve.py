@@ -7,7 +7,7 @@ compared by one yardstick. Standard library only (asyncio streams, HTTP/1.1, SSE
 on any machine with Python 3.8+, the device machine included. Loopback or a given URL only.
 
     bench_serve.py --url http://127.0.0.1:8080 --model NAME [--streams 1,4,16,64]
-                   [--max-tokens 128] [--json FILE]
+                   [--max-tokens 128] [--warmup 1] [--json FILE]
 
 Tokens are counted from the final usage chunk (`stream_options.include_usage`) where the
 server sends one, else as content chunks (one token each for both servers). Decode tok/s for a
@@ -21,6 +21,7 @@ import json
 import statistics
 import sys
 import time
+import urllib.request
 from urllib.parse import urlsplit
 
 TOPICS = ["rivers", "bridges", "volcanoes", "libraries", "trains", "forests", "comets", "bees",
@@ -119,6 +120,36 @@ async def run_level(args, streams):
             "tokens": sum(tokens for _, _, tokens, _ in results)}
 
 
+def decode_counters(args):
+    """webshard's batched-step counters from /metrics (steps, rows, microseconds), or None
+    where the server has no such counters (llama-server)."""
+    try:
+        request = urllib.request.Request(args.url.rstrip("/") + "/metrics")
+        if args.api_key:
+            request.add_header("Authorization", f"Bearer {args.api_key}")
+        text = urllib.request.urlopen(request, timeout=10).read().decode()
+    except OSError:
+        return None
+    wanted = {"webshard_decode_steps_total": 0, "webshard_decode_rows_total": 1,
+              "webshard_decode_step_microseconds_total": 2}
+    counts = [0, 0, 0]
+    found = False
+    for line in text.splitlines():
+        name = line.split("{")[0].split(" ")[0]
+        if name in wanted:
+            counts[wanted[name]] += int(float(line.rsplit(" ", 1)[1]))
+            found = True
+    return counts if found else None
+
+
+def step_columns(before, after):
+    """Mean rows per batched step and milliseconds per step between two counter readings."""
+    if not before or not after or after[0] <= before[0]:
+        return None, None
+    steps = after[0] - before[0]
+    return (after[1] - before[1]) / steps, (after[2] - before[2]) / steps / 1e3
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--url", required=True)
@@ -128,17 +159,27 @@ def main():
     parser.add_argument("--api-key")
     parser.add_argument("--label", default="server")
     parser.add_argument("--json", help="append the rows as JSON lines to this file")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="unmeasured rounds at each level first (pipelines are built on a "
+                             "batch size's first step, by both servers)")
     args = parser.parse_args()
     host = urlsplit(args.url).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("bench_serve: loopback servers only")
-    print(f"| {args.label} | streams | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | per-stream tok/s |")
-    print("|---|---:|---:|---:|---:|---:|")
+    print(f"| {args.label} | streams | aggregate tok/s | TTFT p50 ms | TTFT p99 ms | per-stream tok/s "
+          "| rows/step | ms/step |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for streams in [int(n) for n in args.streams.split(",")]:
+        for _ in range(args.warmup):
+            asyncio.run(run_level(args, streams))
+        before = decode_counters(args)
         row = asyncio.run(run_level(args, streams))
+        row["rows_per_step"], row["ms_per_step"] = step_columns(before, decode_counters(args))
         row["label"] = args.label
+        rows, ms = row["rows_per_step"], row["ms_per_step"]
+        step = f"{rows:.1f} | {ms:.2f}" if rows is not None else "- | -"
         print(f"| {args.label} | {streams} | {row['aggregate_tok_s']:.1f} | {row['ttft_p50_s'] * 1e3:.0f} "
-              f"| {row['ttft_p99_s'] * 1e3:.0f} | {row['per_stream_tok_s']:.1f} |", flush=True)
+              f"| {row['ttft_p99_s'] * 1e3:.0f} | {row['per_stream_tok_s']:.1f} | {step} |", flush=True)
         if args.json:
             with open(args.json, "a") as out:
                 out.write(json.dumps(row) + "\n")

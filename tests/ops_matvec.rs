@@ -10,7 +10,8 @@ use webshard::gpu::{self, testing, Gpu, Recorder, Variant, WeightTensor};
 use webshard::ops::elementwise::{activation_reference, Activation};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
-    matvec, matvec_reference, Epilogue, Fusion, QuantMatrix, QuantType, ReferenceEpilogue,
+    matmul, matvec, matvec_reference, matvec_tokens, Epilogue, Fusion, QuantMatrix, QuantType,
+    ReferenceEpilogue,
 };
 
 fn upload_weights(gpu: &Gpu, bytes: &[u8], rows: usize) -> WeightTensor {
@@ -297,4 +298,80 @@ fn glu_matvec_matches_gate_and_up_references() {
             testing::assert_close(&got, &want, 2e-4, &what);
         }
     }
+}
+
+/// `matvec_tokens` runs one product per row of x into the same row of a poisoned output, with
+/// each row's own norm and its own row of aux; `quant::matmul` takes it for a GPU's few-token
+/// products (and the tiled kernel on CPU adapters): both against the reference, row by row.
+#[test]
+fn matvec_over_several_tokens_matches_the_reference_per_row() {
+    let seed = testing::fresh_seed();
+    let tokens = 5;
+    for (index, quant) in [
+        QuantType::Q4_1,
+        QuantType::Q4_K,
+        QuantType::IQ4_XS,
+        QuantType::F16,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let cols = if quant.block_size() == 256 { 512 } else { 192 };
+        let rows = 75;
+        let bytes = random_weights(quant, rows, cols, seed.wrapping_add(index as u64));
+        let x = testing::random_f32(tokens * cols, seed ^ 11);
+        let aux = testing::random_f32(tokens * rows, seed ^ 12);
+        let norm_weight = testing::random_f32(cols, seed ^ 13);
+        let mut want_bias = vec![0.0; tokens * rows];
+        let mut want_plain = vec![0.0; tokens * rows];
+        for t in 0..tokens {
+            let (x_row, aux_row) = (&x[t * cols..][..cols], &aux[t * rows..][..rows]);
+            let norm = Some((norm_weight.as_slice(), 1e-5));
+            let out = &mut want_bias[t * rows..][..rows];
+            let bias = ReferenceEpilogue::Bias;
+            matvec_reference(quant, &bytes, rows, x_row, norm, bias, aux_row, out);
+            let out = &mut want_plain[t * rows..][..rows];
+            let store = ReferenceEpilogue::Store;
+            matvec_reference(quant, &bytes, rows, x_row, None, store, aux_row, out);
+        }
+        for (gpu, variant) in devices() {
+            let tensor = upload_weights(&gpu, &bytes, rows);
+            let w = QuantMatrix::new(&tensor, quant, cols as u32, rows as u32).expect("matrix");
+            let x_buf = gpu::upload_f32(&gpu, "x", &x);
+            let aux_buf = gpu::upload_f32(&gpu, "aux", &aux);
+            let norm_buf = gpu::upload_f32(&gpu, "norm", &norm_weight);
+            let what = format!(
+                "{quant:?} {} {variant} cpu_split={} tokens={tokens} seed={seed}",
+                gpu.caps.adapter, gpu.caps.cpu_work_split
+            );
+            let fusion = Fusion {
+                norm: Some((&norm_buf, 1e-5)),
+                epilogue: Epilogue::Bias(&aux_buf),
+                out_offset: 0,
+            };
+            let got = run_tokens(&gpu, variant, tokens * rows, |rec, out| {
+                matvec_tokens(rec, &w, &x_buf, out, &fusion, tokens as u32)
+            });
+            testing::assert_close(&got, &want_bias, 2e-4, &format!("matvec_tokens {what}"));
+            let got = run_tokens(&gpu, variant, tokens * rows, |rec, out| {
+                matmul(rec, &w, &x_buf, out, tokens as u32)
+            });
+            testing::assert_close(&got, &want_plain, 2e-4, &format!("matmul {what}"));
+        }
+    }
+}
+
+/// Records `body` into a poisoned output of `len` values and reads it back.
+fn run_tokens(
+    gpu: &Gpu,
+    variant: Variant,
+    len: usize,
+    body: impl FnOnce(&mut Recorder, &wgpu::Buffer),
+) -> Vec<f32> {
+    let out = gpu::upload_f32(gpu, "out", &vec![0.0; len]);
+    gpu::poison_f32(gpu, &out);
+    let mut rec = Recorder::with_variant(gpu, variant);
+    body(&mut rec, &out);
+    let read = pollster::block_on(rec.submit_and_read(&out, 0, (len * 4) as u64)).expect("read");
+    bytemuck::pod_collect_to_vec(&read)
 }

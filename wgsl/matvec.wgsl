@@ -1,5 +1,9 @@
-// Matrix-vector product for one token: out[out_offset + first_row + r] = dot(W[r, :], x), W's
-// row r at row buffer_row + r of the bound part (a part may hold several matrices' rows).
+// Matrix-vector product: out[out_offset + first_row + r] = dot(W[r, :], x), W's row r at row
+// buffer_row + r of the bound part (a part may hold several matrices' rows). Workgroup z is
+// the token: a dispatch of several z does one product per row of x ([tokens, cols], row z at
+// vec4 z * x_stride) into out's row z (at z * out_stride, aux likewise), which a GPU runs far
+// wider than the tiled product for the few rows of a batched decode step; its extra weight
+// reads stay in cache.
 //
 // Each thread accumulates RPT consecutive rows at once, so every activation it loads serves
 // RPT rows (on CPU adapters every storage load is a per-lane scalar loop, and activation
@@ -33,8 +37,8 @@ struct Params {
     buffer_row: u32,
     up_buffer_row: u32,
     out_offset: u32,
-    pad0: u32,
-    pad1: u32,
+    x_stride: u32,
+    out_stride: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -52,9 +56,17 @@ const SUMS: u32 = SLOTS + NORM;
 
 var<workgroup> partials: array<f32, WG * SUMS>;
 var<private> squares: f32;
+// Where this workgroup's token starts in x (vec4s) and in out and aux (values).
+var<private> x_base: u32;
+var<private> out_base: u32;
+
+fn enter_token(token: u32) {
+    x_base = token * params.x_stride;
+    out_base = token * params.out_stride;
+}
 
 fn activation(i: u32) -> vec4<f32> {
-    let v = x[i];
+    let v = x[x_base + i];
     if (NORM == 1u) {
         squares = squares + dot(v, v);
         return v * norm_w[i];
@@ -126,7 +138,7 @@ fn write_row(row: u32, dot_sum: f32, up_sum: f32, factor: f32) {
     }
     let value = dot_sum * factor;
     let up = up_sum * factor;
-    let i = params.out_offset + params.first_row + row;
+    let i = out_base + params.out_offset + params.first_row + row;
     switch EPILOGUE {
         case 1u: { out[i] = value + aux[i]; }
         case 2u: { out[i] = out[i] + value; }
@@ -145,6 +157,7 @@ fn up_slot(r: u32) -> u32 {
 
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    enter_token(group.z);
     let first = first_thread_row(group, lane);
     let thread = lane % TPR;
     let sums = thread_partials(first, thread);

@@ -14,6 +14,7 @@ use std::ops::Range;
 
 use crate::gpu::Recorder;
 use crate::ops::attention::{self, KvCache};
+use crate::ops::select;
 
 use super::scratch::HEAD_ROWS;
 use super::stage::Stage;
@@ -37,6 +38,55 @@ impl Stage {
         &self,
         rows: &[BatchRow<'_>],
     ) -> Result<Vec<Vec<f32>>, ModelError> {
+        self.submit_batch_blocks(rows)?;
+        let vocab = self.cfg.vocab as usize;
+        let pending = head_chunks(rows.len() as u32)
+            .map(|chunk| {
+                let count = chunk.len() as u64;
+                self.with_recorder(("head", chunk.len() as u32), |mut rec| {
+                    self.record_head(&mut rec, chunk)?;
+                    Ok(rec.submit_with_read(&self.scratch.logits, 0, count * vocab as u64 * 4))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut logits = Vec::with_capacity(rows.len());
+        for read in pending {
+            let values: Vec<f32> = bytemuck::pod_collect_to_vec(&read.wait(&self.gpu).await?);
+            logits.extend(values.chunks(vocab).map(<[f32]>::to_vec));
+        }
+        Ok(logits)
+    }
+
+    /// Like `forward_batch_logits`, but each row's greedy token, taken on the device: 4 bytes
+    /// a row come back instead of a vocabulary of logits.
+    pub async fn forward_batch_argmax(
+        &self,
+        rows: &[BatchRow<'_>],
+    ) -> Result<Vec<u32>, ModelError> {
+        self.submit_batch_blocks(rows)?;
+        let s = &self.scratch;
+        let pending = head_chunks(rows.len() as u32)
+            .map(|chunk| {
+                let count = chunk.len() as u32;
+                self.with_recorder(("head argmax", count), |mut rec| {
+                    self.record_head(&mut rec, chunk)?;
+                    select::argmax_rows(&mut rec, &s.logits, self.cfg.vocab, count, &s.argmax);
+                    Ok(rec.submit_with_read(&s.argmax, 0, u64::from(count) * 4))
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut ids = Vec::with_capacity(rows.len());
+        for read in pending {
+            ids.extend(bytemuck::pod_collect_to_vec::<u8, u32>(
+                &read.wait(&self.gpu).await?,
+            ));
+        }
+        Ok(ids)
+    }
+
+    /// Checks the rows and submits the embedding and blocks of the step, leaving each row's
+    /// final residual in the scratch for the head.
+    fn submit_batch_blocks(&self, rows: &[BatchRow<'_>]) -> Result<(), ModelError> {
         self.check_rows(rows)?;
         let tokens = rows.len() as u32;
         let ids: Vec<u32> = rows.iter().map(|row| row.token).collect();
@@ -54,25 +104,7 @@ impl Stage {
             self.record_row_blocks(&mut rec, rows);
             rec.submit();
             Ok(())
-        })?;
-        let mut logits = Vec::with_capacity(rows.len());
-        for chunk in head_chunks(tokens) {
-            logits.extend(self.head_logits(chunk).await?);
-        }
-        Ok(logits)
-    }
-
-    /// The logits of residual rows `rows` (at most `HEAD_ROWS`).
-    async fn head_logits(&self, rows: Range<u32>) -> Result<Vec<Vec<f32>>, ModelError> {
-        let vocab = self.cfg.vocab as usize;
-        let count = rows.len() as u64;
-        let pending = self.with_recorder(("head", rows.len() as u32), |mut rec| {
-            self.record_head(&mut rec, rows)?;
-            Ok(rec.submit_with_read(&self.scratch.logits, 0, count * vocab as u64 * 4))
-        })?;
-        let bytes = pending.wait(&self.gpu).await?;
-        let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
-        Ok(values.chunks(vocab).map(<[f32]>::to_vec).collect())
+        })
     }
 
     /// The blocks over one row per sequence; one row is an ordinary decode step in its cache.

@@ -4,8 +4,9 @@
 //! prefixes, `pool`), drops sequences whose client has gone (their slot is free at once),
 //! feeds one chunk of one new prompt (chunked prefill, so streams already running wait at
 //! most one chunk), then advances every sequence whose prompt is in its cache by one token in
-//! a single GPU step (`Stage::forward_batch_logits`) and samples each row with its own
-//! options and seed. A constrained job (JSON, schema, grammar) runs alone through the engine's
+//! a single GPU step and samples each row with its own options and seed: where every row is
+//! plain greedy the device takes each row's argmax (`Stage::forward_batch_argmax`, 4 bytes a
+//! row back), else every row's logits come back (`Stage::forward_batch_logits`). A constrained job (JSON, schema, grammar) runs alone through the engine's
 //! own path once the batch has drained: its masks are computed per token on the CPU.
 
 use std::collections::VecDeque;
@@ -38,14 +39,26 @@ struct Sequence {
     slot: usize,
     /// Prompt tokens found in the pool.
     cached: u32,
-    /// Logits to sample the next token from, once everything before it is fed.
-    logits: Option<Vec<f32>>,
+    /// What the next token comes from, once everything before it is fed.
+    next: Option<Next>,
     choices: Option<Vec<TokenChoice>>,
     started: f64,
     first_token: Option<f64>,
 }
 
+/// A sequence's next token: logits to sample, or the device's argmax already taken.
+enum Next {
+    Logits(Vec<f32>),
+    Greedy(u32),
+}
+
 impl Sequence {
+    /// Whether the device may pick this sequence's next token itself: plain argmax, and no
+    /// log-probabilities asked for.
+    fn greedy_on_device(&self) -> bool {
+        self.choices.is_none() && self.decoding.sampler().argmax_suffices()
+    }
+
     /// Tokens the model has seen in the slot: everything but those still to feed.
     fn to_feed<'a>(&'a self, pool: &KvPool) -> &'a [u32] {
         &self.decoding.tokens()[pool.held(self.slot)..]
@@ -123,7 +136,7 @@ impl Scheduler {
             decoding,
             slot: claim.slot,
             cached: claim.reused as u32,
-            logits: None,
+            next: None,
             choices,
             started: now_seconds(),
             first_token: None,
@@ -217,7 +230,7 @@ impl Scheduler {
         let logits = fed?;
         self.pool.extend(slot, &chunk);
         if is_last {
-            self.running[index].logits = Some(logits);
+            self.running[index].next = Some(Next::Logits(logits));
         }
         Ok(())
     }
@@ -243,7 +256,7 @@ impl Scheduler {
             .filter(|&i| {
                 let seq = &self.running[i];
                 let left = seq.to_feed(pool).len();
-                seq.logits.is_none() && left >= 1 && (left == 1 || left < self.per_token_below)
+                seq.next.is_none() && left >= 1 && (left == 1 || left < self.per_token_below)
             })
             .collect();
         if ready.is_empty() {
@@ -261,13 +274,29 @@ impl Scheduler {
             })
             .collect();
         let tokens: Vec<u32> = rows.iter().map(|row| row.token).collect();
-        let logits = self.engine.stage.forward_batch_logits(&rows).await?;
+        let stage = &self.engine.stage;
+        let started = std::time::Instant::now();
+        let next: Vec<Next> = match ready.iter().all(|&i| self.running[i].greedy_on_device()) {
+            true => stage
+                .forward_batch_argmax(&rows)
+                .await?
+                .into_iter()
+                .map(Next::Greedy)
+                .collect(),
+            false => stage
+                .forward_batch_logits(&rows)
+                .await?
+                .into_iter()
+                .map(Next::Logits)
+                .collect(),
+        };
+        self.metrics.decoded_step(ready.len(), started.elapsed());
         drop(rows);
-        for ((&i, logits), token) in ready.iter().zip(logits).zip(tokens) {
+        for ((&i, next), token) in ready.iter().zip(next).zip(tokens) {
             let seq = &mut self.running[i];
             self.pool.extend(seq.slot, &[token]);
             if seq.to_feed(&self.pool).is_empty() {
-                seq.logits = Some(logits);
+                seq.next = Some(next);
             }
         }
         Ok(())
@@ -281,8 +310,8 @@ impl Scheduler {
         let mut index = 0;
         while index < self.running.len() {
             let seq = &mut self.running[index];
-            if let Some(logits) = seq.logits.take() {
-                accept_next(seq, text, &logits);
+            if let Some(next) = seq.next.take() {
+                accept_next(seq, text, next);
             }
             if seq.decoding.finished().is_none() {
                 index += 1;
@@ -327,19 +356,24 @@ impl Scheduler {
     }
 }
 
-/// Samples from `logits`, records its log-probabilities if asked, and streams the token.
-fn accept_next(seq: &mut Sequence, text: &TextFront, logits: &[f32]) {
+/// Samples the next token (unless the device took it), records its log-probabilities if
+/// asked, and streams it.
+fn accept_next(seq: &mut Sequence, text: &TextFront, next: Next) {
     let before = seq.decoding.completion_len();
-    let next = seq.decoding.sample(logits);
+    let (next, logits) = match next {
+        Next::Greedy(id) => (id, None),
+        Next::Logits(logits) => (seq.decoding.sample(&logits), Some(logits)),
+    };
     let job = &seq.job;
     seq.decoding
         .accept(text, next, &mut |event| stream_event(job, event));
     seq.first_token.get_or_insert_with(now_seconds);
-    let (Some(choices), Some(top)) = (seq.choices.as_mut(), job.logprobs) else {
+    let (Some(choices), Some(top), Some(logits)) = (seq.choices.as_mut(), job.logprobs, logits)
+    else {
         return;
     };
     if seq.decoding.completion_len() > before {
-        choices.push(choice_of(&text.tokenizer, logits, next, top as usize));
+        choices.push(choice_of(&text.tokenizer, &logits, next, top as usize));
     }
 }
 

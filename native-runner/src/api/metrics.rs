@@ -33,6 +33,10 @@ pub struct ModelMetrics {
     pub slots: AtomicU64,
     /// 1 once the model is loaded.
     pub ready: AtomicU64,
+    /// Batched decode steps, the rows they fed, and their time (GPU step and read-back).
+    pub decode_steps: AtomicU64,
+    pub decode_rows: AtomicU64,
+    pub decode_micros: AtomicU64,
 }
 
 impl ModelMetrics {
@@ -41,6 +45,14 @@ impl ModelMetrics {
         add(&self.prompt_tokens, finished.usage.prompt_tokens);
         add(&self.completion_tokens, finished.usage.completion_tokens);
         add(&self.cached_tokens, finished.usage.cached_tokens);
+    }
+
+    /// One batched decode step of `rows` rows that took `took`.
+    pub fn decoded_step(&self, rows: usize, took: std::time::Duration) {
+        self.decode_steps.fetch_add(1, Ordering::SeqCst);
+        self.decode_rows.fetch_add(rows as u64, Ordering::SeqCst);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        self.decode_micros.fetch_add(micros, Ordering::SeqCst);
     }
 }
 
@@ -67,7 +79,7 @@ impl Responses {
 /// The exposition text for all models.
 pub fn render(models: &[ModelHandle], responses: &Responses) -> String {
     let mut out = String::new();
-    let per_model: [Row; 13] = [
+    let per_model: [Row; 16] = [
         (
             "webshard_requests_total",
             "counter",
@@ -145,6 +157,24 @@ pub fn render(models: &[ModelHandle], responses: &Responses) -> String {
             "gauge",
             "1 once the model is loaded.",
             |m| &m.ready,
+        ),
+        (
+            "webshard_decode_steps_total",
+            "counter",
+            "Batched decode steps run.",
+            |m| &m.decode_steps,
+        ),
+        (
+            "webshard_decode_rows_total",
+            "counter",
+            "Sequence rows fed by batched decode steps.",
+            |m| &m.decode_rows,
+        ),
+        (
+            "webshard_decode_step_microseconds_total",
+            "counter",
+            "Time in batched decode steps (GPU step and read-back).",
+            |m| &m.decode_micros,
         ),
     ];
     for (name, kind, help, field) in per_model {

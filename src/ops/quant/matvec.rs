@@ -150,7 +150,8 @@ struct MatvecParams {
     buffer_row: u32,
     up_buffer_row: u32,
     out_offset: u32,
-    pad: [u32; 2],
+    x_stride: u32,
+    out_stride: u32,
 }
 
 /// `out = epilogue(W · fused_norm(x))` for one token; `x` holds `cols` f32 values.
@@ -160,6 +161,20 @@ pub fn matvec(
     x: &wgpu::Buffer,
     out: &wgpu::Buffer,
     fusion: &Fusion,
+) {
+    matvec_tokens(rec, w, x, out, fusion, 1);
+}
+
+/// `matvec` for each of `tokens` rows of `x` (`[tokens, cols]`) into the same row of `out`
+/// (`[tokens, w.rows]`, and `aux` likewise), in one dispatch: a GPU's batched decode step runs
+/// its products this way (`quant::matmul`), as wide as one token's times the rows.
+pub fn matvec_tokens(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    fusion: &Fusion,
+    tokens: u32,
 ) {
     let gpu = rec.gpu();
     let shape = match gpu.caps.matvec_split {
@@ -218,7 +233,8 @@ pub fn matvec(
             buffer_row: part.buffer_row,
             up_buffer_row: part.buffer_row.wrapping_add(up_rows.unwrap_or(0)),
             out_offset: fusion.out_offset,
-            pad: [0; 2],
+            x_stride: w.cols / 4,
+            out_stride: w.rows,
         };
         rec.dispatch(
             &pipeline,
@@ -231,7 +247,7 @@ pub fn matvec(
                 aux.as_entire_binding(),
                 norm_weight.as_entire_binding(),
             ],
-            [groups_x, groups_y, 1],
+            [groups_x, groups_y, tokens],
         );
     }
 }
