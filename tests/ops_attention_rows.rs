@@ -212,3 +212,125 @@ fn a_prefix_copies_between_slots_of_one_pool() {
         assert_eq!(read(&pool[0].v), v[..12 * 32], "values, seed {seed}");
     }
 }
+
+/// `rope_store_rows` (a batched step's rope and cache write in one dispatch, through the row
+/// table) against `rope_store_scaled` row by row (itself checked against the CPU reference in
+/// `ops_rope`): the same q afterwards (and q against `rope_reference` directly), and the same
+/// pool, every byte, from identically poisoned pools; rows out of slot order, with per-head
+/// norms, in both rope layouts.
+#[test]
+fn rope_store_rows_writes_each_row_where_rope_store_would() {
+    use webshard::gpu::read_f32;
+    use webshard::ops::rope::{self, HeadNorms, RopeParams, Section, StoreTarget};
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in device_variants() {
+        if !rope::rope_store_rows_supported(&gpu) {
+            continue;
+        }
+        for (neox, heads, kv_heads) in [(false, 9u32, 3u32), (true, 14, 2)] {
+            let p = RopeParams {
+                head_dim: 64,
+                rope_dims: 64,
+                freq_base: 10_000.0,
+                freq_scale: 1.0,
+                neox,
+            };
+            let rows = POSITIONS.len();
+            let hd = p.head_dim as usize;
+            let q = testing::random_f32(rows * heads as usize * hd, seed);
+            let k = testing::random_f32(rows * kv_heads as usize * hd, seed ^ 1);
+            let v = testing::random_f32(rows * kv_heads as usize * hd, seed ^ 2);
+            let norm_q = testing::random_f32(hd, seed ^ 3);
+            let norm_k = testing::random_f32(hd, seed ^ 4);
+            let upload = |data: &[f32]| gpu::upload_f32(&gpu, "in", data);
+            let (nq, nk) = (upload(&norm_q), upload(&norm_k));
+            let norms = HeadNorms {
+                q: &nq,
+                k: &nk,
+                eps: 1e-6,
+            };
+            let run = |batched: bool| {
+                let pool = KvCache::pooled(&gpu, LAYER + 1, CONTEXT, kv_heads, 64, SLOTS).unwrap();
+                pool[0]
+                    .k
+                    .iter()
+                    .chain(&pool[0].v)
+                    .for_each(|b| gpu::poison_f32(&gpu, b));
+                let (qb, kb, vb) = (upload(&q), upload(&k), upload(&v));
+                let caches: Vec<&KvCache> = SLOT_OF.iter().map(|&s| &pool[s as usize]).collect();
+                let words = row_table(&caches, &POSITIONS).unwrap();
+                let table = gpu::upload_u32(&gpu, "rows", &words);
+                let mut rec = Recorder::with_variant(&gpu, variant);
+                let target = |r: usize| StoreTarget {
+                    q: Section {
+                        buffer: &qb,
+                        offset: (r * heads as usize * hd) as u32,
+                    },
+                    k: Section {
+                        buffer: &kb,
+                        offset: (r * kv_heads as usize * hd) as u32,
+                    },
+                    v: Section {
+                        buffer: &vb,
+                        offset: (r * kv_heads as usize * hd) as u32,
+                    },
+                    cache: caches[r],
+                    cache_layer: LAYER,
+                    heads,
+                    kv_heads,
+                };
+                if batched {
+                    let count = rows as u32;
+                    rope::rope_store_rows(
+                        &mut rec,
+                        &target(0),
+                        Some(&norms),
+                        None,
+                        count,
+                        &table,
+                        &p,
+                    );
+                } else {
+                    for (r, &position) in POSITIONS.iter().enumerate() {
+                        let t = target(r);
+                        rope::rope_store_scaled(&mut rec, &t, Some(&norms), None, 1, position, &p);
+                    }
+                }
+                rec.submit();
+                let read = |b: &wgpu::Buffer| {
+                    pollster::block_on(read_f32(&gpu, b, 0, b.size() / 4)).unwrap()
+                };
+                let q_after = read(&qb);
+                let caches: Vec<Vec<f32>> = pool[0].k.iter().chain(&pool[0].v).map(read).collect();
+                (q_after, caches)
+            };
+            let what = format!("{} {variant} neox={neox} seed={seed}", gpu.caps.adapter);
+            let (q_rows, pool_rows) = run(true);
+            let (q_each, pool_each) = run(false);
+            testing::assert_close(&q_rows, &q_each, 1e-5, &format!("q {what}"));
+            for (a, b) in pool_rows.iter().zip(&pool_each) {
+                let same = a
+                    .iter()
+                    .zip(b)
+                    .all(|(x, y)| x.to_bits() == y.to_bits() || (x - y).abs() <= 1e-5);
+                assert!(
+                    same,
+                    "the pool after rope_store_rows differs from row-by-row rope_store: {what}"
+                );
+            }
+            let mut want_q = Vec::new();
+            for (r, &position) in POSITIONS.iter().enumerate() {
+                let row = &q[r * heads as usize * hd..][..heads as usize * hd];
+                let mut normed = webshard::ops::norm::rms_norm_reference(row, &norm_q, 1e-6);
+                rope::rope_reference(&mut normed, 1, heads, position, &p);
+                want_q.extend(normed);
+            }
+            testing::assert_close(
+                &q_rows,
+                &want_q,
+                1e-3,
+                &format!("q against rope_reference {what}"),
+            );
+        }
+    }
+}

@@ -71,6 +71,11 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
 // with their per-head weights, as rms_norm computes it. The rotation is the rope entry's.
 // With PACKED = 1, k and v are sections of x's buffer (a decode step's q/k/v land in one), read
 // through x: WebGPU refuses a buffer bound twice in a dispatch when one binding is writable.
+// The rope_store_rows entry is the same for a batched decode step: token t is row t, at its own
+// position in its own slot of a KV pool (the caches bound are the pool's whole layers):
+// row_table[2t] is the position, row_table[2t + 1] the slot's first vec4 (`attention::row_table`);
+// start_pos and cache_offset are unused. Only that entry binds the table, so rope_store stays
+// within WebGPU's default of 8 storage buffers.
 @group(0) @binding(3) var<storage, read> k_new: array<f32>;
 @group(0) @binding(4) var<storage, read> v_new: array<f32>;
 
@@ -91,6 +96,7 @@ fn v_at(i: u32) -> f32 {
 @group(0) @binding(6) var<storage, read_write> v_cache: array<f32>;
 @group(0) @binding(7) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> k_norm: array<f32>;
+@group(0) @binding(9) var<storage, read> row_table: array<u32>;
 
 // A q row's value d, normalised when asked.
 fn q_value(base: u32, d: u32, scale: f32) -> f32 {
@@ -123,15 +129,31 @@ fn row_scale(is_q: bool, base: u32, lane: u32) -> f32 {
 
 @compute @workgroup_size(WG)
 fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let row = group.x;
     let token = group.y;
+    let kv_row = params.kv_heads * params.head_dim;
+    let place = vec2<u32>(params.start_pos + token, params.cache_offset + token * kv_row);
+    store_head_row(group.x, token, place, lane);
+}
+
+@compute @workgroup_size(WG)
+fn rope_store_rows(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let token = group.y;
+    let kv_row = params.kv_heads * params.head_dim;
+    let pos = row_table[2u * token];
+    let place = vec2<u32>(pos, row_table[2u * token + 1u] * 4u + pos * kv_row);
+    store_head_row(group.x, token, place, lane);
+}
+
+// Head row `row` of token `token` (q rotated in place, k rotated into the cache, v copied into
+// it), the token at position place.x with its k and v rows at cache element place.y.
+fn store_head_row(row: u32, token: u32, place: vec2<u32>, lane: u32) {
     let hd = params.head_dim;
     let kv_row = params.kv_heads * hd;
     if (row >= params.heads + params.kv_heads) {
         let head = row - params.heads - params.kv_heads;
         let src = token * kv_row + head * hd;
         for (var d = lane; d < hd; d = d + WG) {
-            v_cache[params.cache_offset + src + d] = v_at(src + d);
+            v_cache[place.y + head * hd + d] = v_at(src + d);
         }
         return;
     }
@@ -141,7 +163,7 @@ fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation
     // Uniform per workgroup, so the reduction's barriers are reached by every lane or none.
     let scale = row_scale(is_q, base, lane);
     let pairs = params.rope_dims / 2u;
-    let pos = params.start_pos + token;
+    let pos = place.x;
     for (var pair = lane; pair < hd / 2u; pair = pair + WG) {
         let dims = pair_slots(pair, params.rope_dims, params.neox != 0u);
         let x0 = select(k_value(base, dims.x, scale), q_value(base, dims.x, scale), is_q);
@@ -154,8 +176,8 @@ fn rope_store(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation
             x[params.q_offset + base + dims.x] = results.x;
             x[params.q_offset + base + dims.y] = results.y;
         } else {
-            k_cache[params.cache_offset + base + dims.x] = results.x;
-            k_cache[params.cache_offset + base + dims.y] = results.y;
+            k_cache[place.y + head * hd + dims.x] = results.x;
+            k_cache[place.y + head * hd + dims.y] = results.y;
         }
     }
 }

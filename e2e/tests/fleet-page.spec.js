@@ -212,7 +212,9 @@ test('a donor tab closing mid-generation changes nothing in the page output', as
 
 test('a lost donor whose layers the others cannot hold is a clear error', async ({ browser }) => {
   const donors = [await openDonor(browser), await openDonor(browser)];
-  const { page, errors } = await openChatPage(browser, { donors: 2 });
+  // The coordinator waits up to its join timeout for a donor to take the lost layers (the
+  // default, 300 s, is for real fleets): both donors are up before it starts, so 30 s is ample.
+  const { page, errors } = await openChatPage(browser, { donors: 2, extra: { join_timeout: '30' } });
   const [leaving, staying] = donors;
   await expect
     .poll(async () => (await donorStatus(staying.page))?.text?.length ?? 0, { timeout: COORDINATE_MS })

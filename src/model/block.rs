@@ -195,6 +195,57 @@ fn attend_rows(
         k: &n.k.buffer,
         eps: cfg.rms_eps,
     });
+    let pooled = super::batch::pooled_row_table(rows).is_some();
+    let scaling = step.rope_scaling.as_ref();
+    if pooled && rope::rope_store_rows_supported(rec.gpu()) {
+        let target = StoreTarget {
+            q: Section::from(&s.q),
+            k: Section::from(&s.k),
+            v: Section::from(&s.v),
+            cache: rows[0].cache,
+            cache_layer: step.cache_layer,
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+        };
+        let count = rows.len() as u32;
+        let norms = head_norms.as_ref();
+        rope::rope_store_rows(
+            rec,
+            &target,
+            norms,
+            scaling,
+            count,
+            &s.row_table,
+            rope_params,
+        );
+    } else {
+        store_rows_one_by_one(rec, step, rows, rope_params, head_norms.as_ref());
+    }
+    if pooled && attention::decode_rows_supported(rec.gpu(), params) {
+        let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
+        let table = attention::DecodeRows {
+            cache: rows[0].cache,
+            table: &s.row_table,
+            positions: &positions,
+        };
+        let layer = step.cache_layer;
+        attention::attention_decode_rows(rec, &s.q, &table, layer, &s.attn, params);
+        return;
+    }
+    attend_rows_one_by_one(rec, step, rows, params);
+}
+
+/// Each row's rope and cache write in turn, into its own cache (rows not of one pool, or a
+/// device without the storage bindings `rope_store_rows` needs).
+fn store_rows_one_by_one(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    rows: &[super::batch::BatchRow],
+    rope_params: &RopeParams,
+    head_norms: Option<&HeadNorms>,
+) {
+    let (cfg, s) = (step.cfg, step.scratch);
+    let scaling = step.rope_scaling.as_ref();
     for (index, row) in rows.iter().enumerate() {
         let index = index as u32;
         let target = StoreTarget {
@@ -215,23 +266,16 @@ fn attend_rows(
             heads: cfg.n_heads,
             kv_heads: cfg.n_kv_heads,
         };
-        let scaling = step.rope_scaling.as_ref();
-        let norms = head_norms.as_ref();
-        rope::rope_store_scaled(rec, &target, norms, scaling, 1, row.position, rope_params);
+        rope::rope_store_scaled(
+            rec,
+            &target,
+            head_norms,
+            scaling,
+            1,
+            row.position,
+            rope_params,
+        );
     }
-    let pooled = super::batch::pooled_row_table(rows).is_some();
-    if pooled && attention::decode_rows_supported(rec.gpu(), params) {
-        let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
-        let table = attention::DecodeRows {
-            cache: rows[0].cache,
-            table: &s.row_table,
-            positions: &positions,
-        };
-        let layer = step.cache_layer;
-        attention::attention_decode_rows(rec, &s.q, &table, layer, &s.attn, params);
-        return;
-    }
-    attend_rows_one_by_one(rec, step, rows, params);
 }
 
 /// Each row's attention over its own cache in turn. The attention kernels read their query

@@ -270,10 +270,12 @@ const EMBED_WG: u32 = 64;
 
 /// Most tokens a GPU multiplies with the matrix-vector kernel (one workgroup row per token)
 /// rather than the tiled product: a batched decode step's few rows leave the tiled kernel a
-/// handful of workgroups (9 for a 576-row matrix at 64 rows a tile), measured at 10.7 ms a
-/// 4-row step of SmolLM2 on the H200 against 2.2 ms for one row. CPU adapters keep the tiled
-/// kernel, which dequantizes each weight once for all the tokens.
-pub const MATVEC_TOKENS_ON_GPU: u32 = 64;
+/// handful of workgroups (9 for a 576-row matrix at 64 rows a tile). On the H200 (SmolLM2 /
+/// Qwen2.5 steps, tiled then matrix-vector): 4 rows 10.7 / 15.6 ms then 4.9 / 6.0, 16 rows 16.5
+/// / 18.7 then 11.4 / 15.9, but 64 rows 38.7 / 36.9 then 35.9 / 53.5, where reading Qwen's
+/// weights once per token costs more than the tiled kernel's idle lanes. CPU adapters keep the
+/// tiled kernel, which dequantizes each weight once for all the tokens.
+pub const MATVEC_TOKENS_ON_GPU: u32 = 16;
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
 /// `[tokens, rows]`, both f32. One token uses the matrix-vector kernel, as do up to

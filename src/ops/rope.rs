@@ -21,6 +21,14 @@ const ROPE_STORE: Kernel = Kernel {
     entry: "rope_store",
     libs: &[Lib::Reduce, Lib::Rotary],
 };
+const ROPE_STORE_ROWS: Kernel = Kernel {
+    name: "rope_store_rows",
+    source: include_str!("../../wgsl/rope.wgsl"),
+    entry: "rope_store_rows",
+    libs: &[Lib::Reduce, Lib::Rotary],
+};
+/// Storage buffers `rope_store_rows` binds (one more than `rope_store`: the row table).
+const ROWS_STORAGE_BINDINGS: u32 = 9;
 const ROPE_AT: Kernel = Kernel {
     name: "rope_at",
     source: include_str!("../../wgsl/rope_at.wgsl"),
@@ -268,6 +276,62 @@ pub fn rope_store_scaled(
     start_pos: u32,
     p: &RopeParams,
 ) {
+    let cache = target.cache;
+    assert!(
+        start_pos + tokens <= cache.max_ctx,
+        "rope_store: positions {start_pos}..{} past the cache's {}",
+        start_pos + tokens,
+        cache.max_ctx
+    );
+    record_rope_store(
+        rec,
+        target,
+        norms,
+        scaling,
+        tokens,
+        Place::From(start_pos),
+        p,
+    );
+}
+
+/// Whether `rope_store_rows` can run on this device: it binds one storage buffer more than
+/// WebGPU's default limit of 8.
+pub fn rope_store_rows_supported(gpu: &crate::gpu::Gpu) -> bool {
+    gpu.caps.max_storage_bindings >= ROWS_STORAGE_BINDINGS
+}
+
+/// `rope_store_scaled` for a batched decode step's `rows` rows (q, k and v `[rows, ...]` from
+/// the target's offsets) in one dispatch: row r goes to its own position in its own slot of the
+/// target cache's pool, as the row table `table` says (`attention::row_table`, which checked
+/// every position against its slot).
+pub fn rope_store_rows(
+    rec: &mut Recorder,
+    target: &StoreTarget,
+    norms: Option<&HeadNorms>,
+    scaling: Option<&RopeScaling>,
+    rows: u32,
+    table: &wgpu::Buffer,
+    p: &RopeParams,
+) {
+    record_rope_store(rec, target, norms, scaling, rows, Place::Rows(table), p);
+}
+
+/// Where a rope_store dispatch's tokens go: consecutive positions from one in the target's
+/// cache, or each row where a row table says (the whole pool's layers bound).
+enum Place<'a> {
+    From(u32),
+    Rows(&'a wgpu::Buffer),
+}
+
+fn record_rope_store(
+    rec: &mut Recorder,
+    target: &StoreTarget,
+    norms: Option<&HeadNorms>,
+    scaling: Option<&RopeScaling>,
+    tokens: u32,
+    place: Place,
+    p: &RopeParams,
+) {
     p.check();
     let cache = target.cache;
     assert_eq!(
@@ -278,12 +342,6 @@ pub fn rope_store_scaled(
         cache.head_dim, p.head_dim,
         "rope_store: head_dim of the cache"
     );
-    assert!(
-        start_pos + tokens <= cache.max_ctx,
-        "rope_store: positions {start_pos}..{} past the cache's {}",
-        start_pos + tokens,
-        cache.max_ctx
-    );
     if tokens == 0 {
         return;
     }
@@ -293,7 +351,16 @@ pub fn rope_store_scaled(
         packed || (k != q && v != q && k != v),
         "rope_store: q, k and v are all sections of one buffer or three buffers"
     );
-    let pipeline = rec.pipeline(&ROPE_STORE, &[("WG", WG), ("PACKED", u32::from(packed))]);
+    let (start_pos, table) = match place {
+        Place::From(start) => (start, None),
+        Place::Rows(table) => (0, Some(table)),
+    };
+    let kernel = if table.is_some() {
+        &ROPE_STORE_ROWS
+    } else {
+        &ROPE_STORE
+    };
+    let pipeline = rec.pipeline(kernel, &[("WG", WG), ("PACKED", u32::from(packed))]);
     let placeholder = rec.gpu().placeholder();
     let (k, v) = if packed {
         (placeholder, placeholder)
@@ -322,6 +389,16 @@ pub fn rope_store_scaled(
         mscale,
         pad: [0; 2],
     };
+    let (k_cache, v_cache) = match table {
+        Some(_) => (
+            cache.pooled_k_layer(target.cache_layer),
+            cache.pooled_v_layer(target.cache_layer),
+        ),
+        None => (
+            cache.k_layer(target.cache_layer),
+            cache.v_layer(target.cache_layer),
+        ),
+    };
     let rows = target.heads + 2 * target.kv_heads;
     rec.dispatch(
         &pipeline,
@@ -331,11 +408,14 @@ pub fn rope_store_scaled(
             factors.as_entire_binding(),
             k.as_entire_binding(),
             v.as_entire_binding(),
-            cache.k_layer(target.cache_layer),
-            cache.v_layer(target.cache_layer),
+            k_cache,
+            v_cache,
             norms.map_or(placeholder, |n| n.q).as_entire_binding(),
             norms.map_or(placeholder, |n| n.k).as_entire_binding(),
-        ],
+        ]
+        .into_iter()
+        .chain(table.map(wgpu::Buffer::as_entire_binding))
+        .collect::<Vec<_>>(),
         [rows, tokens, 1],
     );
 }
