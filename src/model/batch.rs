@@ -12,7 +12,7 @@
 
 use std::ops::Range;
 
-use crate::gpu::Recorder;
+use crate::gpu::{PendingRead, Recorder};
 use crate::ops::attention::{self, KvCache};
 use crate::ops::select;
 
@@ -40,21 +40,18 @@ impl Stage {
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         self.submit_batch_blocks(rows)?;
         let vocab = self.cfg.vocab as usize;
-        let pending = head_chunks(rows.len() as u32)
-            .map(|chunk| {
+        let reads = self
+            .read_head_chunks(rows.len() as u32, "head", |mut rec, chunk| {
                 let count = chunk.len() as u64;
-                self.with_recorder(("head", chunk.len() as u32), |mut rec| {
-                    self.record_head(&mut rec, chunk)?;
-                    Ok(rec.submit_with_read(&self.scratch.logits, 0, count * vocab as u64 * 4))
-                })
+                self.record_head(&mut rec, chunk)?;
+                Ok(rec.submit_with_read(&self.scratch.logits, 0, count * vocab as u64 * 4))
             })
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut logits = Vec::with_capacity(rows.len());
-        for read in pending {
-            let values: Vec<f32> = bytemuck::pod_collect_to_vec(&read.wait(&self.gpu).await?);
-            logits.extend(values.chunks(vocab).map(<[f32]>::to_vec));
-        }
-        Ok(logits)
+            .await?;
+        let values = reads
+            .iter()
+            .flat_map(|bytes| bytemuck::pod_collect_to_vec::<u8, f32>(bytes));
+        let values: Vec<f32> = values.collect();
+        Ok(values.chunks(vocab).map(<[f32]>::to_vec).collect())
     }
 
     /// Like `forward_batch_logits`, but each row's greedy token, taken on the device: 4 bytes
@@ -65,23 +62,36 @@ impl Stage {
     ) -> Result<Vec<u32>, ModelError> {
         self.submit_batch_blocks(rows)?;
         let s = &self.scratch;
-        let pending = head_chunks(rows.len() as u32)
-            .map(|chunk| {
+        let reads = self
+            .read_head_chunks(rows.len() as u32, "head argmax", |mut rec, chunk| {
                 let count = chunk.len() as u32;
-                self.with_recorder(("head argmax", count), |mut rec| {
-                    self.record_head(&mut rec, chunk)?;
-                    select::argmax_rows(&mut rec, &s.logits, self.cfg.vocab, count, &s.argmax);
-                    Ok(rec.submit_with_read(&s.argmax, 0, u64::from(count) * 4))
-                })
+                self.record_head(&mut rec, chunk)?;
+                select::argmax_rows(&mut rec, &s.logits, self.cfg.vocab, count, &s.argmax);
+                Ok(rec.submit_with_read(&s.argmax, 0, u64::from(count) * 4))
             })
+            .await?;
+        Ok(reads
+            .iter()
+            .flat_map(|bytes| bytemuck::pod_collect_to_vec::<u8, u32>(bytes))
+            .collect())
+    }
+
+    /// Records and submits `record` for each head chunk of `rows` rows (the scratch holds
+    /// `HEAD_ROWS` rows of logits), all before waiting for the first, then their bytes in order.
+    async fn read_head_chunks(
+        &self,
+        rows: u32,
+        name: &'static str,
+        record: impl Fn(Recorder<'_>, Range<u32>) -> Result<PendingRead, ModelError>,
+    ) -> Result<Vec<Vec<u8>>, ModelError> {
+        let pending = head_chunks(rows)
+            .map(|chunk| self.with_recorder((name, chunk.len() as u32), |rec| record(rec, chunk)))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut ids = Vec::with_capacity(rows.len());
+        let mut reads = Vec::with_capacity(pending.len());
         for read in pending {
-            ids.extend(bytemuck::pod_collect_to_vec::<u8, u32>(
-                &read.wait(&self.gpu).await?,
-            ));
+            reads.push(read.wait(&self.gpu).await?);
         }
-        Ok(ids)
+        Ok(reads)
     }
 
     /// Checks the rows and submits the embedding and blocks of the step, leaving each row's
