@@ -106,7 +106,8 @@ async fn teacher_forced(engine: &mut Engine, record: &Value, label: &str) -> (Ve
     (errors, steps.iter().map(margin).collect())
 }
 
-/// Free-running greedy: identical ids up to the first golden step with margin <= 0.5.
+/// Free-running greedy: identical ids up to the first golden step with margin <= 0.5. Runs
+/// right after `teacher_forced` on the same record.
 async fn free_running(engine: &mut Engine, record: &Value, max_steps: usize, label: &str) {
     let prompt = ids(&record["prompt_ids"]);
     let mut steps = steps(record);
@@ -117,7 +118,8 @@ async fn free_running(engine: &mut Engine, record: &Value, max_steps: usize, lab
         stop: Vec::new(),
         constraint: None,
     };
-    engine.reset();
+    // No reset: the teacher-forced pass left this prompt's keys and values in the cache
+    // (same prefill kernels), so only the prompt's last token and the decode steps run.
     let request = GenerateRequest::new(Prompt::Ids(prompt), options);
     let out = engine
         .generate_one(&request, &mut |_| ControlFlow::Continue(()))
