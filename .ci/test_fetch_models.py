@@ -104,11 +104,31 @@ class FetchModelsTest(unittest.TestCase):
         self.assertEqual(self.ensure(entry()), "fetched")
         self.assertEqual((target.read_bytes(), self.registry.calls), (WHOLE, 2))
 
+    def test_a_fresh_checkout_takes_the_model_from_the_store(self):
+        store = fetch_models.ModelStore(self.dir / "store")
+        fetch_models.ensure_model(entry(), self.dir, self.cache, self.registry, store=store)
+        clone = self.dir / "clone"
+        clone.mkdir()
+        cache = fetch_models.VerifiedCache(clone)
+        outcome = fetch_models.ensure_model(entry(), clone, cache, self.registry, store=store)
+        self.assertEqual((outcome, self.registry.calls), ("stored", 1))
+        self.assertEqual((clone / "tiny.gguf").read_bytes(), WHOLE)
+
+    def test_a_store_file_that_does_not_verify_is_removed_and_the_model_fetched(self):
+        store = fetch_models.ModelStore(self.dir / "store")
+        (self.dir / "store").mkdir()
+        stored = self.dir / "store" / f"{entry()['sha256']}-tiny.gguf"
+        stored.write_bytes(b"X" * len(WHOLE))
+        outcome = fetch_models.ensure_model(entry(), self.dir, self.cache, self.registry, store=store)
+        self.assertEqual((outcome, self.registry.calls), ("fetched", 1))
+        self.assertEqual((self.dir / "tiny.gguf").read_bytes(), WHOLE)
+        self.assertEqual(stored.read_bytes(), WHOLE)  # kept again, verified
+
     def test_unknown_model_name_exits_nonzero(self):
         script = Path(fetch_models.__file__)
         result = subprocess.run(
             [sys.executable, str(script), "--dest", str(self.dir), "no-such-model"],
-            capture_output=True, text=True)
+            capture_output=True, text=True, env=dict(os.environ, WEBSHARD_MODEL_STORE="off"))
         self.assertEqual(result.returncode, 1)
         self.assertIn("unknown model 'no-such-model'", result.stderr)
 
