@@ -140,7 +140,8 @@ fn donors_too_small_for_two_chains_run_one_deeper_chain() {
     assert_eq!(run.report.chains[0].run.max_in_flight, 4);
 }
 
-/// The kill switch of a donor of chain 1, thrown after the third token of any request.
+/// Kills the first stage's donor of chain 1 after the third token of any request. The other
+/// donors' switches are kept to the end: dropping one kills its donor too.
 fn kill_in_chain_one(
     handles: &mut [DonorHandle],
 ) -> (
@@ -150,21 +151,23 @@ fn kill_in_chain_one(
 ) {
     let switches: Vec<(PeerId, oneshot::Sender<()>)> =
         handles.iter_mut().map(|h| (h.id, h.take_kill())).collect();
-    let armed = Arc::new(Mutex::new(None));
     let victim = Arc::new(Mutex::new(None));
     let connected = {
-        let (armed, victim) = (Arc::clone(&armed), Arc::clone(&victim));
+        let victim = Arc::clone(&victim);
         move |plans: &[(usize, Plan)]| {
             let chain = &plans.iter().find(|(id, _)| *id == 1).expect("chain 1").1;
-            let target = chain.stages[0].donor;
-            *victim.lock().unwrap() = Some(target);
-            let switch = switches.into_iter().find(|(id, _)| *id == target);
-            *armed.lock().unwrap() = switch.map(|(_, kill)| kill);
+            *victim.lock().unwrap() = Some(chain.stages[0].donor);
         }
     };
-    let on_token = move |update: &TokenEvent<'_>| {
-        if update.index == 2 {
-            let _ = armed.lock().unwrap().take().map(|kill| kill.send(()));
+    let on_token = {
+        let (victim, mut switches) = (Arc::clone(&victim), switches);
+        move |update: &TokenEvent<'_>| {
+            let target = *victim.lock().unwrap();
+            if update.index == 2 {
+                if let Some(at) = switches.iter().position(|(id, _)| Some(*id) == target) {
+                    let _ = switches.remove(at).1.send(());
+                }
+            }
         }
     };
     (connected, on_token, victim)
