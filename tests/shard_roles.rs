@@ -2,7 +2,8 @@
 //! models: split generations give the single device's greedy ids, also when a donor is lost
 //! or joins midway, when several requests share the chain, and a wrong donor is refused or
 //! flagged; donors answer heartbeats while they compute; constrained requests give the single
-//! device's constrained ids (`constrained.rs`).
+//! device's constrained ids (`constrained.rs`); several chains serve requests side by side
+//! (`replicas.rs`).
 
 mod roles_support;
 mod support;
@@ -13,6 +14,8 @@ mod constrained;
 mod loss;
 #[path = "shard_roles/models.rs"]
 mod models;
+#[path = "shard_roles/replicas.rs"]
+mod replicas;
 
 use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -8,15 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::bail;
-use webshard::front::{GenerateOptions, GenerateRequest, Generator, Prompt};
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, OnEvent, Prompt};
 use webshard::gpu::{BackendChoice, Gpu, GpuOptions};
 use webshard::shard::fault::Perturbing;
 use webshard::shard::fleet_room;
+use webshard::shard::plan::MAX_DONORS;
+use webshard::shard::roles::coordinator::RunReport;
 use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
 use webshard::shard::roles::{
-    Coordinator, CoordinatorConfig, Donor, DonorConfig, DonorExit, VerifyConfig,
+    ChainCount, Coordinator, CoordinatorConfig, Donor, DonorConfig, DonorExit, ReplicaReport,
+    Replicas as ReplicaFleet, RoleError, VerifyConfig,
 };
-use webshard::shard::{Encoding, FrameLimits, Transport, WebRtcConfig, WebRtcTransport};
+use webshard::shard::{Encoding, FrameLimits, MaybeSync, Transport, WebRtcConfig, WebRtcTransport};
 use webshard::tokenizer::ChatMessage;
 
 use crate::constraint_args::ConstraintArgs;
@@ -87,6 +90,32 @@ pub struct CoordinateArgs {
     /// Seconds to wait for `--donors` donors before giving up with "K of N donors joined".
     #[arg(long, default_value_t = 60.0)]
     pub join_timeout: f64,
+    /// Chains to run: 1 (one chain over every donor), a number N (the donors dealt into N
+    /// chains, each holding the whole model), or `auto` (one longer chain or several, whichever
+    /// the planner estimates faster for the prompts given, from the donors' memory and speed).
+    /// With several, the prompts are spread over them and `--json` adds `chains` and
+    /// `served_by`.
+    #[arg(long, default_value = "1", value_parser = parse_replicas)]
+    pub replicas: Replicas,
+}
+
+/// `--replicas`: how many chains the donors form.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Replicas {
+    Auto,
+    Count(usize),
+}
+
+fn parse_replicas(text: &str) -> Result<Replicas, String> {
+    match text {
+        "auto" => Ok(Replicas::Auto),
+        _ => match text.parse::<usize>() {
+            Ok(count) if (1..=MAX_DONORS).contains(&count) => Ok(Replicas::Count(count)),
+            _ => Err(format!(
+                "{text:?} is neither `auto` nor a number of chains from 1 to {MAX_DONORS}"
+            )),
+        },
+    }
 }
 
 #[derive(clap::Args, Debug, Clone)]
@@ -191,10 +220,67 @@ fn gpu_options(backend: &str) -> anyhow::Result<GpuOptions> {
     })
 }
 
-pub async fn run_coordinator<T: Transport>(
+pub async fn run_coordinator<T: Transport + MaybeSync>(
     transport: T,
     args: &CoordinateArgs,
 ) -> anyhow::Result<()> {
+    let requests = requests(args)?;
+    let config = coordinator_config(args).await?;
+    eprintln!("waiting for {} donor(s)…", args.donors);
+    let mut fleet = match args.replicas {
+        Replicas::Count(1) => Fleet::Chain(Coordinator::connect(transport, config).await?),
+        Replicas::Count(count) => {
+            let chains = ChainCount::Exactly(count);
+            Fleet::Replicas(ReplicaFleet::connect(transport, config, chains).await?)
+        }
+        Replicas::Auto => {
+            let chains = ChainCount::Auto {
+                requests: requests.len(),
+            };
+            Fleet::Replicas(ReplicaFleet::connect(transport, config, chains).await?)
+        }
+    };
+    // Text streams only for one prompt: several would interleave.
+    let stream = !args.json && requests.len() == 1;
+    let progress = args.progress;
+    let outputs = fleet
+        .generate(&requests, &mut |update| {
+            if progress {
+                eprintln!("token {} {} {}", update.request, update.index, update.id);
+            }
+            if stream {
+                print!("{}", update.text);
+                let _ = std::io::stdout().flush();
+            }
+            ControlFlow::Continue(())
+        })
+        .await?;
+    let report = fleet.report_json()?;
+    let summary = fleet.summary();
+    fleet.shutdown("generation finished").await;
+    let first = outputs.first().cloned().unwrap_or_default();
+    if args.json {
+        let mut value = report;
+        value["ids"] = serde_json::json!(first.ids);
+        value["text"] = serde_json::json!(first.text);
+        value["outputs"] = serde_json::to_value(&outputs)?;
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        if stream {
+            println!();
+        } else {
+            for (prompt, output) in args.prompt.iter().zip(&outputs) {
+                println!("--- {prompt}\n{}", output.text);
+            }
+        }
+        let tokens: usize = outputs.iter().map(|o| o.ids.len()).sum();
+        eprintln!("{tokens} tokens, {summary}");
+    }
+    Ok(())
+}
+
+/// The coordinator's settings from the flags (the verifier's GPU opened here).
+async fn coordinator_config(args: &CoordinateArgs) -> anyhow::Result<CoordinatorConfig> {
     let mut config = CoordinatorConfig::new(&args.model, &args.fleet, args.donors);
     config.runtime.max_context = args.ctx;
     config.runtime.kv_slots = args.kv_slots;
@@ -209,80 +295,109 @@ pub async fn run_coordinator<T: Transport>(
     if args.f32_activations {
         config.runtime.hidden = Encoding::F32;
     }
-    let sampler = args.sampler.config();
-    // Checked before any donor is waited for: a bad schema fails at once.
-    let constraint = args.constraint.spec()?;
+    if let Replicas::Count(count) = args.replicas {
+        if count > args.donors {
+            bail!(
+                "--replicas {count} needs at least {count} donors (--donors {})",
+                args.donors
+            );
+        }
+    }
     if args.verify > 0.0 {
         config.verify = Some(VerifyConfig {
             fraction: args.verify.min(1.0),
             tolerance: DEFAULT_TOLERANCE,
-            seed: sampler.seed,
+            seed: args.sampler.config().seed,
             gpu: Gpu::new(&gpu_options(&args.backend)?).await?,
         });
     }
-    eprintln!("waiting for {} donor(s)…", args.donors);
-    let mut coordinator = Coordinator::connect(transport, config).await?;
+    Ok(config)
+}
+
+/// One request per `--prompt`, with the sampling flags; checked before any donor is waited
+/// for, so a bad schema fails at once.
+fn requests(args: &CoordinateArgs) -> anyhow::Result<Vec<GenerateRequest>> {
     let options = GenerateOptions {
         max_tokens: args.n,
-        sampler: sampler.clone(),
+        sampler: args.sampler.config(),
         stop: args.stop.clone(),
-        constraint,
+        constraint: args.constraint.spec()?,
     };
-    let requests: Vec<GenerateRequest> = args
-        .prompt
-        .iter()
-        .map(|prompt| {
-            let prompt = match args.chat {
-                true => Prompt::Chat(vec![ChatMessage::new("user", prompt.as_str())]),
-                false => Prompt::Text(prompt.clone()),
-            };
-            GenerateRequest::new(prompt, options.clone())
-        })
-        .collect();
-    // Text streams only for one prompt: several would interleave.
-    let stream = !args.json && requests.len() == 1;
-    let progress = args.progress;
-    let outputs = coordinator
-        .generate(&requests, &mut |update| {
-            if progress {
-                eprintln!("token {} {} {}", update.request, update.index, update.id);
-            }
-            if stream {
-                print!("{}", update.text);
-                let _ = std::io::stdout().flush();
-            }
-            ControlFlow::Continue(())
-        })
-        .await?;
-    let report = coordinator.report().clone();
-    coordinator.shutdown("generation finished").await;
-    let first = outputs.first().cloned().unwrap_or_default();
-    if args.json {
-        let mut value = serde_json::to_value(&report)?;
-        value["ids"] = serde_json::json!(first.ids);
-        value["text"] = serde_json::json!(first.text);
-        value["outputs"] = serde_json::to_value(&outputs)?;
-        println!("{}", serde_json::to_string_pretty(&value)?);
-    } else {
-        if stream {
-            println!();
-        } else {
-            for (prompt, output) in args.prompt.iter().zip(&outputs) {
-                println!("--- {prompt}\n{}", output.text);
-            }
+    let requests = args.prompt.iter().map(|prompt| {
+        let prompt = match args.chat {
+            true => Prompt::Chat(vec![ChatMessage::new("user", prompt.as_str())]),
+            false => Prompt::Text(prompt.clone()),
+        };
+        GenerateRequest::new(prompt, options.clone())
+    });
+    Ok(requests.collect())
+}
+
+/// One chain, or several: the same front door, reported apart.
+enum Fleet<T: Transport + MaybeSync> {
+    Chain(Coordinator<T>),
+    Replicas(ReplicaFleet<T>),
+}
+
+impl<T: Transport + MaybeSync> Fleet<T> {
+    async fn generate(
+        &mut self,
+        requests: &[GenerateRequest],
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<Vec<Generated>, RoleError> {
+        match self {
+            Fleet::Chain(chain) => chain.generate(requests, on_event).await,
+            Fleet::Replicas(replicas) => replicas.generate(requests, on_event).await,
         }
-        let tokens: usize = outputs.iter().map(|o| o.ids.len()).sum();
-        eprintln!(
-            "{} tokens, {:.2} tok/s decode, {} stage(s), {} recover(ies), {} join(s), {} flag(s)",
-            tokens,
-            report.decode_tokens_per_s,
-            report.plan.len(),
-            report.recoveries,
-            report.joins,
-            report.flags.len()
-        );
     }
-    Ok(())
+
+    /// One chain's report as it always was; several chains' with `chains` and `served_by`.
+    fn report_json(&self) -> anyhow::Result<serde_json::Value> {
+        Ok(match self {
+            Fleet::Chain(chain) => serde_json::to_value(chain.report())?,
+            Fleet::Replicas(replicas) => serde_json::to_value(replicas.report())?,
+        })
+    }
+
+    fn summary(&self) -> String {
+        match self {
+            Fleet::Chain(chain) => chain_summary(chain.report()),
+            Fleet::Replicas(replicas) => replicas_summary(&replicas.report()),
+        }
+    }
+
+    async fn shutdown(self, reason: &str) {
+        match self {
+            Fleet::Chain(chain) => chain.shutdown(reason).await,
+            Fleet::Replicas(replicas) => replicas.shutdown(reason).await,
+        }
+    }
+}
+
+fn chain_summary(report: &RunReport) -> String {
+    format!(
+        "{:.2} tok/s decode, {} stage(s), {} recover(ies), {} join(s), {} flag(s)",
+        report.decode_tokens_per_s,
+        report.plan.len(),
+        report.recoveries,
+        report.joins,
+        report.flags.len()
+    )
+}
+
+fn replicas_summary(report: &ReplicaReport) -> String {
+    let stages: Vec<String> = (report.chains.iter())
+        .map(|c| c.run.plan.len().to_string())
+        .collect();
+    format!(
+        "{:.2} tok/s decode, {} chain(s) of {} stage(s), {} recover(ies), {} join(s), {} moved",
+        report.decode_tokens_per_s,
+        report.chains.len(),
+        stages.join("/"),
+        report.recoveries,
+        report.joins,
+        report.moved
+    )
 }
 
 /// Serves coordinators over `transport`; true when it ended because the transport closed.

@@ -3,7 +3,7 @@
 //! single-device `runner generate --temp 0 --json`.
 //!
 //! Identity (2 and 3 donors, SmolLM2 and Qwen2.5, several prompts at once, a constrained
-//! generation), donors killed
+//! generation, 4 donors as two replicas), donors killed
 //! mid-generation, a donor joining mid-generation, a donor with the wrong token, and a faulty
 //! donor under `--verify`.
 //!
@@ -113,6 +113,48 @@ fn smollm2_three_donor_processes_match_single_device_with_two_prompts_at_once() 
     let _turn = serial();
     let json = identity(SMOLLM2, 3, Some("200"), &[PROMPT, PROMPT_B], N, &[]);
     assert_eq!(json["max_in_flight"], 2);
+}
+
+/// Four donor processes that each hold half of SmolLM2, run as two chains (`--replicas 2`):
+/// four prompts spread two a chain, each with its single-device ids; the report names the
+/// two chains, their disjoint donors and the chain that served each prompt.
+#[test]
+fn four_donor_processes_as_two_replicas_give_single_device_ids() {
+    let _turn = serial();
+    let prompts = [PROMPT, PROMPT, PROMPT_B, PROMPT_B];
+    let want = [
+        reference(SMOLLM2, PROMPT, 4),
+        reference(SMOLLM2, PROMPT_B, 4),
+    ];
+    let server = Server::start();
+    let started = Instant::now();
+    // 80 MiB: under the whole model, over half of it (the tied embedding on both ends).
+    let mut fleet: Vec<Donor> = (0..4)
+        .map(|i| server.donor(&format!("donor {i}"), &["--gpu-mem-mib", "80"]))
+        .collect();
+    let extra = ["--ctx", "64", "--kv-slots", "2", "--replicas", "2"];
+    let mut coordinator = server.coordinate(SMOLLM2, 4, &prompts, 4, &extra);
+    let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
+    let json = coordinator.json_with(RUN_LIMIT, &procs);
+    eprintln!("[two replicas] {:.1} s", started.elapsed().as_secs_f64());
+    let chains = json["chains"].as_array().expect("chains");
+    assert_eq!(chains.len(), 2, "{json}");
+    let mut donors = std::collections::HashSet::new();
+    for chain in chains {
+        let plan = chain["plan"].as_array().expect("plan");
+        assert_eq!(plan.len(), 2, "{chain}");
+        for stage in plan {
+            assert!(donors.insert(stage["donor"].to_string()), "{json}");
+        }
+    }
+    assert_eq!(json["served_by"], serde_json::json!([0, 1, 0, 1]));
+    let outputs = json["outputs"].as_array().expect("outputs");
+    for (index, output) in outputs.iter().enumerate() {
+        assert_eq!(ids_of(&output["ids"]), want[index / 2], "prompt {index}");
+    }
+    for donor in &mut fleet {
+        donor.wait_back_in_room(1);
+    }
 }
 
 #[test]

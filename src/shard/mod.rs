@@ -28,10 +28,10 @@ pub use chunk::{slice_frame, ChunkError, Reassembler, ReassemblyLimits};
 pub use fleet::{fleet_room, token_matches};
 pub use frame::{decode_frame, encode_frame, FrameError, Kind, Message};
 pub use plan::{plan, replan, DonorCapacity, FleetChange, ModelSizes, Plan, PlanError, StagePlan};
-pub use replica::{chain_rate, plan_replicas, FleetPlan};
+pub use replica::{chain_rate, plan_chains, plan_replicas, FleetPlan};
 pub use transport::{
-    InProcessConfig, InProcessNetwork, InProcessTransport, PeerId, Transport, TransportError,
-    TransportEvent,
+    InProcessConfig, InProcessNetwork, InProcessTransport, MaybeSync, PeerId, Transport,
+    TransportError, TransportEvent,
 };
 pub use validate::{FrameLimits, FrameValidator, InputKind, ModelShape};
 pub use vocab::{ByteVocab, StreamDecoder, VocabError};

@@ -101,8 +101,20 @@ pub enum PlanError {
     },
     #[error("the fleet cannot hold the model: it needs {needed} bytes in contiguous stages, the donors offer {available} in all")]
     CannotHold { needed: u64, available: u64 },
+    #[error("cannot make {chains} chain(s) of {donors} donor(s): each chain needs a donor")]
+    ChainCount { chains: usize, donors: usize },
     #[error("model header: {0}")]
     Header(String),
+}
+
+impl PlanError {
+    /// The donors cannot hold the model, though more donors could.
+    pub fn is_shortage(&self) -> bool {
+        matches!(
+            self,
+            PlanError::CannotHold { .. } | PlanError::LayerTooLarge { .. } | PlanError::NoDonors
+        )
+    }
 }
 
 impl ModelSizes {

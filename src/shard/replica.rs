@@ -45,11 +45,7 @@ pub fn plan_replicas(
     // Ties are judged against the best rate seen, so a run of near ties cannot drift down.
     let mut top = best.est_tokens_per_s;
     for count in 2..=donors.len().min(requests) {
-        let Ok(chains) = deal(donors, count)
-            .iter()
-            .map(|group| plan(model, group))
-            .collect::<Result<Vec<Plan>, PlanError>>()
-        else {
+        let Ok(chains) = plan_chains(model, donors, count) else {
             continue;
         };
         let rate = fleet_rate(&chains, requests, hop_ms);
@@ -62,6 +58,24 @@ pub fn plan_replicas(
         top = top.max(rate);
     }
     Ok(best)
+}
+
+/// Exactly `count` chains: `donors` dealt as `plan_replicas` deals them, each group planned.
+pub fn plan_chains(
+    model: &ModelSizes,
+    donors: &[DonorCapacity],
+    count: usize,
+) -> Result<Vec<Plan>, PlanError> {
+    if count == 0 || count > donors.len() {
+        return Err(PlanError::ChainCount {
+            chains: count,
+            donors: donors.len(),
+        });
+    }
+    deal(donors, count)
+        .iter()
+        .map(|group| plan(model, group))
+        .collect()
 }
 
 /// `count` groups of donors: largest memory first, round robin; each group in fleet order.

@@ -125,6 +125,17 @@ pub trait MaybeSend {}
 #[cfg(target_arch = "wasm32")]
 impl<T> MaybeSend for T {}
 
+/// `Sync` natively, where a transport shared by several chains (`roles::lanes`) is used from
+/// `Send` futures; nothing in browsers.
+#[cfg(not(target_arch = "wasm32"))]
+pub trait MaybeSync: Sync {}
+#[cfg(not(target_arch = "wasm32"))]
+impl<T: Sync> MaybeSync for T {}
+#[cfg(target_arch = "wasm32")]
+pub trait MaybeSync {}
+#[cfg(target_arch = "wasm32")]
+impl<T> MaybeSync for T {}
+
 /// Encodes and sends a message.
 pub async fn send_message(
     transport: &dyn Transport,

@@ -9,8 +9,8 @@ use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Pr
 use webshard::gpu::Gpu;
 use webshard::sample::{ConstraintSpec, SamplerConfig};
 use webshard::shard::roles::coordinator::RunReport;
-use webshard::shard::roles::{Coordinator, CoordinatorConfig};
-use webshard::shard::{InProcessConfig, InProcessNetwork, InProcessTransport};
+use webshard::shard::roles::{ChainCount, Coordinator, CoordinatorConfig, ReplicaReport, Replicas};
+use webshard::shard::{InProcessConfig, InProcessNetwork, InProcessTransport, Plan};
 
 use super::{model_url, spawn_donor, with_deadline, DonorHandle, TOKEN};
 
@@ -98,4 +98,53 @@ pub fn fleet(
 
 pub fn print_report(label: &str, report: &RunReport) {
     println!("{label}: {}", serde_json::to_string(report).unwrap());
+}
+
+pub struct ReplicaRun {
+    pub outputs: Vec<Generated>,
+    pub report: ReplicaReport,
+    /// Each chain's number and plan once connected.
+    pub plans: Vec<(usize, Plan)>,
+    /// Every token event passed to the caller, in order: (request, index).
+    pub events: Vec<(usize, u32)>,
+}
+
+/// Connects a fleet of `chains` chains on `transport`, calls `connected` with their plans,
+/// generates, dismisses the donors.
+pub fn coordinate_replicas(
+    transport: InProcessTransport,
+    config: CoordinatorConfig,
+    chains: ChainCount,
+    requests: Vec<GenerateRequest>,
+    connected: impl FnOnce(&[(usize, Plan)]) + Send + 'static,
+    mut on_token: impl FnMut(&TokenEvent<'_>) + Send + 'static,
+) -> ReplicaRun {
+    with_deadline(DEADLINE, move || {
+        pollster::block_on(async move {
+            let mut replicas = Replicas::connect(transport, config, chains)
+                .await
+                .expect("connect");
+            let plans: Vec<(usize, Plan)> = (replicas.plans().into_iter())
+                .map(|(chain, plan)| (chain, plan.clone()))
+                .collect();
+            connected(&plans);
+            let mut events = Vec::new();
+            let outputs = replicas
+                .generate(&requests, &mut |update| {
+                    events.push((update.request, update.index));
+                    on_token(&update);
+                    ControlFlow::Continue(())
+                })
+                .await
+                .expect("generate");
+            let report = replicas.report();
+            replicas.shutdown("done").await;
+            ReplicaRun {
+                outputs,
+                report,
+                plans,
+                events,
+            }
+        })
+    })
 }

@@ -12,7 +12,7 @@ use crate::{support, PROMPTS};
 
 /// SmolLM2 needs about 144 MB at this context (weights and 4 KV slots): a donor offering
 /// 100 MB cannot hold it alone, two can.
-const TOO_SMALL_ALONE: u64 = 100_000_000;
+pub const TOO_SMALL_ALONE: u64 = 100_000_000;
 
 /// Two donors that each hold under the whole model; one is killed after 3 tokens and a third
 /// greets the coordinator only then. The one left cannot hold the model, so the re-plan waits

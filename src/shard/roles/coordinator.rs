@@ -30,6 +30,7 @@ use crate::sample::TokenView;
 /// Longest `shutdown` waits for its last frames to reach the donors.
 const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 
+#[derive(Clone)]
 pub struct CoordinatorConfig {
     /// Where donors fetch the model from (a URL they can reach, or a path for local donors).
     pub model_url: String,
@@ -172,24 +173,47 @@ impl<T: Transport> Coordinator<T> {
         transport: T,
         config: CoordinatorConfig,
     ) -> Result<Coordinator<T>, RoleError> {
+        let mut coordinator = Coordinator::open(transport, config).await?;
+        coordinator.gather_donors().await?;
+        let donors = std::mem::take(&mut coordinator.standby);
+        let plan = super::super::plan::plan(&coordinator.sizes, &donors)?;
+        coordinator.establish(plan).await?;
+        Ok(coordinator)
+    }
+
+    /// Reads the model's header: a coordinator with no donors yet.
+    pub(super) async fn open(
+        transport: T,
+        config: CoordinatorConfig,
+    ) -> Result<Coordinator<T>, RoleError> {
         let source = open_source(&config.model_url)
             .await
             .map_err(|e| RoleError::Source(e.to_string()))?;
         let model = OpenModel::read(source.as_ref()).await?;
+        let mut sizes = ModelSizes::from_header(&model.header)?;
+        sizes.runtime_bytes_per_layer = kv_bytes_per_layer(&model.cfg, &config.runtime);
+        Coordinator::with_model(transport, config, model, sizes)
+    }
+
+    /// A coordinator of `model` with no donors yet (the text front is built here).
+    pub(super) fn with_model(
+        transport: T,
+        config: CoordinatorConfig,
+        model: OpenModel,
+        sizes: ModelSizes,
+    ) -> Result<Coordinator<T>, RoleError> {
         let text = TextFront::from_header(&model.header)
             .map_err(|e| RoleError::Tokenizer(e.to_string()))?;
         let vocab_blob = ByteVocab::from_tokenizer(&text.tokenizer)
             .map_err(|e| RoleError::Tokenizer(e.to_string()))?
             .to_bytes();
-        let mut sizes = ModelSizes::from_header(&model.header)?;
-        sizes.runtime_bytes_per_layer = kv_bytes_per_layer(&model.cfg, &config.runtime);
         let mut validator = FrameValidator::new(config.limits);
         validator.set_model(ModelShape {
             vocab_size: model.cfg.vocab,
             d_model: model.cfg.d_model,
         });
         let verifier = config.verify.clone().map(Verifier::new);
-        let mut coordinator = Coordinator {
+        Ok(Coordinator {
             transport,
             config,
             model,
@@ -211,12 +235,7 @@ impl<T: Transport> Coordinator<T> {
             token_view: None,
             report: RunReport::default(),
             refused_hellos: 0,
-        };
-        coordinator.gather_donors().await?;
-        let donors = std::mem::take(&mut coordinator.standby);
-        let plan = super::super::plan::plan(&coordinator.sizes, &donors)?;
-        coordinator.establish(plan).await?;
-        Ok(coordinator)
+        })
     }
 
     pub fn plan(&self) -> &Plan {
@@ -260,7 +279,7 @@ impl<T: Transport> Coordinator<T> {
     /// Admits donors (in the order their Hello arrives) until there are enough, joining the
     /// room again whenever the rejoin wait passes without an admission (the wait doubling
     /// each time), and giving up after `join_timeout`.
-    async fn gather_donors(&mut self) -> Result<(), RoleError> {
+    pub(super) async fn gather_donors(&mut self) -> Result<(), RoleError> {
         let wanted = self.config.donors.max(1);
         let limit = self.config.join_timeout;
         let mut rejoin_after = self.config.rejoin_after;

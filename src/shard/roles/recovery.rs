@@ -17,7 +17,7 @@ use std::collections::HashSet;
 use web_time::Instant;
 
 use super::super::frame::{Assign, ErrorCode, Message};
-use super::super::plan::{plan, replan, FleetChange, Plan, PlanError};
+use super::super::plan::{plan, replan, FleetChange, Plan};
 use super::super::transport::{send_message, PeerId, Transport, TransportError, TransportEvent};
 use super::coordinator::Coordinator;
 use super::session::Session;
@@ -129,14 +129,8 @@ impl<T: Transport> Coordinator<T> {
                 }
                 Err(error) => error,
             };
-            let short = matches!(
-                error,
-                PlanError::CannotHold { .. }
-                    | PlanError::LayerTooLarge { .. }
-                    | PlanError::NoDonors
-            );
             let left = limit.saturating_sub(started.elapsed());
-            if !short || left.is_zero() {
+            if !error.is_shortage() || left.is_zero() {
                 return Err(error.into());
             }
             if !self.plan.stages.is_empty() {

@@ -200,7 +200,7 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// The request's prompt ids, if the chain can hold them and the whole generation.
-    fn check_request(&self, request: &GenerateRequest) -> Result<Vec<u32>, RoleError> {
+    pub(super) fn check_request(&self, request: &GenerateRequest) -> Result<Vec<u32>, RoleError> {
         let ids = self.prompt_ids(&request.prompt)?;
         let needed = ids.len() as u64 + u64::from(request.options.max_tokens);
         let max = self.config.runtime.max_context;
