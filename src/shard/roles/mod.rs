@@ -16,6 +16,7 @@ mod offload;
 pub mod probe;
 mod recovery;
 mod session;
+pub mod stage_bench;
 mod step;
 pub mod timer;
 pub mod verify;
@@ -23,6 +24,7 @@ pub mod verify;
 pub use coordinator::{Coordinator, CoordinatorConfig, HopReport};
 pub use donor::{Donor, DonorConfig, DonorExit, DonorPhase, DonorStatus};
 pub use probe::probe_ms_per_layer;
+pub use stage_bench::{time_stage_steps, StageBench, StageStepTimes};
 pub use verify::{VerifyConfig, VerifyFlag};
 
 use super::frame::{ErrorCode, FrameError};
