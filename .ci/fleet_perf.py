@@ -11,7 +11,14 @@ Prints one JSON line per run, then a Markdown table (medians over reps): decode 
 aggregate over all prompts for the concurrent rows), the ratio to single device, the mean
 step, the per-hop latency (the step's time outside every stage's forward, over its hops:
 coordinator -> stage 0 -> ... -> coordinator), each stage's compute per step, and the
-recovery time (re-plan, reload, replay start) for the kill rows. docs/perf.md quotes it.
+recovery time (re-plan, reload, replay start) with the bytes the survivors downloaded for
+the re-plan (only the layers they lacked) for the kill rows. docs/perf.md quotes it.
+
+`--only stage` (part of the default) also runs `runner bench --stage-steps` for the layer
+ranges of the 2-donor plan: each stage's step path in one process, split into host phases
+(select, f16 decode, record, submit, wait, f16 encode) with bind groups and read-back
+buffers per step, beside the engine's decode of the same layers, so a fleet stage's compute
+above can be told apart into what the stage code costs and what the fleet around it adds.
 Every process is killed on exit; every wait has a limit.
 """
 
@@ -88,6 +95,14 @@ def donors(runner, host, k, logdir):
     return procs
 
 
+def reload_bytes(err):
+    """Bytes a donor downloaded for its latest load: the growth of its running total between
+    its last two Serving lines (None when it loaded once)."""
+    err.seek(0)
+    totals = [int(b) for b in re.findall(r"Serving: layers Some\([^)]*\), (\d+) bytes", err.read())]
+    return totals[-1] - totals[-2] if len(totals) >= 2 else None
+
+
 def serving_start(err):
     """The first layer a donor serves now, from its last status line."""
     err.seek(0)
@@ -138,6 +153,8 @@ def coordinate(runner, host, k, prompts, n, logdir, kill=None):
     j["wall_s"] = wall
     if killed_at:
         j["after_kill_s"] = time.time() - killed_at
+        reloads = [reload_bytes(e) for p, e in fleet if p.returncode != -signal.SIGKILL]
+        j["reload_bytes"] = sum(r for r in reloads if r is not None)
     return j
 
 
@@ -150,6 +167,36 @@ def single(runner, prompt, n):
     if r.returncode != 0 or not m:
         raise SystemExit(f"generate failed:\n{r.stderr[-2000:]}")
     return {"ids": json.loads(r.stdout)["ids"], "decode_tokens_per_s": float(m.group(2))}
+
+
+def stage_bench(runner, layers, n):
+    """`runner bench --stage-steps` for one layer range: the stage's step path in-process."""
+    path = os.path.join(MODELS, MODEL)
+    r = subprocess.run([runner, "bench", "-m", path, "-p", "0", "-n", str(n), "-r", "1",
+                        "--ctx", "512", "--json", "--quiet", "--backend", BACKEND,
+                        "--stage-steps", f"{layers[0]}..{layers[1]}"],
+                       capture_output=True, text=True, timeout=LIMIT, stdin=subprocess.DEVNULL)
+    if r.returncode != 0:
+        raise SystemExit(f"bench --stage-steps failed:\n{r.stderr[-2000:]}")
+    return json.loads(r.stdout)["stage_steps"]
+
+
+def stage_table(benches):
+    """Per stage and request count: µs per step by host phase, and the engine's share."""
+    out = ["| stage | requests | select | decode | record | submit | wait | encode | step µs | "
+           "on worker µs | bind groups | read buffers | engine share µs (2 in flight / serial) |",
+           "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    for b in benches:
+        a, e = b["layers"]
+        share = (e - a) / b["n_layers"]
+        engine = (f"{b['engine_pipelined_ms'] * share * 1e3:.0f} / "
+                  f"{b['engine_serial_ms'] * share * 1e3:.0f}")
+        for r in b["stage"]:
+            out.append(f"| {a}-{e} | {r['requests']} | {r['select_us']:.1f} | {r['decode_us']:.1f} | "
+                       f"{r['record_us']:.1f} | {r['submit_us']:.1f} | {r['wait_us']:.1f} | "
+                       f"{r['encode_us']:.1f} | {r['step_us']:.1f} | {r['offloaded_us']:.1f} | "
+                       f"{r['bind_groups']:.2f} | {r['read_buffers']:.2f} | {engine} |")
+    return "\n".join(out)
 
 
 def prompts(count):
@@ -167,7 +214,7 @@ def table(rows):
     """The Markdown table of medians over reps."""
     single = median(l["decode_tokens_per_s"] for l in rows.get("single device", []))
     out = ["| run | decode tok/s | × single | step ms | per-hop ms | stage compute ms | "
-           "recovery ms |", "| --- | ---: | ---: | ---: | ---: | --- | ---: |"]
+           "recovery ms | re-plan MB |", "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]
     for label, lines in rows.items():
         tps = median(l["decode_tokens_per_s"] for l in lines)
         ratio = f"{tps / single:.2f}" if single and label != "single device" else ""
@@ -176,9 +223,11 @@ def table(rows):
                      for l in lines if l.get("hops"))
         stages = " / ".join(f"{h[0][0]}-{h[0][1]}: {h[1]}" for h in lines[-1].get("hops", []))
         recovery = median(r for l in lines for r in l.get("recovery_ms", []))
+        reload = median(l.get("reload_bytes") for l in lines)
         cell = lambda v, f: "" if v is None else f.format(v)
         out.append(f"| {label} | {tps:.1f} | {ratio} | {cell(step, '{:.2f}')} | "
-                   f"{cell(hop, '{:.2f}')} | {stages} | {cell(recovery, '{:.0f}')} |")
+                   f"{cell(hop, '{:.2f}')} | {stages} | {cell(recovery, '{:.0f}')} | "
+                   f"{cell(reload and reload / 1e6, '{:.1f}')} |")
     return "\n".join(out)
 
 
@@ -190,7 +239,7 @@ def main():
     ap.add_argument("--n", type=int, default=16)
     ap.add_argument("--models", default=MODELS)
     ap.add_argument("--backend", default=BACKEND)
-    ap.add_argument("--only", default="single,2,3,concurrent,recovery")
+    ap.add_argument("--only", default="single,2,3,concurrent,recovery,stage")
     a = ap.parse_args()
     MODELS, BACKEND = a.models, a.backend
     signal.signal(signal.SIGTERM, cleanup)
@@ -200,7 +249,7 @@ def main():
     def record(label, j):
         line = {"label": label, "load": load()}
         for key in ("decode_tokens_per_s", "step_ms_mean", "transfer_ms_mean", "recoveries",
-                    "recovery_ms", "max_in_flight", "wall_s", "after_kill_s"):
+                    "recovery_ms", "reload_bytes", "max_in_flight", "wall_s", "after_kill_s"):
             if key in j:
                 line[key] = j[key]
         if "hops" in j:
@@ -240,12 +289,24 @@ def main():
                     checked("3 donors, kill middle after 4 tokens",
                             coordinate(a.runner, "", 3, PROMPTS[:1], a.n, logdir,
                                        kill=(4, "middle")), reference)
+            benches = []
+            if "stage" in only:
+                # The 2-donor plan's ranges where it ran, else SmolLM2's split on the H200.
+                two = rows.get("2 donors", [])
+                ranges = [h[0] for h in two[-1]["hops"]] if two else [[0, 20], [20, 30]]
+                for layers in ranges:
+                    benches.append(stage_bench(a.runner, layers, a.n))
+                    print(json.dumps({"label": "stage bench", **benches[-1]}), flush=True)
         finally:
             cleanup()
     loads = [l["load"] for lines in rows.values() for l in lines]
-    print(f"\n{a.n} greedy tokens, medians over {a.reps} rep(s), load "
-          f"{min(loads):.1f}-{max(loads):.1f}\n")
-    print(table(rows))
+    if loads:
+        print(f"\n{a.n} greedy tokens, medians over {a.reps} rep(s), load "
+              f"{min(loads):.1f}-{max(loads):.1f}\n")
+        print(table(rows))
+    if benches:
+        print(f"\nA stage's step path in one process (runner bench --stage-steps, {a.n} steps):\n")
+        print(stage_table(benches))
 
 
 if __name__ == "__main__":

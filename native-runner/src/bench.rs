@@ -12,6 +12,7 @@ use webshard::model::StageInput;
 use crate::bench_embed::{bench_embed, EmbedBench};
 use crate::bench_mask::{mask_cost, MaskCost};
 use crate::bench_spec::{spec_bench, SpecBench};
+use crate::bench_stage::{bench_stage, parse_layer_range, StageReport};
 use crate::constraint_args::ConstraintArgs;
 use crate::info::{model_label, parameter_count, quantization};
 use crate::memory;
@@ -60,6 +61,11 @@ pub struct BenchArgs {
     /// Batch sizes for `--embed`, comma-separated.
     #[arg(long, value_delimiter = ',', default_values_t = [1, 8, 64])]
     pub embed_batch: Vec<u32>,
+    /// Also time `-n` decode steps of a donor's stage over layers `A..B` (its step path in
+    /// this process, with 1 and 4 requests in KV slots), split into host phases, beside the
+    /// engine's decode of the same model.
+    #[arg(long, value_parser = parse_layer_range)]
+    pub stage_steps: Option<std::ops::Range<u32>>,
 }
 
 /// Mean and sample standard deviation.
@@ -193,6 +199,12 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             tests.push((format!("{name}-spec"), mean_sd(&spec.spec)));
         }
     }
+    let stage = match (&args.stage_steps, args.n) {
+        (Some(layers), n) if n > 0 => {
+            Some(bench_stage(&mut engine, &args.model.model, layers.clone(), n).await?)
+        }
+        _ => None,
+    };
     let caps = &engine.stage.gpu.caps;
     let variant = engine.stage.gpu.variant();
     let resident = memory::resident_peak().unwrap_or(0);
@@ -220,6 +232,7 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             "prefill_grids": prefill_profile.as_ref().map(KernelTable::grids_json),
             "mask": mask.map(MaskCost::to_json),
             "spec": spec.as_ref().map(SpecBench::to_json),
+            "stage_steps": stage.as_ref().map(StageReport::to_json),
         });
         println!("{value}");
         return Ok(());
@@ -267,6 +280,9 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if let Some(profile) = &profile {
         profile.print();
+    }
+    if let Some(stage) = &stage {
+        stage.print();
     }
     if let Some(table) = &prefill_profile {
         println!("prefill profile over {} tokens:", table.tokens);

@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_embed;
 pub mod bench_mask;
 pub mod bench_spec;
+pub mod bench_stage;
 pub mod catalog;
 pub mod chat;
 pub mod constraint_args;

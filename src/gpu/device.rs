@@ -190,6 +190,10 @@ pub struct Gpu {
     pub caps: Caps,
     pub(super) pipelines: PipelineCache,
     pub(super) uniform_blocks: std::sync::Mutex<Vec<wgpu::Buffer>>,
+    /// Unmapped read-back staging buffers, newest last, for the next read of the same size.
+    read_buffers: std::sync::Mutex<Vec<wgpu::Buffer>>,
+    /// Storage scratch kernels share across calls (`kept_storage`), by name.
+    kept: std::sync::Mutex<Vec<(&'static str, wgpu::Buffer)>>,
     pub counters: super::profile::GpuCounters,
     placeholder: std::sync::OnceLock<wgpu::Buffer>,
     pub(super) profiler: super::profile::ProfilerSlot,
@@ -285,10 +289,65 @@ impl Gpu {
             caps,
             pipelines: PipelineCache::default(),
             uniform_blocks: std::sync::Mutex::new(Vec::new()),
+            read_buffers: std::sync::Mutex::new(Vec::new()),
+            kept: std::sync::Mutex::new(Vec::new()),
             counters: Default::default(),
             placeholder: Default::default(),
             profiler: Default::default(),
         }))
+    }
+
+    /// A `MAP_READ` staging buffer of `size` bytes: a kept one of that size, or a new one.
+    /// Decode steps read the same few bytes every step, so they reuse one rather than
+    /// create and destroy a buffer per step.
+    pub(super) fn take_read_buffer(&self, size: u64) -> wgpu::Buffer {
+        let mut kept = self.read_buffers.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(index) = kept.iter().rposition(|b| b.size() == size) {
+            return kept.remove(index);
+        }
+        drop(kept);
+        self.counters.add_read_buffer();
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("result read-back"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// Keeps an unmapped staging buffer for `take_read_buffer`; the oldest goes past
+    /// `KEPT_READ_BUFFERS`, and large ones (logits of many rows) are not kept.
+    pub(super) fn return_read_buffer(&self, buffer: wgpu::Buffer) {
+        const KEPT_READ_BUFFERS: usize = 8;
+        const LARGEST_KEPT: u64 = 1 << 20;
+        if buffer.size() > LARGEST_KEPT {
+            return;
+        }
+        let mut kept = self.read_buffers.lock().unwrap_or_else(|e| e.into_inner());
+        kept.push(buffer);
+        if kept.len() > KEPT_READ_BUFFERS {
+            kept.remove(0);
+        }
+    }
+
+    /// A storage buffer named `name` of at least `bytes` bytes, the same one call after call
+    /// (replaced by a larger one when a call needs more), for scratch that lives within one
+    /// submit: recordings that bind it find their bind groups again.
+    pub fn kept_storage(&self, name: &'static str, bytes: u64) -> wgpu::Buffer {
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let bytes = bytes.max(4).next_multiple_of(4);
+        if let Some((_, buffer)) = kept.iter().find(|(n, b)| *n == name && b.size() >= bytes) {
+            return buffer.clone();
+        }
+        kept.retain(|(n, _)| *n != name);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(name),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        kept.push((name, buffer.clone()));
+        buffer
     }
 
     /// A small storage buffer to bind where a kernel's variant leaves a binding unread.

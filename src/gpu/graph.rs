@@ -24,6 +24,12 @@ pub struct DispatchGraph {
     /// One `slot`-sized parameter slot per dispatch; sized from the previous recording.
     uniform: Option<wgpu::Buffer>,
     slots: usize,
+    /// Bytes per slot: the device's uniform offset alignment, or a multiple of it that holds
+    /// the largest parameters recorded (a CPU adapter aligns to 16 bytes, and most kernels'
+    /// parameters are longer: with 16-byte slots no dispatch would find its bind group).
+    slot: usize,
+    /// The slot size this recording's parameters asked for.
+    wanted_slot: usize,
     entries: Vec<GraphEntry>,
     /// This recording's parameters, slot by slot.
     bytes: Vec<u8>,
@@ -44,7 +50,7 @@ impl DispatchGraph {
         self.recorded = 0;
     }
 
-    fn slot_bytes(gpu: &Gpu) -> usize {
+    fn alignment(gpu: &Gpu) -> usize {
         (gpu.caps.min_uniform_alignment as usize).max(16)
     }
 
@@ -58,11 +64,10 @@ impl DispatchGraph {
     ) -> GraphBinding {
         let index = self.recorded;
         self.recorded += 1;
-        let slot = Self::slot_bytes(gpu);
+        let fitting = params.len().next_multiple_of(Self::alignment(gpu));
+        self.wanted_slot = self.wanted_slot.max(fitting);
+        let slot = self.slot;
         let (Some(uniform), true) = (self.uniform.clone(), index < self.slots) else {
-            return GraphBinding::NoSlot;
-        };
-        let Some(buffers) = buffer_bindings(storage) else {
             return GraphBinding::NoSlot;
         };
         if params.len() > slot {
@@ -71,10 +76,13 @@ impl DispatchGraph {
         self.bytes.resize(index * slot, 0);
         self.bytes.extend_from_slice(params);
         if let Some(entry) = self.entries.get(index) {
-            if entry.pipeline == *pipeline && entry.storage == buffers {
+            if entry.pipeline == *pipeline && same_storage(&entry.storage, storage) {
                 return GraphBinding::Bound(entry.bind_group.clone());
             }
         }
+        let Some(buffers) = buffer_bindings(storage) else {
+            return GraphBinding::NoSlot;
+        };
         let bind_group =
             make_bind_group(gpu, pipeline, &uniform, index * slot, params.len(), storage);
         let entry = GraphEntry {
@@ -82,8 +90,13 @@ impl DispatchGraph {
             storage: buffers,
             bind_group: bind_group.clone(),
         };
-        self.entries.truncate(index);
-        self.entries.push(entry);
+        // Only this dispatch changed (a swapped KV cache changes the attention dispatches
+        // alone): the entries after it stay valid.
+        match index.cmp(&self.entries.len()) {
+            std::cmp::Ordering::Less => self.entries[index] = entry,
+            std::cmp::Ordering::Equal => self.entries.push(entry),
+            std::cmp::Ordering::Greater => {}
+        }
         GraphBinding::Bound(bind_group)
     }
 
@@ -95,18 +108,35 @@ impl DispatchGraph {
                 gpu.queue.write_buffer(uniform, 0, &self.bytes);
             }
         }
-        if self.recorded > self.slots {
-            let slot = Self::slot_bytes(gpu);
-            self.slots = self.recorded;
+        if self.recorded > self.slots || self.wanted_slot > self.slot {
+            self.slots = self.slots.max(self.recorded);
+            self.slot = self.slot.max(self.wanted_slot);
             self.entries.clear();
             self.uniform = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("dispatch graph params"),
-                size: (self.slots * slot) as u64,
+                size: (self.slots * self.slot) as u64,
                 usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }));
         }
+        self.wanted_slot = 0;
     }
+}
+
+/// Whether `storage` binds exactly the buffer ranges `kept` holds (checked per dispatch per
+/// step, so it allocates nothing).
+fn same_storage(
+    kept: &[(wgpu::Buffer, u64, Option<NonZeroU64>)],
+    storage: &[wgpu::BindingResource<'_>],
+) -> bool {
+    kept.len() == storage.len()
+        && kept
+            .iter()
+            .zip(storage)
+            .all(|((buffer, offset, size), resource)| {
+                matches!(resource, wgpu::BindingResource::Buffer(b)
+                if b.buffer == buffer && b.offset == *offset && b.size == *size)
+            })
 }
 
 /// The (buffer, offset, size) of every storage binding, or None if one is not a buffer.
@@ -148,6 +178,7 @@ pub(super) fn make_bind_group(
                 resource: resource.clone(),
             }),
     );
+    gpu.counters.add_bind_group();
     gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
         label: None,
         layout: &pipeline.get_bind_group_layout(0),

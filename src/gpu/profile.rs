@@ -25,6 +25,9 @@ pub struct GpuCounters {
     submits: AtomicU64,
     syncs: AtomicU64,
     wait_ns: AtomicU64,
+    submit_ns: AtomicU64,
+    bind_groups: AtomicU64,
+    read_buffers: AtomicU64,
 }
 
 /// A copy of the counters, to subtract one from another.
@@ -36,6 +39,12 @@ pub struct CounterSnapshot {
     pub syncs: u64,
     /// Nanoseconds the host spent blocked in those syncs.
     pub wait_ns: u64,
+    /// Nanoseconds the host spent finishing command buffers and in `queue.submit`.
+    pub submit_ns: u64,
+    /// Bind groups created (a recording that reuses its graph creates none).
+    pub bind_groups: u64,
+    /// Read-back staging buffers created (a reused one is not counted).
+    pub read_buffers: u64,
 }
 
 impl std::ops::Sub for CounterSnapshot {
@@ -46,6 +55,9 @@ impl std::ops::Sub for CounterSnapshot {
             submits: self.submits - earlier.submits,
             syncs: self.syncs - earlier.syncs,
             wait_ns: self.wait_ns - earlier.wait_ns,
+            submit_ns: self.submit_ns - earlier.submit_ns,
+            bind_groups: self.bind_groups - earlier.bind_groups,
+            read_buffers: self.read_buffers - earlier.read_buffers,
         }
     }
 }
@@ -64,12 +76,27 @@ impl GpuCounters {
         self.wait_ns.fetch_add(wait_ns, Ordering::Relaxed);
     }
 
+    pub(super) fn add_submit_time(&self, ns: u64) {
+        self.submit_ns.fetch_add(ns, Ordering::Relaxed);
+    }
+
+    pub(super) fn add_bind_group(&self) {
+        self.bind_groups.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub(super) fn add_read_buffer(&self) {
+        self.read_buffers.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn snapshot(&self) -> CounterSnapshot {
         CounterSnapshot {
             dispatches: self.dispatches.load(Ordering::Relaxed),
             submits: self.submits.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             wait_ns: self.wait_ns.load(Ordering::Relaxed),
+            submit_ns: self.submit_ns.load(Ordering::Relaxed),
+            bind_groups: self.bind_groups.load(Ordering::Relaxed),
+            read_buffers: self.read_buffers.load(Ordering::Relaxed),
         }
     }
 }

@@ -136,9 +136,12 @@ impl<'g> Recorder<'g> {
 
     /// Writes the parameters and submits everything recorded.
     pub fn submit(mut self) -> wgpu::SubmissionIndex {
+        let started = web_time::Instant::now();
         let commands = self.finish();
         self.gpu.counters.add_submit();
         let submission = self.gpu.queue.submit([commands]);
+        let spent = started.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
+        self.gpu.counters.add_submit_time(spent);
         // Only now may another thread's recorder (two stages sharing one `Gpu`) take the
         // blocks: its parameters, written before our submit, would have become ours.
         let mut pool = self.gpu.uniform_blocks.lock().expect("uniform pool lock");
@@ -166,12 +169,7 @@ impl<'g> Recorder<'g> {
         bytes: u64,
     ) -> PendingRead {
         let size = bytes.next_multiple_of(4);
-        let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("result read-back"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
+        let staging = self.gpu.take_read_buffer(size);
         self.copy(buffer, offset, &staging, 0, size);
         let submission = self.submit();
         PendingRead {
@@ -283,6 +281,7 @@ impl PendingRead {
     pub async fn wait(self, gpu: &Gpu) -> Result<Vec<u8>, super::GpuError> {
         let mut out =
             super::buffer::map_and_read_after(gpu, &self.staging, Some(self.submission)).await?;
+        gpu.return_read_buffer(self.staging);
         out.truncate(self.bytes as usize);
         Ok(out)
     }

@@ -57,6 +57,19 @@ fn new_cache(gpu: &Gpu, cfg: &ModelConfig, spec: &StageSpec) -> Result<KvCache, 
     Ok(cache)
 }
 
+/// Bytes of the tensors a stage of `new` needs that one of `old` does not hold (progress).
+fn missing_bytes(model: &OpenModel, old: &StageSpec, new: &StageSpec) -> u64 {
+    let held = model.tensor_plan(old).names;
+    model
+        .tensor_plan(new)
+        .names
+        .iter()
+        .filter(|name| !held.contains(name))
+        .filter_map(|name| model.header.tensor(name))
+        .map(|tensor| tensor.bytes)
+        .sum()
+}
+
 /// Prompt tokens per forward: a GPU fills its cores only with long chunks (512 prefills
 /// 2.5–3.4× faster than 128 on the H200), while a CPU adapter gains nothing from them and
 /// pays in scratch memory.
@@ -94,16 +107,19 @@ pub struct Stage {
     rope_factors: Option<Vector>,
     cache: KvCache,
     pub(super) scratch: Scratch,
-    /// Bind groups of the step shapes this stage records again and again, by (step, tokens).
-    graphs: Mutex<HashMap<GraphKey, DispatchGraph>>,
+    /// Bind groups of the step shapes this stage records again and again, by the KV cache
+    /// they ran with (`KvCache::id`) and (step, tokens): a host that swaps caches between
+    /// steps (a donor's request slots) finds each cache's bind groups as it left them.
+    graphs: Mutex<HashMap<(u64, GraphKey), DispatchGraph>>,
 }
 
 /// Which recurring recording a graph belongs to: the step's name and its token count.
 pub(super) type GraphKey = (&'static str, u32);
 
 /// More distinct step shapes than this and the graphs start over (prefill of odd lengths
-/// would otherwise keep adding them). Speculative steps add one shape per draft length.
-const MAX_GRAPHS: usize = 40;
+/// would otherwise keep adding them). Speculative steps add one shape per draft length, and
+/// each KV cache swapped in has shapes of its own.
+const MAX_GRAPHS: usize = 64;
 
 impl Stage {
     /// Loads the stage's tensors of the opened `model` from `source`, streaming them into
@@ -145,6 +161,68 @@ impl Stage {
         })
     }
 
+    /// This stage made into one of `spec` over the same `model`: the layers (and embedding,
+    /// head, RoPE factors) it holds that `spec` needs stay where they are, the rest are
+    /// dropped before the missing ones stream in from `source`. The KV cache starts empty.
+    /// A donor given an overlapping range by a re-plan downloads only what it lacks.
+    pub async fn restage(
+        self,
+        source: &dyn RangeSource,
+        model: &OpenModel,
+        spec: StageSpec,
+        options: LoadOptions,
+        progress: &mut dyn FnMut(LoadProgress<'_>),
+    ) -> Result<Stage, ModelError> {
+        model.check_layers(&spec.layers)?;
+        // The graphs hold bind groups on the old buffers: they go, and the old cache with
+        // them, before anything new is allocated.
+        drop(self.graphs);
+        drop(self.cache);
+        let old = self.spec.clone();
+        let mut held: HashMap<u32, LayerWeights> = old.layers.clone().zip(self.layers).collect();
+        held.retain(|layer, _| spec.layers.contains(layer));
+        let keep_rope = old.max_context == spec.max_context && !old.layers.is_empty();
+        let rope_factors = self
+            .rope_factors
+            .filter(|_| keep_rope && !spec.layers.is_empty());
+        let cfg = self.cfg;
+        let total = missing_bytes(model, &old, &spec);
+        let mut loader = Loader::new(&self.gpu, source, &model.header, options, total, progress);
+        let edges = self
+            .edges
+            .reshape(&mut loader, &cfg, spec.embedding, spec.head);
+        let edges = edges.await?;
+        let rope_factors = match (rope_factors, spec.layers.is_empty()) {
+            (Some(kept), _) => Some(kept),
+            (None, true) => None,
+            (None, false) => load_rope_factors(&mut loader, &cfg, spec.max_context).await?,
+        };
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        for layer in spec.layers.clone() {
+            layers.push(match held.remove(&layer) {
+                Some(weights) => weights,
+                None => LayerWeights::load(&mut loader, &cfg, layer).await?,
+            });
+        }
+        loader.flush();
+        let cache = new_cache(&self.gpu, &cfg, &spec)?;
+        let scratch = match old.max_batch == spec.max_batch {
+            true => self.scratch,
+            false => Scratch::new(&self.gpu, &cfg, spec.max_batch),
+        };
+        Ok(Stage {
+            gpu: self.gpu,
+            cfg,
+            spec,
+            layers,
+            edges,
+            rope_factors,
+            cache,
+            scratch,
+            graphs: Mutex::new(HashMap::new()),
+        })
+    }
+
     /// Runs `body` with a recorder reusing the bind groups of the last recording under `key`.
     /// `body` must submit: the graph is only borrowed while recording.
     pub(super) fn with_recorder<T>(
@@ -152,6 +230,7 @@ impl Stage {
         key: GraphKey,
         body: impl FnOnce(Recorder<'_>) -> Result<T, ModelError>,
     ) -> Result<T, ModelError> {
+        let key = (self.cache.id(), key);
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
         if graphs.len() >= MAX_GRAPHS && !graphs.contains_key(&key) {
             graphs.clear();
@@ -342,13 +421,16 @@ impl Stage {
         last_rows: u32,
     ) -> Result<Vec<Vec<f32>>, ModelError> {
         let tokens = input.tokens(self.cfg.d_model) as u32;
+        let first = tokens.saturating_sub(last_rows);
+        if tokens - first <= super::scratch::HEAD_ROWS {
+            return self.forward_logits_tail(input, start_pos, first).await;
+        }
         self.with_recorder(("layers", tokens), |mut rec| {
             self.record_layers(&mut rec, input, start_pos)?;
             rec.submit();
             Ok(())
         })?;
         let mut out = Vec::new();
-        let first = tokens.saturating_sub(last_rows);
         let mut row = first;
         while row < tokens {
             let end = (row + super::scratch::HEAD_ROWS).min(tokens);
@@ -364,6 +446,27 @@ impl Stage {
             row = end;
         }
         Ok(out)
+    }
+
+    /// `forward_logits` when the rows from `first` fit one head pass: layers and head in one
+    /// submit (a sampled decode step: one submit and one wait, not two submits).
+    async fn forward_logits_tail(
+        &self,
+        input: &StageInput<'_>,
+        start_pos: u32,
+        first: u32,
+    ) -> Result<Vec<Vec<f32>>, ModelError> {
+        let tokens = input.tokens(self.cfg.d_model) as u32;
+        let vocab = u64::from(self.cfg.vocab);
+        let pending = self.with_recorder(("logits tail", tokens), |mut rec| {
+            self.record_layers(&mut rec, input, start_pos)?;
+            self.record_head(&mut rec, first..tokens)?;
+            let bytes = u64::from(tokens - first) * vocab * 4;
+            Ok(rec.submit_with_read(&self.scratch.logits, 0, bytes))
+        })?;
+        let bytes = pending.wait(&self.gpu).await?;
+        let values: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes);
+        Ok(values.chunks(vocab as usize).map(<[f32]>::to_vec).collect())
     }
 
     /// The residual stream after this stage's layers, for the next stage.

@@ -190,10 +190,44 @@ impl EdgeWeights {
         embedding: bool,
         head: bool,
     ) -> Result<EdgeWeights, ModelError> {
+        let none = EdgeWeights {
+            embedding: None,
+            output_norm: None,
+            head: None,
+        };
+        none.reshape(loader, cfg, embedding, head).await
+    }
+
+    /// These edges made into those of a stage with the embedding (`embedding`) and the head
+    /// (`head`): what is held and still needed stays, the rest is dropped before anything
+    /// missing loads.
+    pub async fn reshape(
+        self,
+        loader: &mut Loader<'_>,
+        cfg: &ModelConfig,
+        embedding: bool,
+        head: bool,
+    ) -> Result<EdgeWeights, ModelError> {
         let (d, vocab) = (cfg.d_model, cfg.vocab);
-        let embedding = match embedding {
-            true => Some(loader.matrix("token_embd.weight", d, vocab).await?),
-            false => None,
+        // A tied head reads the embedding matrix; a stage holding both loads it once.
+        let tied = !loader.has("output.weight");
+        // The held matrices by tensor: a tied head held alone is `token_embd.weight`.
+        let (token_embd, output) = match (tied, self.head) {
+            (true, held) => (self.embedding.or(held), None),
+            (false, held) => (self.embedding, held),
+        };
+        // What the new stage does not need goes before anything loads.
+        let mut token_embd = token_embd.filter(|_| embedding || (head && tied));
+        let output = output.filter(|_| head);
+        let output_norm = self.output_norm.filter(|_| head);
+        let embedding = match (embedding, token_embd.take()) {
+            (true, Some(held)) => Some(held),
+            (true, None) => Some(loader.matrix("token_embd.weight", d, vocab).await?),
+            // A tied head alone keeps the matrix.
+            (false, held) => {
+                token_embd = held;
+                None
+            }
         };
         if !head {
             return Ok(EdgeWeights {
@@ -202,16 +236,20 @@ impl EdgeWeights {
                 head: None,
             });
         }
-        let output_norm = Some(loader.vector(cfg.output_norm, d).await?);
-        // A tied head reads the embedding matrix; a stage holding both loads it once.
-        let head = match (loader.has("output.weight"), &embedding) {
-            (true, _) => Some(loader.matrix("output.weight", d, vocab).await?),
-            (false, Some(_)) => None,
-            (false, None) => Some(loader.matrix("token_embd.weight", d, vocab).await?),
+        let output_norm = match output_norm {
+            Some(held) => held,
+            None => loader.vector(cfg.output_norm, d).await?,
+        };
+        let head = match (tied, &embedding, output, token_embd) {
+            (false, _, Some(held), _) => Some(held),
+            (false, _, None, _) => Some(loader.matrix("output.weight", d, vocab).await?),
+            (true, Some(_), _, _) => None,
+            (true, None, _, Some(held)) => Some(held),
+            (true, None, _, None) => Some(loader.matrix("token_embd.weight", d, vocab).await?),
         };
         Ok(EdgeWeights {
             embedding,
-            output_norm,
+            output_norm: Some(output_norm),
             head,
         })
     }

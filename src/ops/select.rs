@@ -210,13 +210,11 @@ fn partial_lists(
         .div_ceil(workgroup_size(k) * per_lane.max(4 * k))
         .min(MAX_GROUPS);
     let chunk = n.div_ceil(groups);
-    // A fresh scratch buffer per call: wgpu keeps it alive until the submit completes.
-    let buffer = rec.gpu().device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("select partial lists"),
-        size: u64::from(groups * k) * u64::from(rows) * 8,
-        usage: wgpu::BufferUsages::STORAGE,
-        mapped_at_creation: false,
-    });
+    // One scratch buffer per device, kept: a fresh one per call cost a buffer and two bind
+    // groups every decode step. Steps in flight share it as they share the stage's scratch:
+    // the queue orders their dispatches.
+    let bytes = u64::from(groups * k) * u64::from(rows) * 8;
+    let buffer = rec.gpu().kept_storage("select partial lists", bytes);
     let pipeline = rec.pipeline(&SELECT_PARTIAL, &constants(k));
     let first = SelectParams {
         n,

@@ -43,7 +43,12 @@ pub struct KvCache {
     /// The sequence's short-convolution state where the model has such blocks (LFM2): kept
     /// with the keys and values so that whoever holds a sequence's cache holds all of it.
     pub short_conv: Option<ShortConvState>,
+    /// Tells caches apart (a stage keeps the bind groups of each cache it runs with).
+    id: u64,
 }
+
+/// The next `KvCache::id`.
+static NEXT_CACHE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Partial (max, sum) statistics and weighted value sums of split decode attention.
 #[derive(Debug)]
@@ -126,8 +131,14 @@ impl KvCache {
             pooled_bytes,
             scratch: Mutex::new(None),
             short_conv: None,
+            id: NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         Ok((0..slots).map(slot).collect())
+    }
+
+    /// This cache's identity, unique in the process: slots of one pool differ.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Whether `other` is a slot of the same pool (so one binding reaches both).

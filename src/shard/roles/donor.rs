@@ -161,8 +161,9 @@ impl<T: Transport> Donor<T> {
 
     /// Serves one coordinator after another until the transport closes or a coordinator
     /// refuses this donor: after a dismissal or a coordinator's departure the donor greets the
-    /// room again and waits for the next one, keeping the layers it holds for a plan that
-    /// gives it the same range (`StageHost::can_serve`). `on_exit` hears each coordinator's end.
+    /// room again and waits for the next one, keeping the layers it holds for the next plan
+    /// (`StageHost::for_assign` loads only those it lacks). `on_exit` hears each
+    /// coordinator's end.
     pub async fn run_staying(
         mut self,
         mut on_exit: impl FnMut(&DonorExit),
@@ -362,18 +363,8 @@ impl<T: Transport> Donor<T> {
         self.status.layers = Some(assign.layer_start..assign.layer_end);
         self.publish();
         let started = web_time::Instant::now();
-        let loaded = match self.host.take() {
-            Some(mut host) if host.can_serve(&assign) => {
-                host.reassign(&assign);
-                host.bytes_downloaded = 0;
-                Ok(host)
-            }
-            previous => {
-                // Free the old stage's GPU memory before loading the new one.
-                drop(previous);
-                StageHost::load(Arc::clone(&self.config.gpu), &assign).await
-            }
-        };
+        let gpu = Arc::clone(&self.config.gpu);
+        let loaded = StageHost::for_assign(self.host.take(), gpu, &assign).await;
         let load_ms = started.elapsed().as_millis().min(u32::MAX as u128) as u32;
         match loaded {
             Ok(host) => self.serve_stage(from, host, &assign, load_ms).await,

@@ -41,6 +41,31 @@ pub(super) struct StageHost {
     slots: Vec<Slot>,
     /// The slot whose cache is inside the stage now.
     active: usize,
+    /// The model's source and header, kept for a re-plan that moves this stage's range.
+    source: Box<dyn RangeSource>,
+    model: OpenModel,
+}
+
+/// A Forward's input as the stage takes it: activations decoded to f32 on the host.
+pub(super) enum HostInput<'f> {
+    Tokens(&'f [u32]),
+    Hidden(Vec<f32>),
+}
+
+impl HostInput<'_> {
+    pub fn decode(input: &WireInput) -> HostInput<'_> {
+        match input {
+            WireInput::Tokens(ids) => HostInput::Tokens(ids),
+            WireInput::Hidden(activations) => HostInput::Hidden(activations.to_f32()),
+        }
+    }
+
+    fn stage_input(&self) -> StageInput<'_> {
+        match self {
+            HostInput::Tokens(ids) => StageInput::Tokens(ids),
+            HostInput::Hidden(hidden) => StageInput::Hidden(hidden),
+        }
+    }
 }
 
 impl StageHost {
@@ -48,19 +73,98 @@ impl StageHost {
     pub async fn load(gpu: Arc<Gpu>, assign: &Assign) -> Result<StageHost, ModelError> {
         let source = crate::gguf::open_source(&assign.model_url).await?;
         let model = OpenModel::read(source.as_ref()).await?;
-        let stage = load_stage(gpu, source.as_ref(), &model, assign).await?;
+        check_shape(&model, assign)?;
+        let stage = Stage::load(
+            gpu,
+            source.as_ref(),
+            &model,
+            stage_spec(assign),
+            LoadOptions::default(),
+            &mut |_| {},
+        )
+        .await?;
         let bytes_downloaded = source.stats().bytes_fetched;
-        Ok(StageHost {
+        Ok(StageHost::serving(
+            stage,
+            assign,
+            bytes_downloaded,
+            source,
+            model,
+        ))
+    }
+
+    /// The host for a new assignment, from the one held before if any: the same range keeps
+    /// everything (`reassign`), another range of the same model keeps the layers and edges
+    /// both need and downloads only the rest (`Stage::restage`), another model loads anew.
+    pub async fn for_assign(
+        previous: Option<StageHost>,
+        gpu: Arc<Gpu>,
+        assign: &Assign,
+    ) -> Result<StageHost, ModelError> {
+        match previous {
+            Some(mut host) if host.can_serve(assign) => {
+                host.reassign(assign);
+                host.bytes_downloaded = 0;
+                Ok(host)
+            }
+            Some(host) if host.assign.model_url == assign.model_url => host.restage(assign).await,
+            previous => {
+                // Free the old stage's GPU memory before loading the new one.
+                drop(previous);
+                StageHost::load(gpu, assign).await
+            }
+        }
+    }
+
+    fn serving(
+        stage: Stage,
+        assign: &Assign,
+        bytes_downloaded: u64,
+        source: Box<dyn RangeSource>,
+        model: OpenModel,
+    ) -> StageHost {
+        StageHost {
             stage,
             assign: assign.clone(),
             bytes_downloaded,
             slots: empty_slots(assign.runtime.kv_slots),
             active: 0,
-        })
+            source,
+            model,
+        }
+    }
+
+    /// Moves the stage to the new assignment's range; every request's keys and values are
+    /// forgotten (the coordinator replays from position 0 after a re-plan).
+    async fn restage(self, assign: &Assign) -> Result<StageHost, ModelError> {
+        check_shape(&self.model, assign)?;
+        let StageHost {
+            stage,
+            slots,
+            source,
+            model,
+            ..
+        } = self;
+        // The slots' caches are shaped for the old range.
+        drop(slots);
+        let before = source.stats().bytes_fetched;
+        let spec = stage_spec(assign);
+        let options = LoadOptions::default();
+        let stage = stage
+            .restage(source.as_ref(), &model, spec, options, &mut |_| {})
+            .await?;
+        let bytes_downloaded = source.stats().bytes_fetched - before;
+        Ok(StageHost::serving(
+            stage,
+            assign,
+            bytes_downloaded,
+            source,
+            model,
+        ))
     }
 
     /// Whether a new assignment needs exactly the weights and buffers loaded here.
-    pub fn can_serve(&self, assign: &Assign) -> bool {
+    fn can_serve(&self, assign: &Assign) -> bool {
         let (old, new) = (&self.assign, assign);
         old.model_url == new.model_url
             && (old.layer_start, old.layer_end, old.n_layers)
@@ -71,7 +175,7 @@ impl StageHost {
 
     /// Keeps the weights for a new epoch; every request's keys and values are forgotten,
     /// since the coordinator replays requests from position 0 after a re-plan.
-    pub fn reassign(&mut self, assign: &Assign) {
+    fn reassign(&mut self, assign: &Assign) {
         self.assign = assign.clone();
         let caches: Vec<KvCache> = self
             .slots
@@ -115,14 +219,17 @@ impl StageHost {
 
     /// Runs the stage's layers for one validated Forward (its slot selected).
     pub async fn run(&self, forward: &Forward) -> Result<StepOutput, ModelError> {
-        let hidden;
-        let input = match &forward.input {
-            WireInput::Tokens(ids) => StageInput::Tokens(ids),
-            WireInput::Hidden(activations) => {
-                hidden = activations.to_f32();
-                StageInput::Hidden(&hidden)
-            }
-        };
+        self.run_input(forward, &HostInput::decode(&forward.input))
+            .await
+    }
+
+    /// `run` with the Forward's input already decoded.
+    pub async fn run_input(
+        &self,
+        forward: &Forward,
+        input: &HostInput<'_>,
+    ) -> Result<StepOutput, ModelError> {
+        let input = input.stage_input();
         let stage = &self.stage;
         let start = forward.start_pos;
         if !stage.spec.head {
@@ -178,19 +285,17 @@ impl StageHost {
     }
 }
 
-async fn load_stage(
-    gpu: Arc<Gpu>,
-    source: &dyn RangeSource,
-    model: &OpenModel,
-    assign: &Assign,
-) -> Result<Stage, ModelError> {
-    let spec = StageSpec {
+fn stage_spec(assign: &Assign) -> StageSpec {
+    StageSpec {
         layers: assign.layer_start..assign.layer_end,
         embedding: assign.embedding,
         head: assign.head,
         max_context: assign.runtime.max_context,
         max_batch: assign.runtime.max_batch,
-    };
+    }
+}
+
+fn check_shape(model: &OpenModel, assign: &Assign) -> Result<(), ModelError> {
     let cfg = &model.cfg;
     if cfg.n_layers != assign.n_layers || cfg.d_model != assign.d_model {
         return Err(ModelError::Plan(format!(
@@ -198,15 +303,7 @@ async fn load_stage(
             assign.n_layers, assign.d_model, cfg.n_layers, cfg.d_model
         )));
     }
-    Stage::load(
-        gpu,
-        source,
-        model,
-        spec,
-        LoadOptions::default(),
-        &mut |_| {},
-    )
-    .await
+    Ok(())
 }
 
 fn same_buffers(a: &StageRuntime, b: &StageRuntime) -> bool {

@@ -18,6 +18,7 @@ pub mod probe;
 mod recovery;
 pub mod replicas;
 mod session;
+pub mod stage_bench;
 mod step;
 pub mod timer;
 pub mod verify;
@@ -26,6 +27,7 @@ pub use coordinator::{Coordinator, CoordinatorConfig, HopReport};
 pub use donor::{Donor, DonorConfig, DonorExit, DonorPhase, DonorStatus};
 pub use probe::probe_ms_per_layer;
 pub use replicas::{ChainCount, ReplicaReport, Replicas};
+pub use stage_bench::{time_stage_steps, StageBench, StageStepTimes};
 pub use verify::{VerifyConfig, VerifyFlag};
 
 use super::frame::{ErrorCode, FrameError};

@@ -217,7 +217,7 @@ fn to_wire(output: StepOutput, assign: &Assign) -> Result<StageOutput, String> {
 }
 
 /// Encodes in the epoch's encoding, falling back to f32 when a value overflows f16.
-fn encode_hidden(values: &[f32], assign: &Assign) -> Result<Activations, String> {
+pub(super) fn encode_hidden(values: &[f32], assign: &Assign) -> Result<Activations, String> {
     if let Some(index) = values.iter().position(|v| !v.is_finite()) {
         return Err(format!(
             "the stage produced a non-finite activation at {index}"
