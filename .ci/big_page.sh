@@ -14,7 +14,8 @@ source .ci/env.sh
 export WEBSHARD_MODELS=${WEBSHARD_MODELS:-$PWD/models}
 export WEBSHARD_BIG_ARGS=${*:-4700 --hidden 12288 --ffn 256 --heads 96 --kv-heads 8 --embedding F32}
 export WEBSHARD_BIG_MINUTES=${WEBSHARD_BIG_MINUTES:-120}
-cargo build --release -p native-runner
-cargo build --release --example test_model
+# The runner and the example together, with the features `cargo test --workspace` unifies
+# (a build of one package alone would rebuild the dependencies with others).
+cargo build --release --workspace --bins --examples
 bash .ci/build-wasm.sh
 cd e2e && npx --no-install playwright test big-file.spec.js
