@@ -1,8 +1,11 @@
 //! Writes a llama-shaped GGUF test model (see `tests/test_model/mod.rs`):
 //!
 //! `cargo run --release --example test_model -- OUT.gguf SIZE_MIB [--split N] [--seed S]
-//!  [--hidden D --ffn F --heads H --kv-heads K --embedding F32|Q8_0]`
+//!  [--hidden D --ffn F --heads H --kv-heads K --embedding F32|Q8_0] [--layers L]
+//!  [--matrices F32|Q4_0|Q4_1|Q8_0|Q4_K|Q6_K]`
 //!
+//! Without `--layers`, as many layers as make the file SIZE_MIB; `--matrices` gives every layer
+//! matrix one type instead of the mix.
 //! The tokenizer and chat template come from `$WEBSHARD_MODELS/SmolLM2-135M-Instruct.Q4_1.gguf`.
 //! With `--split N` it writes `OUT-00001-of-0000N.gguf`... instead of `OUT.gguf`.
 
@@ -11,7 +14,7 @@ mod test_model;
 
 use std::path::PathBuf;
 
-use test_model::{tokenizer_keys, write_single, write_split, Shape};
+use test_model::{tokenizer_keys, write_single, write_split, Shape, MATRIX_TYPES};
 use webshard::gguf::{read_header, FileSource, GgmlType};
 
 type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -49,7 +52,16 @@ fn main() -> Result<()> {
             other => return Err(format!("--embedding {other}: F32 or Q8_0").into()),
         };
     }
-    shape.layers = shape.layers_for(mib << 20);
+    if let Some(name) = flag("--matrices") {
+        let found = MATRIX_TYPES.iter().find(|t| t.name() == name.as_str());
+        let names: Vec<&str> = MATRIX_TYPES.iter().map(|t| t.name()).collect();
+        shape.matrices =
+            Some(*found.ok_or_else(|| format!("--matrices {name}: one of {names:?}"))?);
+    }
+    shape.layers = match number("--layers")? {
+        Some(layers) => layers,
+        None => shape.layers_for(mib << 20),
+    };
     let models = std::env::var("WEBSHARD_MODELS").unwrap_or_else(|_| "models".into());
     let smollm2 = PathBuf::from(models).join("SmolLM2-135M-Instruct.Q4_1.gguf");
     let source = FileSource::open(&smollm2)?;

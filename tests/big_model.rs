@@ -31,6 +31,7 @@ fn wide_shallow_shape() -> Shape {
         kv_heads: 8,
         layers: 1,
         embedding: GgmlType::F32,
+        matrices: None,
         seed: 16,
     }
 }

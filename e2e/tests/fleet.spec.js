@@ -2,9 +2,11 @@
 // context, WebGPU on SwiftShader) and one native donor (lavapipe) join a fleet through
 // `runner serve --fleet`'s /signal; `runner coordinate` splits SmolLM2 over the three and
 // generates greedily. The ids must be the single-device `runner generate --temp 0` ids, also
-// when a donor tab closes mid-generation and the coordinator re-plans and replays.
+// when a donor tab closes mid-generation and the coordinator re-plans and replays, and when
+// a page and two native donors that each offer under half the model run it together.
 const { test, expect } = require('@playwright/test');
 const { execFile } = require('node:child_process');
+const fs = require('node:fs');
 const path = require('node:path');
 const { SMOLLM2 } = require('./shared.js');
 const { FLEET_LAUNCH, Child, startFleetServer, openDonorPage: openDonor, donorStatus } = require('./fleet-support.js');
@@ -39,11 +41,11 @@ let server;
 let base;
 let signal;
 let expected;
+let models;
 const children = [];
 const contexts = [];
 
 test.beforeAll(async () => {
-  let models;
   ({ server, base, signal, models } = await startFleetServer(TOKEN, 30 * 60 * 1000));
   expected = await runnerJson(
     ['generate', '-m', path.join(models, SMOLLM2), '-p', PROMPT, '-n', String(TOKENS), '--temp', '0', '--json', '--quiet'],
@@ -62,22 +64,24 @@ test.afterEach(async () => {
 /** A donor page in a context of its own, joining the fleet at once. */
 const openDonorPage = (browser) => openDonor(browser, contexts, { base, signal, token: TOKEN, gpuMib: PAGE_MIB });
 
-function startNativeDonor() {
+function startNativeDonor(mib = NATIVE_MIB) {
   const child = new Child(
     'runner donor',
-    ['donor', '--once', '--signal', signal, '--fleet', TOKEN, '--gpu-mem-mib', String(NATIVE_MIB), '--backend', 'vulkan'],
+    ['donor', '--once', '--signal', signal, '--fleet', TOKEN, '--gpu-mem-mib', String(mib), '--backend', 'vulkan'],
     COORDINATE_MS + 60 * 1000,
   );
   children.push(child);
   return child;
 }
 
-function startCoordinator() {
+/** `runner coordinate` over three donors; `extra` is appended (`--kv-slots`...). */
+function startCoordinator({ ctx = CTX, extra = [] } = {}) {
   const child = new Child(
     'runner coordinate',
     [
       'coordinate', '-m', `${base}/models/${SMOLLM2}`, '--signal', signal, '--fleet', TOKEN,
-      '--donors', '3', '-p', PROMPT, '-n', String(TOKENS), '--temp', '0', '--ctx', String(CTX), '--json',
+      '--donors', '3', '-p', PROMPT, '-n', String(TOKENS), '--temp', '0', '--ctx', String(ctx), '--json',
+      ...extra,
       // A SwiftShader stage takes seconds per prefill chunk, answering no heartbeat meanwhile.
       '--heartbeat-timeout', '120',
     ],
@@ -143,4 +147,25 @@ test('a donor tab closing mid-generation changes nothing in the output', async (
   const status = await donorStatus(staying.page);
   expect(status.epoch).toBeGreaterThan(1);
   await expect(staying.page.locator('#text')).toHaveText(expected.text);
+});
+
+// A model no donor can hold: a page offering `gpu_mem` and two native donors, each under half of
+// SmolLM2's 96.6 MB of weights (46 MiB), run it together. Context 64 and one KV slot keep the
+// caches small, so the three together hold it (the tied embedding sits on both edge stages).
+const UNDER_HALF_MIB = 45;
+
+test('a page donor and two native donors, each under half the model, give the single-device ids', async ({ browser }) => {
+  expect(UNDER_HALF_MIB * 2 ** 20).toBeLessThan(fs.statSync(path.join(models, SMOLLM2)).size / 2);
+  const { page, errors } = await openDonor(browser, contexts, { base, signal, token: TOKEN, gpuMib: UNDER_HALF_MIB });
+  const natives = [startNativeDonor(UNDER_HALF_MIB), startNativeDonor(UNDER_HALF_MIB)];
+  const report = JSON.parse(await startCoordinator({ ctx: 64, extra: ['--kv-slots', '1'] }).success());
+
+  expect(report.ids).toEqual(expected.ids);
+  expect(report.plan).toHaveLength(3);
+  expect(report.recoveries).toBe(0);
+  const status = await donorStatus(page);
+  expect(errors).toEqual([]);
+  expect(status.layers.end).toBeGreaterThan(status.layers.start);
+  expect(report.plan.map((stage) => `${stage.layers[0]}-${stage.layers[1]}`)).toContain(`${status.layers.start}-${status.layers.end}`);
+  for (const native of natives) await native.success();
 });

@@ -11,6 +11,7 @@
 //! a limit. The tests take turns (`serial`): on a 2-core machine with a CPU GPU, fleets
 //! running side by side would only make every step slower and every limit tighter.
 
+mod big_model;
 mod common;
 mod fleet_support;
 
@@ -90,21 +91,49 @@ fn smollm2_two_donor_processes_match_single_device_and_pass_verification() {
     assert_eq!(json["flags"], serde_json::json!([]));
 }
 
-/// A model no donor can hold: three donors offering 45 MiB each, under half of SmolLM2's
-/// 96.6 MB of weights (its 30 MB tied embedding sits on both ends, so the two edge stages hold
-/// 7 layers each), run it together with single-device ids. A short context and one KV slot
-/// keep the caches small; 4 tokens keep it cheap.
+/// A model no donor can hold, over 1 GiB: three donors whose `--gpu-mem-mib` each hold under
+/// half of it run it together with single-device ids. The model is generated here
+/// (`tests/test_model`) and deleted after, in a shape that costs little per token: a 302 MB
+/// F32 token embedding (one row read per token, on the first stage) and F32 layer matrices
+/// (four bytes per multiply-add), 1.11 GB in all. A short context and one KV slot keep the
+/// caches small; 4 tokens keep it cheap.
 #[test]
-fn three_donors_each_under_half_the_model_run_it_with_single_device_ids() {
+fn three_donors_each_under_half_a_1_gib_model_run_it_with_single_device_ids() {
     let _turn = serial();
-    let half_mib = common::model_path(SMOLLM2).metadata().unwrap().len() / 2 >> 20;
+    let model = big_model::BigModel::write();
+    let size = model.size();
+    assert!(size > 1 << 30, "{size} bytes");
+    let cap_mib = 500u64;
     assert!(
-        45 < half_mib,
-        "the cap must be under half of the file ({half_mib} MiB)"
+        cap_mib << 20 < size / 2,
+        "the cap must be under half of the model"
     );
+    let limit = std::time::Duration::from_secs(300);
+    let reference = reference_at(&model.path(), PROMPT, 4, limit);
+
+    let server = Server::start_with(model.dir());
+    let started = Instant::now();
+    let cap = cap_mib.to_string();
+    let fleet: Vec<Donor> = (0..3)
+        .map(|i| server.donor(&format!("donor {i}"), &["--gpu-mem-mib", &cap]))
+        .collect();
     let extra = ["--ctx", "64", "--kv-slots", "1"];
-    // `identity` checks every donor holds a stage and each prompt's ids.
-    identity(SMOLLM2, 3, Some("45"), &[PROMPT], 4, &extra);
+    let mut coordinator = server.coordinate(big_model::FILE, 3, &[PROMPT], 4, &extra);
+    let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
+    let json = coordinator.json_with(limit, &procs);
+    summary("1.11 GB model, 3 donors", &json, started.elapsed());
+    assert_eq!(
+        stages(&json),
+        3,
+        "every donor holds a stage: {}",
+        json["plan"]
+    );
+    for stage in json["plan"].as_array().unwrap() {
+        let weights = model.stage_weights(stage);
+        assert!(weights < size / 2, "{stage}: {weights} of {size} bytes");
+    }
+    assert_eq!(ids_of(&json["ids"]), reference);
+    assert_eq!(json["recoveries"], 0);
 }
 
 /// Three donors, two prompts in the chain at once: each prompt gets its own ids.

@@ -2,7 +2,8 @@
 //! SmolLM2 tokenizer and chat template (copied from a SmolLM2 GGUF's metadata), random finite
 //! weights in real quant types from a fixed seed, one file or the `gguf-split` form.
 //!
-//! Shared by `examples/test_model.rs` (the command line) and `tests/big_model.rs` (CI).
+//! Shared by `examples/test_model.rs` (the command line), `tests/big_model.rs` and
+//! `native-runner/tests/fleet.rs` (CI).
 //! Each tensor's bytes come from its own generator seeded by (seed, tensor name), so the split
 //! form holds exactly the single file's tensors. The generator is SplitMix64, written out here
 //! because its stream is fixed by its definition (a crate's could change between versions).
@@ -24,6 +25,8 @@ pub struct Shape {
     pub kv_heads: u64,
     pub layers: u64,
     pub embedding: GgmlType,
+    /// One type for every layer matrix instead of the mix (`None`: the mix).
+    pub matrices: Option<GgmlType>,
     pub seed: u64,
 }
 
@@ -38,6 +41,7 @@ impl Shape {
             kv_heads: 4,
             layers: 1,
             embedding: GgmlType::Q8_0,
+            matrices: None,
             seed,
         };
         shape.layers = shape.layers_for(mib << 20);
@@ -68,16 +72,17 @@ impl Shape {
     fn layer_tensors(&self, layer: u64) -> Vec<TensorSpec> {
         let (d, ff, kv) = (self.hidden, self.ffn, self.kv_dim());
         let name = |t: &str| format!("blk.{layer}.{t}.weight");
+        let matrix = |mixed: GgmlType| self.matrices.unwrap_or(mixed);
         vec![
             spec(&name("attn_norm"), &[d], GgmlType::F32),
-            spec(&name("attn_q"), &[d, d], GgmlType::Q4_K),
-            spec(&name("attn_k"), &[d, kv], GgmlType::Q4_1),
-            spec(&name("attn_v"), &[d, kv], GgmlType::Q8_0),
-            spec(&name("attn_output"), &[d, d], GgmlType::Q4_K),
+            spec(&name("attn_q"), &[d, d], matrix(GgmlType::Q4_K)),
+            spec(&name("attn_k"), &[d, kv], matrix(GgmlType::Q4_1)),
+            spec(&name("attn_v"), &[d, kv], matrix(GgmlType::Q8_0)),
+            spec(&name("attn_output"), &[d, d], matrix(GgmlType::Q4_K)),
             spec(&name("ffn_norm"), &[d], GgmlType::F32),
-            spec(&name("ffn_gate"), &[d, ff], GgmlType::Q4_K),
-            spec(&name("ffn_up"), &[d, ff], GgmlType::Q4_1),
-            spec(&name("ffn_down"), &[ff, d], GgmlType::Q6_K),
+            spec(&name("ffn_gate"), &[d, ff], matrix(GgmlType::Q4_K)),
+            spec(&name("ffn_up"), &[d, ff], matrix(GgmlType::Q4_1)),
+            spec(&name("ffn_down"), &[ff, d], matrix(GgmlType::Q6_K)),
         ]
     }
 
@@ -129,6 +134,16 @@ impl Shape {
         ]
     }
 }
+
+/// The types `set_scales` can write for a layer matrix (`Shape::matrices`).
+pub const MATRIX_TYPES: [GgmlType; 6] = [
+    GgmlType::F32,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q6_K,
+];
 
 /// SmolLM2's vocabulary size.
 pub const VOCAB: u64 = 49_152;
@@ -386,6 +401,7 @@ fn set_scales(ty: GgmlType, block: &mut [u8], unit: f32, norm: bool, rng: &mut S
         GgmlType::F32 if norm => block.copy_from_slice(&(0.8 + 0.4 * rng.unit()).to_le_bytes()),
         GgmlType::F32 => block.copy_from_slice(&(unit * (2.0 * rng.unit() - 1.0)).to_le_bytes()),
         GgmlType::Q8_0 => block[..2].copy_from_slice(&f16_bytes(scale(rng, 64.0))),
+        GgmlType::Q4_0 => block[..2].copy_from_slice(&f16_bytes(scale(rng, 8.0))),
         GgmlType::Q4_1 => {
             let d = scale(rng, 8.0);
             block[..2].copy_from_slice(&f16_bytes(d));

@@ -330,8 +330,12 @@ pub struct Server {
 
 impl Server {
     pub fn start() -> Server {
+        Server::start_with(&models_dir())
+    }
+
+    /// `start`, serving the models in `models`.
+    pub fn start_with(models: &Path) -> Server {
         let root = repo_root();
-        let models = models_dir();
         let args = [
             "serve",
             "--root",
@@ -493,7 +497,14 @@ pub fn reference(file: &str, prompt: &str, n: usize) -> Vec<u32> {
     if let Some(ids) = cache.lock().unwrap().get(&key) {
         return ids.clone();
     }
-    let path = model_path(file);
+    let ids = reference_at(&model_path(file), prompt, n, RUN_LIMIT);
+    cache.lock().unwrap().insert(key, ids.clone());
+    ids
+}
+
+/// Greedy ids of single-device `runner generate --temp 0 --json` on the model at `path`,
+/// within `limit`.
+pub fn reference_at(path: &Path, prompt: &str, n: usize, limit: Duration) -> Vec<u32> {
     let n_text = n.to_string();
     let args = [
         "generate",
@@ -511,14 +522,13 @@ pub fn reference(file: &str, prompt: &str, n: usize) -> Vec<u32> {
         BACKEND,
     ];
     let mut proc = Proc::spawn("runner generate", &args);
-    let json = proc.json(RUN_LIMIT);
+    let json = proc.json(limit);
     let ids = ids_of(&json["ids"]);
     assert_eq!(
         ids.len(),
         n,
         "the reference stopped early: pick another prompt"
     );
-    cache.lock().unwrap().insert(key, ids.clone());
     ids
 }
 
