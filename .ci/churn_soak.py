@@ -2,6 +2,7 @@
 """Donor churn soak: many donor kills in one generation run, against single-device ids.
 
     python3 .ci/churn_soak.py RUNNER [--kills 20] [--every 2] [--donors 3] [--mem-mib 300] [--backend vulkan]
+        [--tokens-per-kill N]
 
 RUNNER is a `runner` binary. It starts `runner serve --fleet`, `--donors` donor processes
 (each offering `--mem-mib`) and one `runner coordinate
@@ -135,9 +136,10 @@ def progress_indices(text):
     return [int(m) for m in re.findall(r"^token 0 (\d+) \d+$", text, re.M)]
 
 
-def soak(runner, kills, every, donors, mem_mib, backend, logdir):
+def soak(runner, kills, every, donors, mem_mib, backend, logdir, tokens_per_kill=None):
     # Tokens may come while a newcomer joins, too; a run that ends before the last kill fails.
-    n = (every + 2) * kills + 6
+    # A fast GPU decodes dozens of tokens while a replacement joins: --tokens-per-kill.
+    n = (tokens_per_kill or every + 2) * kills + 6
     expected = reference(runner, n, backend)
     fleet = Fleet(runner, logdir, mem_mib, backend)
     for _ in range(donors):
@@ -197,13 +199,15 @@ def main():
     parser.add_argument("--donors", type=int, default=3)
     parser.add_argument("--mem-mib", type=int, default=300)
     parser.add_argument("--backend", default="vulkan")
+    parser.add_argument("--tokens-per-kill", type=int, default=None,
+                        help="tokens generated per kill (default --every + 2; ~40 on an H200)")
     args = parser.parse_args()
     if args.kills < 1 or args.every < 1 or args.donors < 3:
         raise SystemExit("--kills and --every must be at least 1, --donors at least 3")
     with tempfile.TemporaryDirectory() as logdir:
         try:
             failures = soak(args.runner, args.kills, args.every, args.donors, args.mem_mib,
-                            args.backend, logdir)
+                            args.backend, logdir, args.tokens_per_kill)
         finally:
             cleanup()
     for failure in failures:
