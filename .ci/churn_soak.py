@@ -14,7 +14,8 @@ fresh donor, which joins while the survivors recover, until `--kills` donors are
 
 - the coordinator's ids equal single-device `runner generate --temp 0` ids,
 - the progress lines name every token index exactly once, in order (none lost or repeated),
-- the coordinator recovered once per kill.
+- the coordinator planned out every killed donor as a lost stage donor (one recovery may
+  cover a kill and a join, or two kills close together, so recoveries are at most the kills).
 
 It prints one line per kill and a summary, and exits non-zero on the first failed check.
 Every process is killed on exit; every wait has a limit. CI runs it with `--kills 5`
@@ -114,22 +115,34 @@ class Fleet:
         wait_for(f"id from donor {index}", lambda: "joined the fleet as" in read(err))
         self.donors.append((proc, err))
 
-    def stages(self):
-        """(first layer, donor index) of every live donor serving this run, chain order."""
-        serving = []
+    def stages(self, coordinator_log):
+        """(first layer, donor index) of every live donor holding a stage of the
+        coordinator's last ready plan, chain order. The plan, not the donors' own status:
+        a donor a re-plan leaves without a stage is not told, and killing it loses nothing."""
+        plans = re.findall(r"stages ready epoch=\d+ stages=(.*)$", coordinator_log, re.M)
+        if not plans:
+            return []
+        index_of = {}
         for index, (proc, err) in enumerate(self.donors):
-            if proc.poll() is not None:
-                continue
-            lines = re.findall(r"^(\w+): layers (?:Some\((\d+)\.\.\d+\)|None)", read(err), re.M)
-            if lines and lines[-1][0] == "Serving":
-                serving.append((int(lines[-1][1]), index))
-        return sorted(serving)
+            ids = re.findall(r"joined the fleet as (\w+)", read(err))
+            if ids and proc.poll() is None:
+                index_of[ids[-1]] = index
+        stages = re.findall(r"(\w+):(\d+)\.\.\d+", plans[-1])
+        return sorted((int(first), index_of[donor]) for donor, first in stages
+                      if donor in index_of)
 
 
 def alive(coordinator, cerr):
     if coordinator.poll() is not None:
         raise SystemExit(f"coordinator ended early:\n{read(cerr)[-3000:]}")
     return True
+
+
+def settled(log):
+    """The last admitted donor has been planned (in, or left without a stage): the last ready
+    plan is the one a kill now hits."""
+    admitted = log.rfind("donor admitted")
+    return max(log.rfind("stages ready"), log.rfind("get no stage")) > admitted
 
 
 def progress_indices(text):
@@ -159,8 +172,9 @@ def soak(runner, kills, every, donors, mem_mib, backend, logdir, tokens_per_kill
                  lambda: alive(coordinator, cerr)
                  and len(progress_indices(read(cerr))) >= mark + every
                  and read(cerr).count("donor admitted") >= admitted
-                 and len(fleet.stages()) >= 2)
-        stages = fleet.stages()
+                 and settled(read(cerr))
+                 and len(fleet.stages(read(cerr))) >= 2)
+        stages = fleet.stages(read(cerr))
         first_layer, victim = stages[0] if kill % 2 == 0 else stages[-1]
         fleet.donors[victim][0].kill()
         mark = len(progress_indices(read(cerr)))
@@ -182,11 +196,14 @@ def soak(runner, kills, every, donors, mem_mib, backend, logdir, tokens_per_kill
         failures.append(f"ids {report['ids']} differ from single device {expected}")
     if indices != list(range(n)):
         failures.append(f"token indices {indices}: some lost or repeated")
-    if report["recoveries"] != kills:
+    if report["stage_donors_lost"] != kills:
+        failures.append(f"{report['stage_donors_lost']} stage donors lost for {kills} kills")
+    if not 1 <= report["recoveries"] <= kills:
         failures.append(f"{report['recoveries']} recoveries for {kills} kills")
     recovery = report["recovery_ms"]
     print(f"{kills} kills in {time.time() - started:.1f} s, {n} tokens, recoveries "
-          f"{report['recoveries']} (median {sorted(recovery)[len(recovery) // 2]:.0f} ms, "
+          f"{report['recoveries']}, stage donors lost {report['stage_donors_lost']} "
+          f"(median {sorted(recovery)[len(recovery) // 2]:.0f} ms, "
           f"max {max(recovery):.0f} ms), joins {report['joins']}")
     return failures
 

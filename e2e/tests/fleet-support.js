@@ -94,12 +94,16 @@ async function openDonorPage(browser, contexts, { base, signal, token, gpuMib })
   const context = await newFleetContext(browser, contexts);
   const page = await context.newPage();
   const errors = [];
+  const dropped = [];
   page.on('pageerror', (err) => errors.push(err.message));
+  page.on('console', (message) => {
+    if (message.text().includes('dropped a malformed WebRTC signal')) dropped.push(message.text());
+  });
   const query = new URLSearchParams({ signal, fleet: token, gpu_mem: String(gpuMib) });
   await page.goto(`${base}/donor.html?${query}`);
   await expect(page.locator('body'), errors.join('\n')).toHaveAttribute('data-phase', 'Joining', { timeout: 3 * 60 * 1000 });
   await expect(page.locator('#adapter')).toContainText('ms per layer');
-  return { context, page, errors };
+  return { context, page, errors, dropped };
 }
 
 const donorStatus = (page) => page.evaluate(() => window.__donor.status);

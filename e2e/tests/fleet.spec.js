@@ -10,6 +10,7 @@ const fs = require('node:fs');
 const path = require('node:path');
 const { SMOLLM2 } = require('./shared.js');
 const { FLEET_LAUNCH, Child, startFleetServer, openDonorPage: openDonor, donorStatus } = require('./fleet-support.js');
+const { openHostilePeer } = require('./hostile-peer.js');
 
 const TOKEN = 'e2e-fleet-token';
 const PROMPT = 'The capital of France is';
@@ -91,10 +92,15 @@ function startCoordinator({ ctx = CTX, extra = [] } = {}) {
   return child;
 }
 
-test('two browser donors and a native donor generate the single-device ids', async ({ browser }) => {
+test('two browser donors and a native donor generate the single-device ids, a hostile peer in the room', async ({ browser }) => {
+  // One hostile peer before the donors (it offers to them), one after (it answers their offers).
+  const early = await openHostilePeer(browser, contexts, { signal, token: TOKEN });
   const donors = [await openDonorPage(browser), await openDonorPage(browser)];
+  const late = await openHostilePeer(browser, contexts, { signal, token: TOKEN });
   const native = startNativeDonor();
   const report = JSON.parse(await startCoordinator().success());
+  expect((await early.attacks()).offers).toBeGreaterThanOrEqual(2 * 3);
+  expect((await late.attacks()).answers).toBeGreaterThanOrEqual(2 * 2);
 
   expect(report.ids).toEqual(expected.ids);
   expect(report.text).toBe(expected.text);
@@ -102,9 +108,11 @@ test('two browser donors and a native donor generate the single-device ids', asy
   expect(report.recoveries).toBe(0);
 
   const planned = new Set(report.plan.map((stage) => `${stage.layers[0]}-${stage.layers[1]}`));
-  for (const { page, errors } of donors) {
+  for (const { page, errors, dropped } of donors) {
     const status = await donorStatus(page);
     expect(errors).toEqual([]);
+    // Each hostile signal dropped with a warning, none handed to matchbox (which would panic).
+    expect(dropped.length, dropped.join('\n')).toBeGreaterThanOrEqual(6);
     expect(status.refused_frames).toBe(0);
     const { start, end } = status.layers;
     expect(end).toBeGreaterThan(start);

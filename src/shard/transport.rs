@@ -112,6 +112,12 @@ pub trait Transport: MaybeSend {
     async fn rejoin(&mut self) -> Result<(), TransportError> {
         Ok(())
     }
+
+    /// Asks that peers nobody hears yet (a newcomer's Hello, a donor back under a new id) be
+    /// heard here from now on: a chain that shares its transport with other chains
+    /// (`roles::lanes`) and is short of donors calls it. A transport with one reader has
+    /// nothing to do.
+    fn hear_newcomers(&self) {}
 }
 
 /// `Send` natively, where roles move transports across threads (and `rejoin`'s future holds

@@ -240,3 +240,56 @@ fn a_chain_that_cannot_hold_the_model_hands_its_requests_over() {
     assert_eq!(run.report.chains.len(), 1);
     assert_eq!(run.report.chains[0].run.recoveries, 0);
 }
+
+/// Two chains of two donors too small alone; a donor of chain 1 is killed and, a moment
+/// later, a fresh donor joins the room. Its Hello reaches chain 1, the chain short of donors
+/// (not chain 0, which hears newcomers otherwise): chain 1 re-plans with it and keeps its
+/// requests, and the ids are the single device's.
+#[test]
+fn a_newcomer_joins_the_chain_short_of_donors() {
+    let file = support::SMOLLM2.1;
+    let _ = reference();
+    let (network, transport, mut handles) = four_donors(TOO_SMALL_ALONE);
+    let (connected, mut kill_on_token, _victim) = kill_in_chain_one(&mut handles);
+    let newcomer = Arc::new(Mutex::new(None));
+    let on_token = {
+        let (newcomer, gpu) = (Arc::clone(&newcomer), gpu());
+        move |update: &TokenEvent<'_>| {
+            kill_on_token(update);
+            let (newcomer, network, gpu) = (Arc::clone(&newcomer), network.clone(), gpu.clone());
+            if update.index == 2 && newcomer.lock().unwrap().is_none() {
+                *newcomer.lock().unwrap() = Some(None);
+                std::thread::spawn(move || {
+                    // After chain 1 has seen its loss: a Hello before it would go to chain 0.
+                    std::thread::sleep(Duration::from_millis(500));
+                    let handle = spawn_donor_offering(&network, &gpu, TOKEN, TOO_SMALL_ALONE, |t| t);
+                    *newcomer.lock().unwrap() = Some(Some(handle));
+                });
+            }
+        }
+    };
+    let mut config = config(file, 4);
+    config.join_timeout = Duration::from_secs(60);
+    let run = coordinate_replicas(
+        transport,
+        config,
+        ChainCount::Auto { requests: 4 },
+        requests(),
+        connected,
+        on_token,
+    );
+    println!(
+        "newcomer in chain 1: {}",
+        serde_json::to_string(&run.report).unwrap()
+    );
+    assert_single_device_ids(&run);
+    assert_each_token_passed_once(&run);
+    assert!(run.report.retired.is_empty(), "{:?}", run.report.retired);
+    assert_eq!(run.report.served_by, vec![0, 1, 0, 1]);
+    let recoveries: Vec<u32> = run.report.chains.iter().map(|c| c.run.recoveries).collect();
+    assert_eq!(recoveries, vec![0, 1]);
+    let newcomer = newcomer.lock().unwrap();
+    let id = newcomer.as_ref().and_then(|h| h.as_ref()).expect("the newcomer ran").id;
+    let chain_one = &run.report.chains[1].run.plan;
+    assert!(chain_one.iter().any(|stage| stage.donor == id.to_string()));
+}

@@ -112,6 +112,9 @@ pub struct RunReport {
     /// Most requests in the chain at once (micro-batching).
     pub max_in_flight: usize,
     pub recoveries: u32,
+    /// Donors lost while they held a stage (they left, fell silent or failed to load), each
+    /// planned out: one recovery covers every loss it sees, a loss while stages load included.
+    pub stage_donors_lost: u32,
     /// Each recovery's re-plan, reload and replay start.
     pub recovery_ms: Vec<f64>,
     /// Re-plans that gave a donor that joined mid-run a stage.

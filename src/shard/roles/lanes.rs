@@ -6,7 +6,8 @@
 //! the reader's turn, reads the shared transport and hands each event to its owner's inbox,
 //! returning the first that is its own. A lane whose coordinator is not receiving just
 //! collects its events. Events from donors no chain owns (a newcomer's Hello, a donor back
-//! under a new id) go to the joining lane; a closed transport is every lane's news.
+//! under a new id) go to the joining lane, which then owns them: the first chain, or the last
+//! one short of donors (`hear_newcomers`); a closed transport is every lane's news.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -104,7 +105,7 @@ impl<T: Transport> Shared<T> {
     /// Delivers `event` to its lane; returns it when that is `me`. A closed transport is
     /// told to every lane.
     fn route(&self, me: usize, event: Event) -> Option<Event> {
-        let routes = lock(&self.routes);
+        let mut routes = lock(&self.routes);
         let peer = match &event {
             Err(_) => {
                 // Told once per closure: each lane recovers once, not once per read.
@@ -122,9 +123,15 @@ impl<T: Transport> Shared<T> {
             | Ok(TransportEvent::Frame { from: peer, .. })
             | Ok(TransportEvent::BadChunk { from: peer, .. }) => Some(*peer),
         };
-        let lane = peer
-            .and_then(|peer| routes.owner.get(&peer).copied())
-            .unwrap_or(routes.joining);
+        let joining = routes.joining;
+        let lane = match (peer, &event) {
+            (Some(peer), Ok(TransportEvent::PeerLeft(_))) => {
+                routes.owner.remove(&peer).unwrap_or(joining)
+            }
+            // A newcomer belongs to the lane that hears it first, wherever newcomers go later.
+            (Some(peer), _) => *routes.owner.entry(peer).or_insert(joining),
+            (None, _) => joining,
+        };
         if lane == me {
             return Some(event);
         }
@@ -149,6 +156,11 @@ impl<T: Transport + MaybeSync> Transport for Lane<T> {
     fn stats(&self) -> TransportStats {
         let transport = self.shared.transport.try_read();
         transport.map(|t| t.stats()).unwrap_or_default()
+    }
+
+    /// This chain is short of donors: newcomers come here until another chain asks.
+    fn hear_newcomers(&self) {
+        lock(&self.shared.routes).joining = self.index;
     }
 
     async fn send(&self, to: PeerId, frame: &[u8]) -> Result<(), TransportError> {

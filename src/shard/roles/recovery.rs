@@ -53,6 +53,11 @@ impl<T: Transport> Coordinator<T> {
             plan = self.plan_after_loss(&lost).await?;
         }
         self.report.plan = self.plan_entries();
+        let stages: Vec<String> = (self.plan.stages.iter())
+            .map(|s| format!("{}:{}..{}", s.donor, s.layers.start, s.layers.end))
+            .collect();
+        // Read by `.ci/churn_soak.py` to kill only donors that hold a stage.
+        tracing::info!(epoch = self.epoch, stages = %stages.join(" "), "stages ready");
         if let Some(verifier) = self.verifier.as_mut() {
             verifier
                 .prepare(
@@ -109,6 +114,8 @@ impl<T: Transport> Coordinator<T> {
     /// to join instead of giving up: a donor whose link to the next stage never worked
     /// leaves and joins again under a new id (`link.rs`), and the plan needs it back.
     pub(super) async fn plan_after_loss(&mut self, lost: &[PeerId]) -> Result<Plan, RoleError> {
+        let stage_donors = lost.iter().filter(|id| self.is_stage_donor(**id)).count();
+        self.report.stage_donors_lost += stage_donors as u32;
         for id in lost {
             self.donors.remove(id);
         }
@@ -135,6 +142,7 @@ impl<T: Transport> Coordinator<T> {
             }
             if !self.plan.stages.is_empty() {
                 tracing::warn!(%error, "the donors left cannot hold the model; waiting for more to join");
+                self.transport.hear_newcomers();
                 // No stage runs now: a donor leaving meanwhile is simply taken off the order.
                 self.plan.stages.clear();
             }

@@ -10,9 +10,10 @@
 
 mod cause;
 mod driver;
-#[cfg(not(target_arch = "wasm32"))]
 mod signaller;
 mod spawn;
+
+pub use signaller::SignalGate;
 
 use std::collections::HashSet;
 use std::panic::AssertUnwindSafe;

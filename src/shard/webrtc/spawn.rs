@@ -1,6 +1,6 @@
 //! Where the transport's background task runs: a tokio task natively, the browser's
-//! microtask queue on wasm; and who carries its signals. The only platform switch of the
-//! WebRTC transport; matchbox hides the rest.
+//! microtask queue on wasm; and who carries its signals (`signaller`, which switches its
+//! websocket half by platform). matchbox hides the rest.
 
 use std::future::Future;
 
@@ -24,16 +24,9 @@ pub(super) fn spawn(task: impl Future<Output = ()> + 'static) -> Result<(), Tran
     Ok(())
 }
 
-/// Natively, peers' signals are checked before matchbox sees them (`signaller`).
-#[cfg(not(target_arch = "wasm32"))]
+/// Peers' signals are checked before matchbox sees them (`signaller`).
 pub(super) fn checked_signals(builder: WebRtcSocketBuilder) -> WebRtcSocketBuilder {
     builder.signaller_builder(std::sync::Arc::new(
         super::signaller::CheckedSignallerBuilder,
     ))
-}
-
-/// In a browser, matchbox's own signaller: the page's WebRTC stack parses the SDP.
-#[cfg(target_arch = "wasm32")]
-pub(super) fn checked_signals(builder: WebRtcSocketBuilder) -> WebRtcSocketBuilder {
-    builder
 }
