@@ -94,9 +94,9 @@ function startCoordinator({ ctx = CTX, extra = [] } = {}) {
 
 test('two browser donors and a native donor generate the single-device ids, a hostile peer in the room', async ({ browser }) => {
   // One hostile peer before the donors (it offers to them), one after (it answers their offers).
-  const early = await openHostilePeer(browser, contexts, { signal, token: TOKEN });
+  const early = await openHostilePeer(browser, contexts, { base, signal, token: TOKEN });
   const donors = [await openDonorPage(browser), await openDonorPage(browser)];
-  const late = await openHostilePeer(browser, contexts, { signal, token: TOKEN });
+  const late = await openHostilePeer(browser, contexts, { base, signal, token: TOKEN });
   const native = startNativeDonor();
   const report = JSON.parse(await startCoordinator().success());
   expect((await early.attacks()).offers).toBeGreaterThanOrEqual(2 * 3);

@@ -60,11 +60,12 @@ function attackRoom(roomUrl) {
 }
 
 /** A hostile peer joined to `signal`'s room for `token`; `attacks()` reads its counts. */
-async function openHostilePeer(browser, contexts, { signal, token }) {
+async function openHostilePeer(browser, contexts, { base, signal, token }) {
   const context = await browser.newContext();
   contexts.push(context);
   const page = await context.newPage();
-  await page.goto('about:blank');
+  // A document of the server's origin: Chromium keeps about:blank from reaching loopback.
+  await page.goto(`${base}/models/index.json`);
   await page.evaluate(attackRoom, `${signal}/${fleetRoom(token)}`);
   return { attacks: () => page.evaluate(() => window.attacks) };
 }
