@@ -54,7 +54,9 @@ def load():
 
 
 def spawn(args, **kw):
-    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, **kw)
+    # The coordinator's info lines time each stage's load in a recovery (`recovery_log`).
+    env = {**os.environ, "RUST_LOG": "warn,webshard::shard::roles=info"}
+    p = subprocess.Popen(args, stdin=subprocess.DEVNULL, env=env, **kw)
     CHILDREN.append(p)
     return p
 
@@ -155,6 +157,10 @@ def coordinate(runner, host, k, prompts, n, logdir, kill=None):
         j["after_kill_s"] = time.time() - killed_at
         reloads = [reload_bytes(e) for p, e in fleet if p.returncode != -signal.SIGKILL]
         j["reload_bytes"] = sum(r for r in reloads if r is not None)
+        err.seek(0)
+        kept = ("donor lost", "stage ready", "recovered", "stages ready")
+        j["recovery_log"] = [line.split(": ", 1)[-1] for line in err.read().splitlines()
+                             if any(k in line for k in kept)]
     return j
 
 
@@ -249,7 +255,8 @@ def main():
     def record(label, j):
         line = {"label": label, "load": load()}
         for key in ("decode_tokens_per_s", "step_ms_mean", "transfer_ms_mean", "recoveries",
-                    "recovery_ms", "reload_bytes", "max_in_flight", "wall_s", "after_kill_s"):
+                    "recovery_ms", "reload_bytes", "max_in_flight", "wall_s", "after_kill_s",
+                    "recovery_log"):
             if key in j:
                 line[key] = j[key]
         if "hops" in j:

@@ -229,6 +229,9 @@ impl<T: Transport> Coordinator<T> {
                 match self.next_incoming().await? {
                     Incoming::Lost(peer) => return Ok(vec![peer]),
                     Incoming::Message(from, Message::Ready(ready)) if ready.epoch == epoch => {
+                        // What a recovery's time is made of (`.ci/fleet_perf.py` keeps these).
+                        tracing::info!(%from, load_ms = ready.load_ms,
+                            bytes = ready.bytes_downloaded, "stage ready");
                         waiting.remove(&from);
                     }
                     Incoming::Message(from, other) => {

@@ -544,7 +544,14 @@ impl<T: Transport> Coordinator<T> {
         let started = Instant::now();
         tracing::warn!(?lost, "donor lost; re-planning");
         let plan = self.plan_after_loss(lost).await?;
+        let planned = started.elapsed();
         self.establish(plan).await?;
+        let ready = started.elapsed();
+        tracing::info!(
+            plan_ms = planned.as_secs_f64() * 1000.0,
+            stages_ready_ms = ready.as_secs_f64() * 1000.0,
+            "recovered: replaying"
+        );
         session.rewind();
         for position in 0..session.active.len() {
             self.send_next(session, position).await?;
