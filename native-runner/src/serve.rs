@@ -20,6 +20,7 @@ use axum::http::header::{
 };
 use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Response};
 use axum::middleware::{self, Next};
+use axum::serve::ListenerExt;
 use axum::Router;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
@@ -118,7 +119,15 @@ impl Server {
         }
         // Signaling reads the peer's address.
         let app = app.into_make_service_with_connect_info::<SocketAddr>();
-        axum::serve(self.listener, app).await
+        // Without TCP_NODELAY a response written as headers then body (a GGUF range, an SSE
+        // chunk) waits for the client's delayed ACK: 40 ms per small read on loopback, most of
+        // a donor's load of its layers over HTTP.
+        let listener = self.listener.tap_io(|tcp| {
+            if let Err(error) = tcp.set_nodelay(true) {
+                tracing::warn!(%error, "could not set TCP_NODELAY");
+            }
+        });
+        axum::serve(listener, app).await
     }
 }
 

@@ -262,7 +262,8 @@ fn a_newcomer_joins_the_chain_short_of_donors() {
                 std::thread::spawn(move || {
                     // After chain 1 has seen its loss: a Hello before it would go to chain 0.
                     std::thread::sleep(Duration::from_millis(500));
-                    let handle = spawn_donor_offering(&network, &gpu, TOKEN, TOO_SMALL_ALONE, |t| t);
+                    let handle =
+                        spawn_donor_offering(&network, &gpu, TOKEN, TOO_SMALL_ALONE, |t| t);
                     *newcomer.lock().unwrap() = Some(Some(handle));
                 });
             }
@@ -289,7 +290,11 @@ fn a_newcomer_joins_the_chain_short_of_donors() {
     let recoveries: Vec<u32> = run.report.chains.iter().map(|c| c.run.recoveries).collect();
     assert_eq!(recoveries, vec![0, 1]);
     let newcomer = newcomer.lock().unwrap();
-    let id = newcomer.as_ref().and_then(|h| h.as_ref()).expect("the newcomer ran").id;
+    let id = newcomer
+        .as_ref()
+        .and_then(|h| h.as_ref())
+        .expect("the newcomer ran")
+        .id;
     let chain_one = &run.report.chains[1].run.plan;
     assert!(chain_one.iter().any(|stage| stage.donor == id.to_string()));
 }

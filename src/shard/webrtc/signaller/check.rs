@@ -31,7 +31,11 @@ impl SignalRules {
     pub(super) fn check(&mut self, sender: PeerId, signal: &PeerSignal) -> Result<(), String> {
         match signal {
             PeerSignal::Offer(sdp) | PeerSignal::Answer(sdp) => {
-                let kind = if matches!(signal, PeerSignal::Offer(_)) { "offer" } else { "answer" };
+                let kind = if matches!(signal, PeerSignal::Offer(_)) {
+                    "offer"
+                } else {
+                    "answer"
+                };
                 let ufrag = check_sdp(sdp).map_err(|reason| format!("{kind}: {reason}"))?;
                 if self.ufrags.len() >= MAX_PEERS && !self.ufrags.contains_key(&sender) {
                     return Err(format!("more than {MAX_PEERS} peers signalling at once"));
@@ -65,7 +69,9 @@ pub(super) fn check_sdp(sdp: &str) -> Result<String, String> {
     for (number, line) in lines.enumerate().map(|(i, l)| (i + 2, l)) {
         let (key, value) = line
             .split_once('=')
-            .filter(|(k, v)| k.len() == 1 && k.bytes().all(|b| b.is_ascii_lowercase()) && !v.is_empty())
+            .filter(|(k, v)| {
+                k.len() == 1 && k.bytes().all(|b| b.is_ascii_lowercase()) && !v.is_empty()
+            })
             .ok_or_else(|| format!("line {number} is not <letter>=<value>"))?;
         if value.chars().any(char::is_control) {
             return Err(format!("line {number} holds a control character"));
@@ -79,7 +85,9 @@ pub(super) fn check_sdp(sdp: &str) -> Result<String, String> {
             ("a", Some(("ice-pwd", v))) => pwd = Some(v),
             ("a", Some(("fingerprint", v))) => fingerprint = Some(v),
             ("a", Some(("setup", v))) if !["actpass", "active", "passive"].contains(&v) => {
-                return Err(format!("line {number}: setup {v:?} is not actpass, active or passive"))
+                return Err(format!(
+                    "line {number}: setup {v:?} is not actpass, active or passive"
+                ))
             }
             _ if media == 0 => session_lines.push(key),
             _ => {}
@@ -115,7 +123,9 @@ fn check_media(value: &str) -> Result<(), String> {
 /// RFC 8839's ice-char (ALPHA / DIGIT / "+" / "/"), `min` to 256 of them.
 fn check_ice_chars(what: &str, value: Option<&str>, min: usize) -> Result<(), String> {
     let value = value.ok_or_else(|| format!("no {what}"))?;
-    let legal = value.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/');
+    let legal = value
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/');
     if !legal || !(min..=256).contains(&value.len()) {
         return Err(format!("{what} is not {min} to 256 ICE characters"));
     }
@@ -124,7 +134,9 @@ fn check_ice_chars(what: &str, value: Option<&str>, min: usize) -> Result<(), St
 
 /// `<hash> XX:XX:...`, as many bytes as the hash gives (RFC 8122).
 fn check_fingerprint(value: &str) -> Result<(), String> {
-    let (hash, hex) = value.split_once(' ').ok_or("fingerprint without a hash name")?;
+    let (hash, hex) = value
+        .split_once(' ')
+        .ok_or("fingerprint without a hash name")?;
     let bytes = match hash.to_ascii_lowercase().as_str() {
         "sha-1" => 20,
         "sha-224" => 28,
@@ -144,14 +156,20 @@ fn check_fingerprint(value: &str) -> Result<(), String> {
 /// Checks a candidate's JSON (`RTCIceCandidateInit`; `null` ends the candidates).
 pub(super) fn check_candidate(json: &str, sender_ufrag: Option<&str>) -> Result<(), String> {
     if json.len() > MAX_CANDIDATE_BYTES {
-        return Err(format!("{} bytes (at most {MAX_CANDIDATE_BYTES})", json.len()));
+        return Err(format!(
+            "{} bytes (at most {MAX_CANDIDATE_BYTES})",
+            json.len()
+        ));
     }
     let fields = match serde_json::from_str::<serde_json::Value>(json) {
         Ok(serde_json::Value::Null) => return Ok(()),
         Ok(serde_json::Value::Object(fields)) => fields,
         _ => return Err("not a JSON object".into()),
     };
-    let candidate = fields.get("candidate").and_then(|c| c.as_str()).ok_or("no candidate string")?;
+    let candidate = fields
+        .get("candidate")
+        .and_then(|c| c.as_str())
+        .ok_or("no candidate string")?;
     let mid = fields.get("sdpMid").filter(|v| !v.is_null());
     let index = fields.get("sdpMLineIndex").filter(|v| !v.is_null());
     let mid_ok = mid.is_none_or(|m| m == "" || m == "0");
@@ -174,26 +192,45 @@ pub(super) fn check_candidate(json: &str, sender_ufrag: Option<&str>) -> Result<
 /// RFC 8839's candidate-attribute: foundation, component, transport, priority, address,
 /// port, `typ` and a type, then name-value extensions.
 fn check_candidate_line(line: &str) -> Result<(), String> {
-    let body = line.strip_prefix("candidate:").ok_or("does not start with candidate:")?;
+    let body = line
+        .strip_prefix("candidate:")
+        .ok_or("does not start with candidate:")?;
     let fields: Vec<&str> = body.split(' ').collect();
     let [foundation, component, transport, priority, address, port, typ, kind, rest @ ..] =
         fields.as_slice()
     else {
         return Err("fewer than 8 fields".into());
     };
-    let ice_chars = |s: &str| s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/');
+    let ice_chars = |s: &str| {
+        s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+    };
     let hostname = |s: &str| {
-        s.bytes().all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b)) && s.len() <= 253
+        s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-.:".contains(&b))
+            && s.len() <= 253
     };
     let checks = [
-        (!foundation.is_empty() && foundation.len() <= 32 && ice_chars(foundation), "foundation"),
+        (
+            !foundation.is_empty() && foundation.len() <= 32 && ice_chars(foundation),
+            "foundation",
+        ),
         (component.parse::<u16>().is_ok_and(|c| c >= 1), "component"),
-        (["udp", "tcp"].contains(&transport.to_ascii_lowercase().as_str()), "transport"),
+        (
+            ["udp", "tcp"].contains(&transport.to_ascii_lowercase().as_str()),
+            "transport",
+        ),
         (priority.parse::<u32>().is_ok(), "priority"),
         (!address.is_empty() && hostname(address), "address"),
         (port.parse::<u16>().is_ok(), "port"),
-        (*typ == "typ" && ["host", "srflx", "prflx", "relay"].contains(kind), "type"),
-        (rest.len() % 2 == 0 && rest.iter().all(|f| !f.is_empty()), "extensions"),
+        (
+            *typ == "typ" && ["host", "srflx", "prflx", "relay"].contains(kind),
+            "type",
+        ),
+        (
+            rest.len() % 2 == 0 && rest.iter().all(|f| !f.is_empty()),
+            "extensions",
+        ),
     ];
     match checks.iter().find(|(ok, _)| !ok) {
         Some((_, field)) => Err(format!("its {field} is malformed")),
@@ -230,12 +267,28 @@ mod tests {
             ("garbage \u{0}".to_string(), "v=0"),
             (sdp(MEDIA, "sha-256 8C:71"), "32 hex bytes"),
             (sdp(MEDIA, "md5 8C:71"), "not a SHA"),
-            (sdp("audio 9 UDP/TLS/RTP/SAVPF 111", FINGERPRINT), "not one data channel"),
-            (sdp(MEDIA, FINGERPRINT).replace("a=fingerprint", "a=x-fingerprint"), "no DTLS"),
-            (sdp(MEDIA, FINGERPRINT).replace("a=ice-pwd:abcdefghijklmnopqrstuv", "a=ice-pwd:short"), "ice-pwd"),
+            (
+                sdp("audio 9 UDP/TLS/RTP/SAVPF 111", FINGERPRINT),
+                "not one data channel",
+            ),
+            (
+                sdp(MEDIA, FINGERPRINT).replace("a=fingerprint", "a=x-fingerprint"),
+                "no DTLS",
+            ),
+            (
+                sdp(MEDIA, FINGERPRINT)
+                    .replace("a=ice-pwd:abcdefghijklmnopqrstuv", "a=ice-pwd:short"),
+                "ice-pwd",
+            ),
             (sdp(MEDIA, FINGERPRINT).replace("s=-\r\n", ""), "no s="),
-            (sdp(MEDIA, FINGERPRINT).replace("actpass", "sideways"), "setup"),
-            (sdp(MEDIA, FINGERPRINT) + "m=" + MEDIA + "\r\n", "2 media sections"),
+            (
+                sdp(MEDIA, FINGERPRINT).replace("actpass", "sideways"),
+                "setup",
+            ),
+            (
+                sdp(MEDIA, FINGERPRINT) + "m=" + MEDIA + "\r\n",
+                "2 media sections",
+            ),
             ("x".repeat(MAX_SDP_BYTES + 1), "at most"),
         ];
         for (sdp, reason) in cases {
@@ -263,15 +316,33 @@ mod tests {
             ("{not json", "not a JSON object"),
             (r#"{"candidate": 42}"#, "no candidate string"),
             (r#"{"candidate":"garbage","sdpMid":"0"}"#, "candidate:"),
-            (r#"{"candidate":"candidate:1 1 udp 1 1.2.3.4 99999 typ host","sdpMid":"0"}"#, "port"),
-            (r#"{"candidate":"candidate:1 1 sctp 1 1.2.3.4 9 typ host","sdpMid":"0"}"#, "transport"),
-            (r#"{"candidate":"candidate:1 1 udp 1 1.2.3.4 9 typ host","sdpMid":"nope"}"#, "sdpMid"),
-            (r#"{"candidate":"candidate:1 1 udp 1 1.2.3.4 9 typ host"}"#, "sdpMid"),
-            (r#"{"candidate":"candidate:1 1 udp 1 1.2.3.4 9 typ host","sdpMid":"0","usernameFragment":"zzzz"}"#, "ufrag"),
+            (
+                r#"{"candidate":"candidate:1 1 udp 1 1.2.3.4 99999 typ host","sdpMid":"0"}"#,
+                "port",
+            ),
+            (
+                r#"{"candidate":"candidate:1 1 sctp 1 1.2.3.4 9 typ host","sdpMid":"0"}"#,
+                "transport",
+            ),
+            (
+                r#"{"candidate":"candidate:1 1 udp 1 1.2.3.4 9 typ host","sdpMid":"nope"}"#,
+                "sdpMid",
+            ),
+            (
+                r#"{"candidate":"candidate:1 1 udp 1 1.2.3.4 9 typ host"}"#,
+                "sdpMid",
+            ),
+            (
+                r#"{"candidate":"candidate:1 1 udp 1 1.2.3.4 9 typ host","sdpMid":"0","usernameFragment":"zzzz"}"#,
+                "ufrag",
+            ),
         ];
         for (json, reason) in cases {
             let error = check_candidate(json, Some("abcd")).expect_err(reason);
-            assert!(error.contains(reason), "{json}: {error:?} should say {reason:?}");
+            assert!(
+                error.contains(reason),
+                "{json}: {error:?} should say {reason:?}"
+            );
         }
     }
 
@@ -281,8 +352,12 @@ mod tests {
         let peer = PeerId(uuid::Uuid::from_u128(7));
         let candidate = r#"{"candidate":"","sdpMid":"0","usernameFragment":"abcd"}"#;
         let signal = PeerSignal::IceCandidate(candidate.into());
-        assert!(gate.check(peer, &signal).is_err(), "no description from the peer yet");
-        gate.check(peer, &PeerSignal::Offer(sdp(MEDIA, FINGERPRINT))).unwrap();
+        assert!(
+            gate.check(peer, &signal).is_err(),
+            "no description from the peer yet"
+        );
+        gate.check(peer, &PeerSignal::Offer(sdp(MEDIA, FINGERPRINT)))
+            .unwrap();
         gate.check(peer, &signal).unwrap();
         gate.forget(peer);
         assert!(gate.check(peer, &signal).is_err());

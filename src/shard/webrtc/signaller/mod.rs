@@ -41,7 +41,9 @@ impl SignalGate {
             PeerEvent::Signal { sender, data } => {
                 let checked = (self.signals.check(*sender, data)).and_then(|()| stack_parses(data));
                 if let Err(reason) = checked {
-                    warn(&format!("dropped a malformed WebRTC signal from peer {sender}: {reason}"));
+                    warn(&format!(
+                        "dropped a malformed WebRTC signal from peer {sender}: {reason}"
+                    ));
                     return Ok(None);
                 }
             }

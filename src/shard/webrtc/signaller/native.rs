@@ -7,7 +7,9 @@ use async_tungstenite::smol::{connect_async, ConnectStream};
 use async_tungstenite::tungstenite::Message;
 use async_tungstenite::WebSocketStream;
 use futures::StreamExt;
-use matchbox_socket::{PeerEvent, PeerRequest, PeerSignal, SignalingError, Signaller, SignallerBuilder};
+use matchbox_socket::{
+    PeerEvent, PeerRequest, PeerSignal, SignalingError, Signaller, SignallerBuilder,
+};
 
 use super::SignalGate;
 

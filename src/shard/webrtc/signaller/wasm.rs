@@ -2,7 +2,9 @@
 
 use async_trait::async_trait;
 use futures::{SinkExt, StreamExt};
-use matchbox_socket::{PeerEvent, PeerRequest, PeerSignal, SignalingError, Signaller, SignallerBuilder};
+use matchbox_socket::{
+    PeerEvent, PeerRequest, PeerSignal, SignalingError, Signaller, SignallerBuilder,
+};
 use ws_stream_wasm::{WsMessage, WsMeta, WsStream};
 
 use super::SignalGate;
@@ -38,7 +40,10 @@ impl Signaller for CheckedSignaller {
     async fn send(&mut self, request: PeerRequest) -> Result<(), SignalingError> {
         let text = serde_json::to_string(&request)
             .map_err(|error| SignalingError::UserImplementationError(error.to_string()))?;
-        self.stream.send(WsMessage::Text(text)).await.map_err(SignalingError::from)
+        self.stream
+            .send(WsMessage::Text(text))
+            .await
+            .map_err(SignalingError::from)
     }
 
     /// The next event from the server, skipping peers' signals that fail their checks.
