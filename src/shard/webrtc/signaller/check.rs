@@ -30,24 +30,26 @@ impl SignalRules {
     /// Whether matchbox can take `signal` from `sender`; remembers a description's ufrag.
     pub(super) fn check(&mut self, sender: PeerId, signal: &PeerSignal) -> Result<(), String> {
         match signal {
-            PeerSignal::Offer(sdp) | PeerSignal::Answer(sdp) => {
-                let kind = if matches!(signal, PeerSignal::Offer(_)) {
-                    "offer"
-                } else {
-                    "answer"
-                };
-                let ufrag = check_sdp(sdp).map_err(|reason| format!("{kind}: {reason}"))?;
-                if self.ufrags.len() >= MAX_PEERS && !self.ufrags.contains_key(&sender) {
-                    return Err(format!("more than {MAX_PEERS} peers signalling at once"));
-                }
-                self.ufrags.insert(sender, ufrag);
-                Ok(())
-            }
+            PeerSignal::Offer(sdp) => self
+                .description(sender, sdp)
+                .map_err(|r| format!("offer: {r}")),
+            PeerSignal::Answer(sdp) => self
+                .description(sender, sdp)
+                .map_err(|r| format!("answer: {r}")),
             PeerSignal::IceCandidate(json) => {
                 let ufrag = self.ufrags.get(&sender).map(String::as_str);
                 check_candidate(json, ufrag).map_err(|reason| format!("ICE candidate: {reason}"))
             }
         }
+    }
+
+    fn description(&mut self, sender: PeerId, sdp: &str) -> Result<(), String> {
+        let ufrag = check_sdp(sdp)?;
+        if self.ufrags.len() >= MAX_PEERS && !self.ufrags.contains_key(&sender) {
+            return Err(format!("more than {MAX_PEERS} peers signalling at once"));
+        }
+        self.ufrags.insert(sender, ufrag);
+        Ok(())
     }
 
     pub(super) fn forget(&mut self, peer: PeerId) {
