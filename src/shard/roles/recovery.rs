@@ -74,6 +74,34 @@ impl<T: Transport> Coordinator<T> {
         Ok(())
     }
 
+    /// Re-plans without `lost`, reloads, and replays every request in flight.
+    pub(super) async fn recover(
+        &mut self,
+        session: &mut Session<'_>,
+        lost: &[PeerId],
+    ) -> Result<(), RoleError> {
+        let started = Instant::now();
+        tracing::warn!(?lost, "donor lost; re-planning");
+        let plan = self.plan_after_loss(lost).await?;
+        let planned = started.elapsed();
+        self.establish(plan).await?;
+        let ready = started.elapsed();
+        tracing::info!(
+            plan_ms = planned.as_secs_f64() * 1000.0,
+            stages_ready_ms = ready.as_secs_f64() * 1000.0,
+            "recovered: replaying"
+        );
+        session.rewind();
+        for position in 0..session.active.len() {
+            self.send_next(session, position).await?;
+        }
+        self.report.recoveries += 1;
+        self.report
+            .recovery_ms
+            .push(started.elapsed().as_secs_f64() * 1000.0);
+        Ok(())
+    }
+
     /// Plans the standby donors in once no step is in the chain: a new epoch and a replay of
     /// every request if the stages change, otherwise the requests simply go on.
     pub(super) async fn admit_joiners(

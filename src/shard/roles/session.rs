@@ -535,34 +535,6 @@ impl<T: Transport> Coordinator<T> {
         Ok(lost)
     }
 
-    /// Re-plans without `lost`, reloads, and replays every request in flight.
-    pub(super) async fn recover(
-        &mut self,
-        session: &mut Session<'_>,
-        lost: &[PeerId],
-    ) -> Result<(), RoleError> {
-        let started = Instant::now();
-        tracing::warn!(?lost, "donor lost; re-planning");
-        let plan = self.plan_after_loss(lost).await?;
-        let planned = started.elapsed();
-        self.establish(plan).await?;
-        let ready = started.elapsed();
-        tracing::info!(
-            plan_ms = planned.as_secs_f64() * 1000.0,
-            stages_ready_ms = ready.as_secs_f64() * 1000.0,
-            "recovered: replaying"
-        );
-        session.rewind();
-        for position in 0..session.active.len() {
-            self.send_next(session, position).await?;
-        }
-        self.report.recoveries += 1;
-        self.report
-            .recovery_ms
-            .push(started.elapsed().as_secs_f64() * 1000.0);
-        Ok(())
-    }
-
     fn record_step(&mut self, session: &mut Session<'_>, position: usize, result: &StageResult) {
         let active = &mut session.active[position];
         let Some(sent_at) = active.sent_at.take() else {
