@@ -13,6 +13,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source .ci/env.sh
 export WEBSHARD_MODELS=${WEBSHARD_MODELS:-$PWD/models}
 export WEBSHARD_BIG_ARGS=${*:-4700 --hidden 12288 --ffn 256 --heads 96 --kv-heads 8 --embedding F32}
+export WEBSHARD_BIG_SPLIT_ARGS=$WEBSHARD_BIG_ARGS
 export WEBSHARD_BIG_MINUTES=${WEBSHARD_BIG_MINUTES:-120}
 # The runner and the example together, with the features `cargo test --workspace` unifies
 # (a build of one package alone would rebuild the dependencies with others).

@@ -5,6 +5,9 @@
 //! buffers under a forced small binding limit. Decode runs in both work splits (lavapipe and
 //! llvmpipe again as GPUs), so both decode kernels are checked. Bidirectional attention
 //! (encoders: no causal mask) runs the prefill kernel's other variant against its own reference.
+//! Each case runs in one of a device's variants (f32/f16, workgroup/subgroup reductions), in
+//! turn from a seed-chosen start, so every variant meets long and short contexts, every shape
+//! and window across the cases (`testing::variant_for_case`).
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -223,9 +226,9 @@ fn devices() -> Vec<Arc<Gpu>> {
     pollster::block_on(testing::devices_under_test()).expect("devices under test")
 }
 
-/// Every device and variant, CPU adapters once more with the GPU work split.
-fn both_splits() -> Vec<(Arc<Gpu>, Variant)> {
-    pollster::block_on(testing::device_variants_both_splits()).expect("devices under test")
+/// Every device, CPU adapters once more with the GPU work split.
+fn split_devices() -> Vec<Arc<Gpu>> {
+    pollster::block_on(testing::devices_both_splits()).expect("devices under test")
 }
 
 /// f32 variants accumulate the same sums in another order; f16 variants also round the keys
@@ -241,16 +244,19 @@ fn tolerance(variant: Variant, path: Path, tokens: u32) -> f32 {
     }
 }
 
-/// Runs every case on every device, variant and path; prints the worst relative error of each
-/// (device, variant, path) and fails on the first case beyond tolerance. Every path also runs
-/// in the GPU work split of CPU adapters (prefill splits keys more finely there).
+/// Runs every case on every device and path, each (case, path) in one of the device's
+/// variants in turn (`testing::variant_for_case`); prints the worst relative error of each
+/// (device, path) and fails on the first case beyond tolerance. Every path also runs in the
+/// GPU work split of CPU adapters (prefill splits keys more finely there).
 fn check_cases(cases: &[Case], paths: &[Path], seed: u64) {
-    for (gpu, variant) in both_splits() {
-        let gpu = &gpu;
-        for &path in paths {
+    for gpu in &split_devices() {
+        let variants = gpu.caps.all_variants();
+        for (path_index, &path) in paths.iter().enumerate() {
             let started = Instant::now();
             let mut worst = 0.0f32;
-            for case in cases {
+            for (index, case) in cases.iter().enumerate() {
+                let turn = index + path_index;
+                let variant = testing::variant_for_case(&variants, turn, seed);
                 let got = case.run(gpu, variant, path);
                 let what = format!(
                     "{} {variant} {path:?} {} seed {seed}",
@@ -266,10 +272,11 @@ fn check_cases(cases: &[Case], paths: &[Path], seed: u64) {
                 worst = worst.max(testing::relative_error(&got, &case.want));
             }
             println!(
-                "{} ({}) {variant} {path:?}: worst relative error {worst:.2e} over {} cases ({:.1} s)",
+                "{} ({}) {path:?}: worst relative error {worst:.2e} over {} cases in {} variants ({:.1} s)",
                 gpu.caps.adapter,
                 split_name(gpu),
                 cases.len(),
+                variants.len(),
                 started.elapsed().as_secs_f32()
             );
         }
@@ -310,17 +317,19 @@ fn decode_in_both_work_splits_matches_reference() {
             }
         }
     }
-    let pairs = both_splits();
+    let devices = split_devices();
     assert!(
-        pairs.iter().any(|(gpu, _)| !gpu.caps.cpu_work_split),
+        devices.iter().any(|gpu| !gpu.caps.cpu_work_split),
         "no device under test runs the GPU work split"
     );
-    for (gpu, variant) in &pairs {
+    for gpu in &devices {
+        let variants = gpu.caps.all_variants();
         let started = Instant::now();
         let mut worst = 0.0f32;
-        for case in &cases {
+        for (index, case) in cases.iter().enumerate() {
+            let variant = testing::variant_for_case(&variants, index, seed);
             let capacity = case.start_pos + case.tokens + 3;
-            let (got, dispatches) = case.run_counting(gpu, *variant, Path::Decode, capacity);
+            let (got, dispatches) = case.run_counting(gpu, variant, Path::Decode, capacity);
             let what = format!("{} {variant} {} seed {seed}", split_name(gpu), case.label());
             testing::assert_close(&got, &case.want, 2e-5, &what);
             worst = worst.max(testing::relative_error(&got, &case.want));
@@ -336,10 +345,11 @@ fn decode_in_both_work_splits_matches_reference() {
             }
         }
         println!(
-            "{} ({}) {variant} decode: worst relative error {worst:.2e} over {} cases ({:.1} s)",
+            "{} ({}) decode: worst relative error {worst:.2e} over {} cases in {} variants ({:.1} s)",
             gpu.caps.adapter,
             split_name(gpu),
             cases.len(),
+            variants.len(),
             started.elapsed().as_secs_f32()
         );
     }
@@ -360,6 +370,8 @@ fn decode_matches_reference() {
     check_cases(&cases, &[Path::Decode, Path::Prefill], seed);
 }
 
+/// Every shape at every start and length; the windows in turn (each shape meets each window
+/// twice, at other positions each run: the seed picks the start).
 #[test]
 fn prefill_matches_reference() {
     let seed = testing::fresh_seed();
@@ -373,10 +385,9 @@ fn prefill_matches_reference() {
             (236, 64),
             (1436, 64),
         ] {
-            for window in WINDOWS {
-                let case_seed = seed.wrapping_add(cases.len() as u64 * 10);
-                cases.push(Case::new(shape, start_pos, tokens, window, None, case_seed));
-            }
+            let window = WINDOWS[(cases.len() + seed as usize) % WINDOWS.len()];
+            let case_seed = seed.wrapping_add(cases.len() as u64 * 10);
+            cases.push(Case::new(shape, start_pos, tokens, window, None, case_seed));
         }
     }
     check_cases(&cases, &[Path::Decode, Path::Prefill], seed);
@@ -447,7 +458,7 @@ fn long_prefill_splits_keys_within_the_loop_limit() {
 
 #[test]
 fn decode_handles_every_model_shape() {
-    for (gpu, _) in both_splits() {
+    for gpu in split_devices() {
         for shape in SHAPES {
             let params = AttentionParams {
                 heads: shape.heads,
@@ -517,9 +528,10 @@ fn attention_picks_decode_for_one_token_and_prefill_for_more() {
         Case::new(GEMMA3, 236, 64, Some(512), None, seed + 10),
     ];
     check_cases(&cases, &[Path::Auto], seed);
-    for (gpu, variant) in &both_splits() {
-        let (gpu, variant) = (gpu, *variant);
-        for (case, chosen) in cases.iter().zip([Path::Decode, Path::Prefill]) {
+    for gpu in &split_devices() {
+        let variants = gpu.caps.all_variants();
+        for (index, (case, chosen)) in cases.iter().zip([Path::Decode, Path::Prefill]).enumerate() {
+            let variant = testing::variant_for_case(&variants, index, seed);
             let auto = case.run(gpu, variant, Path::Auto);
             let direct = case.run(gpu, variant, chosen);
             assert!(
@@ -533,6 +545,3 @@ fn attention_picks_decode_for_one_token_and_prefill_for_more() {
         }
     }
 }
-
-#[path = "ops_attention/throughput.rs"]
-mod throughput;

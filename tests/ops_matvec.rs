@@ -1,7 +1,9 @@
 //! The decode matvec with its fusions (input RMS norm; bias, residual-accumulate, gated and
 //! GLU epilogues), and on matrices that are rows of a larger tensor, against the CPU
 //! reference, on every device and variant, in both work splits (CPU adapters run the GPU split
-//! too, so CI covers what discrete GPUs run).
+//! too, so CI covers what discrete GPUs run). Each case runs in one of a device's variants, in
+//! turn from a seed-chosen start (`testing::variant_for_case`); every test has at least as many
+//! cases as a device has variants.
 
 use std::ops::Range;
 use std::sync::Arc;
@@ -24,8 +26,17 @@ fn upload_weights(gpu: &Gpu, bytes: &[u8], rows: usize) -> WeightTensor {
     tensor
 }
 
-fn devices() -> Vec<(Arc<Gpu>, Variant)> {
-    pollster::block_on(testing::device_variants_both_splits()).expect("devices under test")
+/// Every device in both work splits, each with the variant that case number `turn` runs in
+/// (`testing::variant_for_case`): a test's cases together cover every variant.
+fn devices_for_case(turn: usize, seed: u64) -> Vec<(Arc<Gpu>, Variant)> {
+    let devices = pollster::block_on(testing::devices_both_splits()).expect("devices under test");
+    devices
+        .into_iter()
+        .map(|gpu| {
+            let variant = testing::variant_for_case(&gpu.caps.all_variants(), turn, seed);
+            (gpu, variant)
+        })
+        .collect()
 }
 
 /// One product's inputs: the matrix, x, the norm weight, aux (bias or gate values) and the
@@ -95,7 +106,8 @@ fn run_gpu(
     bytemuck::pod_collect_to_vec(&read)
 }
 
-fn check(inputs: &Inputs, norm: bool, epilogue: ReferenceEpilogue, seed: u64) {
+/// Checks one product on every device, in the variant of case number `turn`.
+fn check(inputs: &Inputs, norm: bool, epilogue: ReferenceEpilogue, turn: usize, seed: u64) {
     let mut want = inputs.previous.clone();
     let norm_ref = norm.then_some((inputs.norm_weight.as_slice(), 1e-5));
     matvec_reference(
@@ -108,7 +120,7 @@ fn check(inputs: &Inputs, norm: bool, epilogue: ReferenceEpilogue, seed: u64) {
         &inputs.aux,
         &mut want,
     );
-    for (gpu, variant) in devices() {
+    for (gpu, variant) in devices_for_case(turn, seed) {
         let got = run_gpu(&gpu, variant, inputs, norm, epilogue);
         let what = format!(
             "{:?} {} {variant} cpu_split={} rows={} cols={} norm={norm} {epilogue:?} seed={seed}",
@@ -141,8 +153,9 @@ fn fused_matvec_matches_the_reference() {
         let cols = if quant.block_size() == 256 { 512 } else { 576 };
         let inputs = Inputs::new(quant, 75, cols, seed.wrapping_add(index as u64));
         for (e, epilogue) in epilogues.into_iter().enumerate() {
-            check(&inputs, e % 2 == 0, epilogue, seed);
-            check(&inputs, e % 2 == 1, epilogue, seed);
+            let turn = (index * epilogues.len() + e) * 2;
+            check(&inputs, e % 2 == 0, epilogue, turn, seed);
+            check(&inputs, e % 2 == 1, epilogue, turn + 1, seed);
         }
     }
 }
@@ -153,7 +166,7 @@ fn gpu_work_split_matvec_covers_every_type() {
     for (index, quant) in QuantType::ALL.into_iter().enumerate() {
         let cols = if quant.block_size() == 256 { 768 } else { 96 };
         let inputs = Inputs::new(quant, 129, cols, seed.wrapping_add(index as u64));
-        check(&inputs, true, ReferenceEpilogue::Store, seed);
+        check(&inputs, true, ReferenceEpilogue::Store, index, seed);
     }
 }
 
@@ -165,7 +178,9 @@ fn head_sized_matvec_matches_the_reference() {
     for (index, quant) in [QuantType::Q8_0, QuantType::Q6_K].into_iter().enumerate() {
         let cols = quant.block_size() as usize;
         let inputs = Inputs::new(quant, 16384 + 77, cols, seed.wrapping_add(index as u64));
-        check(&inputs, true, ReferenceEpilogue::Store, seed);
+        for turn in [index * 2, index * 2 + 1] {
+            check(&inputs, true, ReferenceEpilogue::Store, turn, seed);
+        }
     }
 }
 
@@ -257,7 +272,7 @@ fn matvec_reads_rows_of_a_larger_tensor() {
             .zip(bias)
             .map(|(dot, b)| dot + b)
             .collect();
-        for (gpu, variant) in devices() {
+        for (gpu, variant) in devices_for_case(index, seed) {
             let got = run_view(&gpu, variant, &inputs, rows.clone(), None, out_offset);
             let what = format!(
                 "{quant:?} {} {variant} cpu_split={} rows {rows:?} of 90 seed={seed}",
@@ -288,7 +303,7 @@ fn glu_matvec_matches_gate_and_up_references() {
             .zip(&up_dots)
             .map(|(&g, &u)| activation_reference(g, act) * u)
             .collect();
-        for (gpu, variant) in devices() {
+        for (gpu, variant) in devices_for_case(index, seed) {
             let glu = Some((up.clone(), act));
             let got = run_view(&gpu, variant, &inputs, gate.clone(), glu, 0);
             let what = format!(
@@ -334,7 +349,7 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
             let store = ReferenceEpilogue::Store;
             matvec_reference(quant, &bytes, rows, x_row, None, store, aux_row, out);
         }
-        for (gpu, variant) in devices() {
+        for (gpu, variant) in devices_for_case(index, seed) {
             let tensor = upload_weights(&gpu, &bytes, rows);
             let w = QuantMatrix::new(&tensor, quant, cols as u32, rows as u32).expect("matrix");
             let x_buf = gpu::upload_f32(&gpu, "x", &x);

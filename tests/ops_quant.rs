@@ -76,8 +76,8 @@ fn devices_and_variants() -> Vec<(Arc<Gpu>, Variant)> {
 }
 
 /// Products split their work by adapter kind: CPU adapters run the GPU split too.
-fn devices_variants_and_splits() -> Vec<(Arc<Gpu>, Variant)> {
-    pollster::block_on(testing::device_variants_both_splits()).expect("devices under test")
+fn devices_and_splits() -> Vec<Arc<Gpu>> {
+    pollster::block_on(testing::devices_both_splits()).expect("devices under test")
 }
 
 /// Kernels and references differ only in summation order and fused multiply-adds.
@@ -100,40 +100,53 @@ fn awkward_cols(quant: QuantType) -> [usize; 2] {
 // ---------------------------------------------------------------------------------------------
 // GPU against the references
 
+/// Shapes of one token (the matvec kernels) and of several (the tiled product; a few tokens
+/// take the matvec kernels in the GPU work split), with rows and columns that leave tiles and
+/// blocks partly filled.
+const SINGLE_TOKEN_SHAPES: [(usize, bool, usize); 4] =
+    [(1, false, 1), (300, false, 1), (129, true, 1), (7, true, 1)];
+const MULTI_TOKEN_SHAPES: [(usize, bool, usize); 5] = [
+    (7, true, 3),
+    (129, false, 17),
+    (300, true, 64),
+    (7, false, 64),
+    (1, true, 17),
+];
+
+/// Every shape on every device and work split, each in one of the device's variants in turn
+/// (`testing::variant_for_case`): every variant runs one-token and several-token products.
 fn check_products(quant: QuantType) {
     let seed = testing::fresh_seed();
     let [narrow, wide] = awkward_cols(quant);
-    let shapes = [
-        (1, narrow, 1),
-        (7, wide, 3),
-        (129, narrow, 17),
-        (300, wide, 64),
-        (300, narrow, 1),
-        (129, wide, 1),
-        (7, narrow, 64),
-        (1, wide, 17),
-    ];
     let mut worst = 0.0f32;
-    for (gpu, variant) in devices_variants_and_splits() {
-        for (index, &(rows, cols, tokens)) in shapes.iter().enumerate() {
-            let case_seed = seed.wrapping_add(index as u64 * 7919);
-            let bytes = random_weights(quant, rows, cols, case_seed);
-            let x = testing::random_f32(tokens * cols, case_seed ^ 0xa11ce);
-            let case = Case {
-                quant,
-                bytes: &bytes,
-                rows,
-                cols,
-            };
-            let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
-            let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
-            let what = format!(
-                "{quant:?} {} {variant} cpu_split={} rows={rows} cols={cols} tokens={tokens} \
-                 seed={seed}",
-                gpu.caps.adapter, gpu.caps.cpu_work_split
-            );
-            testing::assert_close(&got, &want, tolerance(quant), &what);
-            worst = worst.max(testing::relative_error(&got, &want));
+    for gpu in devices_and_splits() {
+        let variants = gpu.caps.all_variants();
+        for (group, shapes) in [&SINGLE_TOKEN_SHAPES[..], &MULTI_TOKEN_SHAPES[..]]
+            .into_iter()
+            .enumerate()
+        {
+            for (index, &(rows, is_wide, tokens)) in shapes.iter().enumerate() {
+                let variant = testing::variant_for_case(&variants, index, seed);
+                let cols = if is_wide { wide } else { narrow };
+                let case_seed = seed.wrapping_add((group * 100 + index) as u64 * 7919);
+                let bytes = random_weights(quant, rows, cols, case_seed);
+                let x = testing::random_f32(tokens * cols, case_seed ^ 0xa11ce);
+                let case = Case {
+                    quant,
+                    bytes: &bytes,
+                    rows,
+                    cols,
+                };
+                let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
+                let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
+                let what = format!(
+                    "{quant:?} {} {variant} cpu_split={} rows={rows} cols={cols} tokens={tokens} \
+                     seed={seed}",
+                    gpu.caps.adapter, gpu.caps.cpu_work_split
+                );
+                testing::assert_close(&got, &want, tolerance(quant), &what);
+                worst = worst.max(testing::relative_error(&got, &want));
+            }
         }
     }
     eprintln!("{quant:?}: products worst relative error {worst:e}");
@@ -240,7 +253,7 @@ fn split_tensors_give_identical_results() {
 }
 
 /// Every prefill tile the kernel is built with, and some it may be asked for, on every device
-/// and variant: 4 to 8 lanes along rows, 4 to 16 along tokens, activations staged 32 to 128
+/// and variant (each type in one variant, in turn): 4 to 8 lanes along rows, 4 to 16 along tokens, activations staged 32 to 128
 /// columns at a time, with columns and tokens that leave every tile partly filled.
 /// `MatmulTile::GPU` (16 × 16 lanes) needs more workgroup memory than lavapipe and llvmpipe
 /// have (43 of 32 KiB); only its constants differ from the tiles that run here.
@@ -276,7 +289,8 @@ fn every_matmul_tile_matches_the_reference() {
                 gpu.caps.adapter
             );
             ran[tile_index] += 1;
-            for (quant, cols) in tile_types() {
+            let variants = gpu.caps.all_variants();
+            for (type_index, (quant, cols)) in tile_types().into_iter().enumerate() {
                 let rows = 131;
                 let bytes = random_weights(quant, rows, cols, seed);
                 let case = Case {
@@ -285,17 +299,16 @@ fn every_matmul_tile_matches_the_reference() {
                     rows,
                     cols,
                 };
-                for variant in gpu.caps.all_variants() {
-                    for tokens in [2, 70] {
-                        let x = testing::random_f32(tokens * cols, seed ^ tokens as u64);
-                        let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
-                        let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
-                        let what = format!(
-                            "{tile:?} {quant:?} {} {variant} tokens={tokens} seed={seed}",
-                            gpu.caps.adapter
-                        );
-                        testing::assert_close(&got, &want, tolerance(quant), &what);
-                    }
+                let variant = testing::variant_for_case(&variants, type_index + tile_index, seed);
+                for tokens in [2, 70] {
+                    let x = testing::random_f32(tokens * cols, seed ^ tokens as u64);
+                    let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
+                    let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
+                    let what = format!(
+                        "{tile:?} {quant:?} {} {variant} tokens={tokens} seed={seed}",
+                        gpu.caps.adapter
+                    );
+                    testing::assert_close(&got, &want, tolerance(quant), &what);
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! GPU argmax and top-k against the CPU references: exact ids and values, every device and
-//! variant in both work splits, vocabulary sizes of the real models, and ties.
+//! variant in both work splits (each case in one variant, in turn), vocabulary sizes of the
+//! real models, and ties.
 
 use std::sync::Arc;
 
@@ -8,8 +9,18 @@ use webshard::ops::select;
 
 const SIZES: [usize; 5] = [1, 1000, 49_152, 151_936, 262_144];
 
-fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
-    pollster::block_on(testing::device_variants_both_splits()).expect("gpu devices")
+/// Every device in both work splits, with its variants: each case of a test runs in one of
+/// them in turn (`testing::variant_for_case`), and every test has at least as many cases as a
+/// device has variants.
+fn devices() -> Vec<(Arc<Gpu>, Vec<Variant>)> {
+    let devices = pollster::block_on(testing::devices_both_splits()).expect("gpu devices");
+    devices
+        .into_iter()
+        .map(|gpu| {
+            let variants = gpu.caps.all_variants();
+            (gpu, variants)
+        })
+        .collect()
 }
 
 fn logits(n: usize, seed: u64) -> Vec<f32> {
@@ -70,7 +81,8 @@ fn with_maximum(mut values: Vec<f32>, at: usize, twin: Option<usize>) -> Vec<f32
 #[test]
 fn argmax_finds_the_first_maximum() {
     let seed = testing::fresh_seed();
-    for (gpu, variant) in each_variant() {
+    for (gpu, variants) in devices() {
+        let mut turn = 0;
         for n in SIZES {
             let random = random_index(n, seed);
             let mut cases = vec![
@@ -91,6 +103,8 @@ fn argmax_finds_the_first_maximum() {
                 ));
             }
             for (case, values) in cases {
+                let variant = testing::variant_for_case(&variants, turn, seed);
+                turn += 1;
                 let got = gpu_argmax(&gpu, variant, &values);
                 let want = select::argmax_reference(&values);
                 assert_eq!(
@@ -106,9 +120,12 @@ fn argmax_finds_the_first_maximum() {
 #[test]
 fn top_k_matches_a_stable_sort() {
     let seed = testing::fresh_seed();
-    for (gpu, variant) in each_variant() {
+    for (gpu, variants) in devices() {
+        let mut turn = 0;
         for n in SIZES {
             for k in [1usize, 5, 40, 64].into_iter().filter(|&k| k <= n) {
+                let variant = testing::variant_for_case(&variants, turn, seed);
+                turn += 1;
                 let case_seed = seed + (n * 100 + k) as u64;
                 let mut values = logits(n, case_seed);
                 // Ties inside the top k, across chunks: copies of a high value far apart.
@@ -147,9 +164,12 @@ fn structured_logits(n: usize, seed: u64) -> Vec<(&'static str, Vec<f32>)> {
 #[test]
 fn top_k_of_structured_logits() {
     let seed = testing::fresh_seed();
-    for (gpu, variant) in each_variant() {
+    for (gpu, variants) in devices() {
+        let mut turn = 0;
         for n in [64usize, 65, 1000, 151_936] {
             for (name, values) in structured_logits(n, seed + n as u64) {
+                let variant = testing::variant_for_case(&variants, turn, seed);
+                turn += 1;
                 for k in [1usize, 7, 40, 64] {
                     let (ids, _) = gpu_top_k(&gpu, variant, &values, k);
                     let want = select::top_k_reference(&values, k);
@@ -180,7 +200,9 @@ fn top_k_orders_infinities_and_nan() {
         f32::NEG_INFINITY,
         -3.0,
     ];
-    for (gpu, variant) in each_variant() {
+    // Small and quick: every variant, not one in turn.
+    let pairs = pollster::block_on(testing::device_variants_both_splits()).expect("gpu devices");
+    for (gpu, variant) in pairs {
         let (ids, got_values) = gpu_top_k(&gpu, variant, &values, values.len());
         let what = format!("{} {variant}", gpu.caps.backend);
         // NaN ranks as -inf: after the real -inf at index 0, before the one at index 4.
@@ -228,8 +250,12 @@ fn gpu_argmax_rows(gpu: &Gpu, variant: Variant, values: &[f32], n: usize) -> Vec
 #[test]
 fn argmax_rows_takes_each_rows_own_maximum() {
     let seed = testing::fresh_seed();
-    for (gpu, variant) in each_variant() {
-        for (n, rows) in [(1, 3), (1000, 16), (49_152, 5), (151_936, 9)] {
+    for (gpu, variants) in devices() {
+        for (turn, (n, rows)) in [(1, 3), (1000, 16), (49_152, 5), (151_936, 9)]
+            .into_iter()
+            .enumerate()
+        {
+            let variant = testing::variant_for_case(&variants, turn, seed);
             let mut values = Vec::with_capacity(n * rows);
             for row in 0..rows {
                 let row_seed = seed + 10 * row as u64;
@@ -328,10 +354,13 @@ fn gpu_masked(
 #[test]
 fn masked_argmax_and_top_k_pick_among_the_allowed_ids() {
     let seed = testing::fresh_seed();
-    for (gpu, variant) in each_variant() {
+    for (gpu, variants) in devices() {
+        let mut turn = 0;
         for n in [1000usize, 49_152, 151_936] {
             // One id, about 1%, about half, and all of them allowed.
             for density in [0u32, 3, 128, 256] {
+                let variant = testing::variant_for_case(&variants, turn, seed);
+                turn += 1;
                 let case_seed = seed + (n as u64) * 1000 + u64::from(density);
                 let mut values = logits(n, case_seed);
                 // The largest logit of all, on an id the sparse sets most likely disallow.

@@ -27,40 +27,57 @@ pub async fn devices_under_test() -> Result<Vec<Arc<Gpu>>, GpuError> {
 /// Every device under test paired with every variant it supports: the loop each kernel test
 /// runs. Fails (never skips) when a listed backend has no adapter.
 pub async fn device_variants() -> Result<Vec<(Arc<Gpu>, Variant)>, GpuError> {
-    let devices = devices_under_test().await?;
-    Ok(devices
-        .into_iter()
-        .flat_map(|gpu| {
-            let variants = gpu.caps.all_variants();
-            variants.into_iter().map(move |v| (gpu.clone(), v))
-        })
-        .collect())
+    Ok(with_every_variant(devices_under_test().await?))
 }
 
 /// `device_variants`, plus each CPU adapter again with the GPU work split, for kernels whose
 /// work split depends on the adapter's kind.
 pub async fn device_variants_both_splits() -> Result<Vec<(Arc<Gpu>, Variant)>, GpuError> {
-    let mut pairs = device_variants().await?;
-    let cpu_devices: Vec<Arc<Gpu>> = devices_under_test()
-        .await?
+    Ok(with_every_variant(devices_both_splits().await?))
+}
+
+fn with_every_variant(devices: Vec<Arc<Gpu>>) -> Vec<(Arc<Gpu>, Variant)> {
+    devices
         .into_iter()
+        .flat_map(|gpu| {
+            let variants = gpu.caps.all_variants();
+            variants.into_iter().map(move |v| (gpu.clone(), v))
+        })
+        .collect()
+}
+
+/// Every device under test, CPU adapters once more with the GPU work split: the devices of
+/// `device_variants_both_splits`, for tests that choose a variant per case.
+pub async fn devices_both_splits() -> Result<Vec<Arc<Gpu>>, GpuError> {
+    let mut devices = devices_under_test().await?;
+    let cpu_backends: Vec<BackendChoice> = devices
+        .iter()
         .filter(|gpu| gpu.caps.cpu_work_split)
+        .map(|gpu| BackendChoice::parse(&gpu.caps.backend).unwrap_or_default())
         .collect();
-    for device in cpu_devices {
+    for backend in cpu_backends {
         let options = GpuOptions {
-            backend: BackendChoice::parse(&device.caps.backend).unwrap_or_default(),
+            backend,
             gpu_work_split: true,
             ..Default::default()
         };
-        let gpu = Gpu::new(&options).await?;
-        pairs.extend(
-            gpu.caps
-                .all_variants()
-                .into_iter()
-                .map(|v| (gpu.clone(), v)),
-        );
+        devices.push(Gpu::new(&options).await?);
     }
-    Ok(pairs)
+    Ok(devices)
+}
+
+/// The variant case number `case` of a test runs in: the device's variants in turn, from a
+/// start the seed chooses. A test with at least as many cases as the device has variants
+/// checks every variant, and each run pairs variants with other cases (the seed, printed on
+/// failure, replays the pairing). Why not every case in every variant: the cases vary what the
+/// kernels' shapes and bounds decide, the variants only how a sum is stored or reduced, and
+/// the full product was four times the CPU adapters' time in the slowest tests of CI.
+pub fn variant_for_case(variants: &[Variant], case: usize, seed: u64) -> Variant {
+    assert!(
+        !variants.is_empty(),
+        "a device has at least the f32 variant"
+    );
+    variants[(case + (seed % variants.len() as u64) as usize) % variants.len()]
 }
 
 fn default_backends() -> String {
