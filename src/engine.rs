@@ -395,18 +395,32 @@ impl Engine {
 
     /// Teacher-forced logits after every prefix `ids[..=i]`, starting from an empty cache.
     pub async fn score(&mut self, ids: &[u32]) -> Result<Vec<Vec<f32>>, EngineError> {
+        self.score_from(ids, 0).await
+    }
+
+    /// `score`'s rows for positions `first..` only (none when `first >= ids.len()`): the
+    /// positions before run without their output head, which for a large vocabulary is most of
+    /// a position's work (a golden record's prompt needs no logits but its last position's).
+    pub async fn score_from(
+        &mut self,
+        ids: &[u32],
+        first: usize,
+    ) -> Result<Vec<Vec<f32>>, EngineError> {
         check_ids(ids, self.model.cfg.vocab)?;
         self.cached.clear();
-        let mut all = Vec::with_capacity(ids.len());
+        let first = first.min(ids.len());
         let max_batch = self.stage.spec.max_batch as usize;
-        for (index, chunk) in ids.chunks(max_batch).enumerate() {
-            let start = (index * max_batch) as u32;
+        for chunk in ids[..first].chunks(max_batch) {
+            let start = self.cached.len() as u32;
+            self.stage.forward(&StageInput::Tokens(chunk), start)?;
+            self.cached.extend_from_slice(chunk);
+        }
+        let mut all = Vec::with_capacity(ids.len() - first);
+        for chunk in ids[first..].chunks(max_batch) {
+            let start = self.cached.len() as u32;
             let input = StageInput::Tokens(chunk);
-            all.extend(
-                self.stage
-                    .forward_logits(&input, start, chunk.len() as u32)
-                    .await?,
-            );
+            let rows = self.stage.forward_logits(&input, start, chunk.len() as u32);
+            all.extend(rows.await?);
             self.cached.extend_from_slice(chunk);
         }
         Ok(all)

@@ -9,7 +9,7 @@
 //
 // The shape costs least per token (as tests/big_model.rs): hidden 9216, one layer, an F32
 // token embedding of 1.81 GB of which a step reads one row; the output matrix crosses 2 GiB.
-// The parts' model is 0.4 GB (hidden 2048): offsets past 2 GiB are the first test's, and
+// The parts' model is 0.49 GB (hidden 2048): offsets past 2 GiB are the first test's, and
 // tests/big_model.rs loads a split model over 2 GiB natively; streaming 2.3 GB through the
 // page twice cost CI minutes for no further proof.
 // WEBSHARD_BIG_ARGS and WEBSHARD_BIG_SPLIT_ARGS replace the example's size and shape arguments
