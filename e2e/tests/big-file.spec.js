@@ -137,7 +137,8 @@ async function runInPage(file, bytes, largest, want, pastTwoGiB) {
     expect(last.ids).toEqual(want.ids);
     expect(last.prompt_ids).toEqual(want.prompt_ids);
     expect(progress.bytesDone).toBe(progress.bytesTotal);
-    expect(progress.bytesTotal).toBe(bytes);
+    // The tensors' bytes: most of the files.
+    expect(progress.bytesTotal).toBeGreaterThan(0.9 * bytes);
     // Streamed: the wasm memory never held more than the budget, a thirtieth of the model.
     expect(info.wasmMemoryPeak).toBeLessThan(64 * 2 ** 20 + CHUNK_BYTES);
     // The cache holds what was read (about the whole file, on disk) in ranges of at most a
@@ -152,7 +153,7 @@ async function runInPage(file, bytes, largest, want, pastTwoGiB) {
     // The last tensors are small: the largest file's end was read from its offset, past 2 (or
     // 4) GiB in the big model's one file.
     expect(Math.max(...ranges.map(([offset]) => offset))).toBeGreaterThan(largest - 4 * CHUNK_BYTES);
-    if (pastTwoGiB) expect(bytes).toBeGreaterThan(TWO_GIB);
+    if (pastTwoGiB) expect(progress.bytesTotal).toBeGreaterThan(TWO_GIB);
   } finally {
     await page.evaluate(() => navigator.storage.getDirectory().then((d) => d.removeEntry('webshard-cache', { recursive: true }))).catch(() => {});
     await context.close();
