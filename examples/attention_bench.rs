@@ -26,14 +26,7 @@ fn main() {
     let gpu = pollster::block_on(Gpu::new(&GpuOptions::default())).expect("gpu");
     println!("{} ({})", gpu.caps.adapter, gpu.caps.backend);
     for (name, heads, kv_heads, head_dim) in SHAPES {
-        let params = AttentionParams {
-            heads,
-            kv_heads,
-            head_dim,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
+        let params = AttentionParams::standard(heads, kv_heads, head_dim);
         for variant in gpu.caps.all_variants() {
             let seconds = time_calls(&gpu, variant, &params, ctx - 1, 1, 30);
             let kv_bytes = f64::from(ctx * kv_heads * head_dim) * 8.0;

@@ -113,12 +113,9 @@ impl Case {
         seed: u64,
     ) -> Case {
         let params = AttentionParams {
-            heads: shape.heads,
-            kv_heads: shape.kv_heads,
-            head_dim: shape.head_dim,
-            scale: 1.0 / (shape.head_dim as f32).sqrt(),
             window,
             softcap,
+            ..AttentionParams::standard(shape.heads, shape.kv_heads, shape.head_dim)
         };
         let ctx = (start_pos + tokens) as usize;
         let kv_len = ctx * (shape.kv_heads * shape.head_dim) as usize;

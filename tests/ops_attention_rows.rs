@@ -64,12 +64,9 @@ struct Case {
 impl Case {
     fn new(shape: &Shape, seed: u64) -> Case {
         let params = AttentionParams {
-            heads: shape.heads,
-            kv_heads: shape.kv_heads,
-            head_dim: shape.head_dim,
-            scale: 1.0 / (shape.head_dim as f32).sqrt(),
             window: shape.window,
             softcap: shape.softcap,
+            ..AttentionParams::standard(shape.heads, shape.kv_heads, shape.head_dim)
         };
         let width = (shape.heads * shape.head_dim) as usize;
         let row = (shape.kv_heads * shape.head_dim) as usize;

@@ -36,14 +36,7 @@ impl Case {
         lengths: &[u32],
         seed: u64,
     ) -> Case {
-        let params = AttentionParams {
-            heads,
-            kv_heads,
-            head_dim,
-            scale: 1.0 / (head_dim as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
+        let params = AttentionParams::standard(heads, kv_heads, head_dim);
         let tokens: u32 = lengths.iter().sum();
         // Scaled queries make the softmax peaked, so a key from another sequence shows.
         let q: Vec<f32> = testing::random_f32((tokens * heads * head_dim) as usize, seed)

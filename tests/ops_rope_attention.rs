@@ -141,12 +141,8 @@ fn reference(m: &Model, x: &Inputs, pos: u32) -> Expected {
 
 fn params(m: &Model) -> AttentionParams {
     AttentionParams {
-        heads: m.heads,
-        kv_heads: m.kv_heads,
-        head_dim: m.rope.head_dim,
-        scale: 1.0 / (m.rope.head_dim as f32).sqrt(),
         window: m.window,
-        softcap: None,
+        ..AttentionParams::standard(m.heads, m.kv_heads, m.rope.head_dim)
     }
 }
 

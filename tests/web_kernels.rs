@@ -367,12 +367,8 @@ async fn attention_matches_reference() {
     for (gpu, variant) in variants().await {
         for &(heads, kv_heads, head_dim, window) in &shapes {
             let p = AttentionParams {
-                heads,
-                kv_heads,
-                head_dim,
-                scale: 1.0 / (head_dim as f32).sqrt(),
                 window,
-                softcap: None,
+                ..AttentionParams::standard(heads, kv_heads, head_dim)
             };
             for (start_pos, tokens) in [(0u32, 1u32), (70, 1), (0, 5), (61, 7)] {
                 let ctx = (start_pos + tokens) as usize;
@@ -415,14 +411,7 @@ async fn packed_sequences_match_reference() {
     let lengths = [1u32, 5, 66, 2];
     let tokens: u32 = lengths.iter().sum();
     let (heads, head_dim) = (12u32, 32u32);
-    let p = AttentionParams {
-        heads,
-        kv_heads: heads,
-        head_dim,
-        scale: 1.0 / (head_dim as f32).sqrt(),
-        window: None,
-        softcap: None,
-    };
+    let p = AttentionParams::standard(heads, heads, head_dim);
     let rope_p = RopeParams {
         head_dim,
         rope_dims: head_dim,

@@ -367,14 +367,7 @@ impl BertEncoder {
             rope_at(rec, &b.k, tokens, cfg.n_heads, &b.positions, params);
         }
         kv_write(rec, &self.cache, index, &b.k, &b.v, 0, tokens);
-        let params = AttentionParams {
-            heads: cfg.n_heads,
-            kv_heads: cfg.n_heads,
-            head_dim: cfg.head_dim,
-            scale: 1.0 / (cfg.head_dim as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
+        let params = AttentionParams::standard(cfg.n_heads, cfg.n_heads, cfg.head_dim);
         segmented_attention(rec, &b.q, &self.cache, index, &b.attn, segments, &params);
         linear(rec, &layer.out, &b.attn, &b.tmp, tokens);
         add_in_place(rec, &b.tmp, &b.x, tokens * d);

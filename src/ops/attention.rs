@@ -94,6 +94,21 @@ pub struct AttentionParams {
     pub softcap: Option<f32>,
 }
 
+impl AttentionParams {
+    /// Scaled dot-product attention as most models run it: scale 1/sqrt(head_dim), every
+    /// earlier key visible, no soft-cap (set `window` and `softcap` on the result otherwise).
+    pub fn standard(heads: u32, kv_heads: u32, head_dim: u32) -> AttentionParams {
+        AttentionParams {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            window: None,
+            softcap: None,
+        }
+    }
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct KernelParams {
