@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -42,6 +43,8 @@ PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attentio
             "webshard::chat_template", "webshard::constraint", "webshard::spec_decode",
             "webshard::shard_(chunk|frame|plan|validate|vocab)"]
 PRINT_LOCK = threading.Lock()
+# Test processes still running, ended by the SIGTERM handler.
+RUNNING = set()
 
 
 def package_name(package_id, package_dir):
@@ -92,6 +95,7 @@ def run(label, executable, package_dir, test_args, buffered=False):
     started = time.monotonic()
     process = subprocess.Popen(command, cwd=package_dir, env=env, stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True)
+    RUNNING.add(process)
     passed = failed = 0
     tests = []
     for line in process.stdout:
@@ -106,6 +110,7 @@ def run(label, executable, package_dir, test_args, buffered=False):
             passed, failed = int(match[1]), int(match[2])
     process.stdout.close()
     status = process.wait()
+    RUNNING.discard(process)
     seconds = time.monotonic() - started
     if buffered:
         with PRINT_LOCK:
@@ -133,19 +138,34 @@ def report(records, timings_file):
     return failed
 
 
-def run_all(binaries, test_args, jobs):
-    """The pairable binaries `jobs` at a time, heaviest first, then the others one by one."""
+def run_all(binaries, test_args, jobs, records):
+    """The pairable binaries `jobs` at a time, heaviest first, then the others one by one;
+    each one's record joins `records` as it ends."""
     alone = [b for b in binaries if jobs <= 1 or pairable_rank(b[0]) is None]
     paired = sorted((b for b in binaries if b not in alone), key=lambda b: pairable_rank(b[0]))
-    records = []
     if paired:
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            records += pool.map(lambda b: run(*b, test_args, buffered=True), paired)
+            for record in pool.map(lambda b: run(*b, test_args, buffered=True), paired):
+                records.append(record)
         print(f"     ({len(paired)} binaries, {jobs} at a time: "
               f"{time.monotonic() - started:.1f} s)", flush=True)
-    records += [run(*b, test_args) for b in alone]
-    return records
+    for binary in alone:
+        records.append(run(*binary, test_args))
+
+
+def report_on_termination(records, binaries, timings_file):
+    """On SIGTERM (test.sh's time limit), reports what had finished and what had not, so a run
+    stopped by its limit still says where its time went; then exits 124 as `timeout` would."""
+    def handler(signum, frame):
+        finished = {record["binary"] for record in records}
+        print("\nrun_tests: stopped by SIGTERM; not finished: "
+              + ", ".join(label for label, _, _ in binaries if label not in finished), flush=True)
+        for process in list(RUNNING):
+            process.kill()
+        report(records, timings_file)
+        os._exit(124)
+    signal.signal(signal.SIGTERM, handler)
 
 
 def main():
@@ -160,7 +180,9 @@ def main():
         split = cargo_args.index("--")
         cargo_args, test_args = cargo_args[:split], cargo_args[split + 1:]
     binaries = build(cargo_args)
-    records = run_all(binaries, test_args, args.jobs)
+    records = []
+    report_on_termination(records, binaries, args.timings)
+    run_all(binaries, test_args, args.jobs, records)
     failed_binaries = [r["binary"] for r in records if r["status"] != 0]
     if report(records, args.timings) or failed_binaries:
         sys.exit(f"run_tests: failed: {', '.join(failed_binaries)}")

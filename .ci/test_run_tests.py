@@ -2,7 +2,9 @@
 
 import contextlib
 import io
+import signal
 import stat
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,7 +49,8 @@ class Scheduling(unittest.TestCase):
             started = time.monotonic()
             # The fake binaries' libtest lines (one says FAILED) stay out of the CI log.
             with contextlib.redirect_stdout(io.StringIO()):
-                records = run_tests.run_all(binaries, [], jobs=2)
+                records = []
+                run_tests.run_all(binaries, [], 2, records)
             elapsed = time.monotonic() - started
         self.assertLess(elapsed, 1.9, "the two pairable binaries ran one after the other")
         by_name = {r["binary"]: r for r in records}
@@ -62,8 +65,29 @@ class Scheduling(unittest.TestCase):
                         for n in ("x", "y")]
             started = time.monotonic()
             with contextlib.redirect_stdout(io.StringIO()):
-                run_tests.run_all(binaries, [], jobs=1)
+                run_tests.run_all(binaries, [], 1, [])
             self.assertGreaterEqual(time.monotonic() - started, 1.0)
+
+    def test_a_run_stopped_by_its_limit_reports_what_finished_and_what_did_not(self):
+        with tempfile.TemporaryDirectory() as folder:
+            quick = fake_binary(folder, "quick", 0)
+            slow = fake_binary(folder, "slow", 60)
+            script = (
+                "import sys; sys.path.insert(0, sys.argv[1]); import run_tests\n"
+                "from pathlib import Path\n"
+                f"binaries = [('webshard::quick', {quick!r}, Path({folder!r})),\n"
+                f"            ('native-runner::slow', {slow!r}, Path({folder!r}))]\n"
+                "records = []\n"
+                "run_tests.report_on_termination(records, binaries, None)\n"
+                "run_tests.run_all(binaries, [], 1, records)\n")
+            child = subprocess.Popen([sys.executable, "-c", script, str(Path(__file__).parent)],
+                                     stdout=subprocess.PIPE, text=True)
+            time.sleep(1.5)
+            child.send_signal(signal.SIGTERM)
+            output, _ = child.communicate(timeout=20)
+        self.assertEqual(child.returncode, 124)
+        self.assertIn("not finished: native-runner::slow", output)
+        self.assertIn("webshard::quick (1 passed)", output)
 
 
 if __name__ == "__main__":
