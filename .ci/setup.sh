@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source .ci/env.sh
 
 APT_PACKAGES=(mesa-vulkan-drivers libvulkan1 chromium-headless-shell chromium-driver
-  python3 python3-pip nodejs npm ca-certificates)
+  python3 python3-pip nodejs npm ca-certificates lld)
 
 timed() {
   local name=$1 start=$SECONDS
