@@ -6,7 +6,7 @@ pub mod run;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::thread;
 use std::time::Duration;
 
@@ -26,8 +26,14 @@ use crate::support;
 pub const TOKEN: &str = "fleet-secret";
 pub const DONOR_BYTES: u64 = 1 << 30;
 
+/// One GPU for the whole test binary, donors and single-device references alike: its pipeline
+/// cache then compiles each kernel once per binary instead of once per test (on a CPU adapter a
+/// stage's first step spends 10-20 s compiling, more than a short test computes).
 pub fn gpu() -> Arc<Gpu> {
-    pollster::block_on(Gpu::new(&GpuOptions::default())).expect("gpu")
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    let gpu =
+        GPU.get_or_init(|| pollster::block_on(Gpu::new(&GpuOptions::default())).expect("gpu"));
+    Arc::clone(gpu)
 }
 
 pub fn model_url(file: &str) -> String {
@@ -37,6 +43,12 @@ pub fn model_url(file: &str) -> String {
         .to_string()
 }
 
+/// `prompt`'s ids as the coordinator's tokenizer gives them (a chat prompt, as `runner` sends).
+pub fn prompt_ids(file: &str, prompt: &str) -> Vec<u32> {
+    let engine = pollster::block_on(support::load_engine_on(gpu(), file));
+    engine.tokenize_prompt(prompt)
+}
+
 /// Greedy ids of one device (the `Engine`) for each prompt.
 pub fn single_device_ids(
     file: &str,
@@ -44,7 +56,7 @@ pub fn single_device_ids(
     max_tokens: u32,
 ) -> Vec<(Vec<u32>, Vec<u32>)> {
     pollster::block_on(async {
-        let mut engine = support::load_engine(file, GpuOptions::default()).await;
+        let mut engine = support::load_engine_on(gpu(), file).await;
         let mut out = Vec::new();
         for prompt in prompts {
             let ids = engine.tokenize_prompt(prompt);
@@ -69,7 +81,7 @@ pub fn single_device_ids(
 /// What one device (the `Engine`) generates for each request, each from an empty cache.
 pub fn single_device(file: &str, requests: &[GenerateRequest]) -> Vec<Generated> {
     pollster::block_on(async {
-        let mut engine = support::load_engine(file, GpuOptions::default()).await;
+        let mut engine = support::load_engine_on(gpu(), file).await;
         let mut out = Vec::new();
         for request in requests {
             engine.reset();

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use webshard::engine::{Engine, EngineOptions};
 use webshard::gguf::open_source;
@@ -73,7 +74,11 @@ pub fn backends() -> Vec<BackendChoice> {
 }
 
 pub async fn load_engine(file: &str, options: GpuOptions) -> Engine {
-    let gpu = Gpu::new(&options).await.expect("gpu");
+    load_engine_on(Gpu::new(&options).await.expect("gpu"), file).await
+}
+
+/// `file` on `gpu`, whose pipelines may already be compiled.
+pub async fn load_engine_on(gpu: Arc<Gpu>, file: &str) -> Engine {
     let path = model_path(file);
     let source = open_source(path.to_str().expect("utf-8 path"))
         .await
