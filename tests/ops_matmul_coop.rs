@@ -186,7 +186,7 @@ fn the_probe_chooses_the_kernel() {
     };
     assert!(uses_coop_matrix(&caps, coop));
     assert!(caps.all_variants().iter().all(|v| !v.coop_matrix));
-    caps.matmul_tile = Some([64, 64, 32]);
+    caps.matmul_tile = Some([64, 64, 32, 4]);
     assert!(!uses_coop_matrix(&caps, coop));
     caps.matmul_tile = None;
     caps.coop_matrix = false;

@@ -253,8 +253,9 @@ fn split_tensors_give_identical_results() {
 }
 
 /// Every prefill tile the kernel is built with, and some it may be asked for, on every device
-/// and variant (each type in one variant, in turn): 4 to 8 lanes along rows, 4 to 16 along tokens, activations staged 32 to 128
-/// columns at a time, with columns and tokens that leave every tile partly filled.
+/// and variant (each type in one variant, in turn): 2 to 8 lanes along rows, 2 to 16 along
+/// tokens, 4 × 4 and 8 × 8 outputs a lane, activations staged 32 to 128 columns at a time, with
+/// columns and tokens that leave every tile partly filled.
 /// `MatmulTile::GPU` (16 × 16 lanes) needs more workgroup memory than lavapipe and llvmpipe
 /// have (43 of 32 KiB); only its constants differ from the tiles that run here.
 #[test]
@@ -264,16 +265,17 @@ fn every_matmul_tile_matches_the_reference() {
         MatmulTile::CPU,
         MatmulTile::GPU_32K,
         MatmulTile::SMALL,
-        MatmulTile::new([16, 64, 64]),
-        MatmulTile::new([16, 32, 128]),
+        MatmulTile::new([16, 64, 64, 4]),
+        MatmulTile::new([16, 32, 128, 4]),
+        MatmulTile::new([32, 16, 64, 8]),
     ];
     let backends = pollster::block_on(testing::devices_under_test()).expect("devices under test");
-    let mut ran = [0; 5];
+    let mut ran = [0; 6];
     for device in backends {
         for (tile_index, tile) in tiles.into_iter().enumerate() {
             let options = GpuOptions {
                 backend: gpu::BackendChoice::parse(&device.caps.backend).unwrap_or_default(),
-                matmul_tile: Some([tile.rows, tile.tokens, tile.staged_cols]),
+                matmul_tile: Some([tile.rows, tile.tokens, tile.staged_cols, tile.lane]),
                 ..Default::default()
             };
             let gpu = pollster::block_on(Gpu::new(&options)).expect("gpu");
@@ -343,18 +345,21 @@ fn matmul_tiles_fit_the_workgroup_memory() {
     assert!(MatmulTile::SMALL.workgroup_bytes() <= 16 << 10);
     caps.max_workgroup_storage = 1 << 20;
     caps.cpu_work_split = false;
-    caps.matmul_tile = Some([64, 64, 128]);
+    caps.matmul_tile = Some([64, 64, 128, 4]);
     assert_eq!(
         MatmulTile::for_device(&caps),
-        MatmulTile::new([64, 64, 128])
+        MatmulTile::new([64, 64, 128, 4])
     );
     caps.max_workgroup_storage = MatmulTile::GPU.workgroup_bytes();
     assert_eq!(MatmulTile::for_device(&caps), MatmulTile::GPU);
     caps.max_workgroup_storage = 32 << 10;
     assert_eq!(MatmulTile::for_device(&caps), MatmulTile::GPU_32K);
-    assert!(MatmulTile::new([64, 128, 32]).check().is_err());
-    assert!(MatmulTile::new([16, 18, 32]).check().is_err());
-    assert!(MatmulTile::new([16, 16, 48]).check().is_err());
+    assert!(MatmulTile::new([64, 128, 32, 4]).check().is_err());
+    assert!(MatmulTile::new([16, 18, 32, 4]).check().is_err());
+    assert!(MatmulTile::new([16, 16, 48, 4]).check().is_err());
+    assert!(MatmulTile::new([16, 12, 32, 8]).check().is_err());
+    assert!(MatmulTile::new([16, 16, 32, 6]).check().is_err());
+    assert!(MatmulTile::new([128, 128, 32, 8]).check().is_ok());
 }
 
 fn model_path(file: &str) -> std::path::PathBuf {

@@ -4,8 +4,11 @@
 // elements (a whole number of units for every type: K-quant units span 64 or 128 elements).
 // Each step dequantizes the tile's TR x BK weights into workgroup memory once, every unit by
 // one thread; the activations are staged there too, XK elements of TT tokens at a time. Each
-// thread computes 4 rows x 4 tokens as one mat4x4 product per 4 columns: a fixed shape, so
-// every operand and sum lives in registers (per-thread arrays indexed in loops may not).
+// thread computes LANE rows x LANE tokens (LANE = 4 or 8) as mat4x4 products per 4 columns: a
+// fixed shape, so every operand and sum lives in registers (per-thread arrays indexed in loops
+// may not). LANE = 8 serves CPU adapters, where each lane's every workgroup-memory load is a
+// loop over the SIMD lanes: four blocks from two rows' and two tokens' loads halve the loads
+// per product.
 // Both tiles' rows are padded by one vec4: lanes reading different rows at the same k then
 // fall in different banks instead of all in one.
 
@@ -37,8 +40,11 @@ const UNITS_PER_STEP: u32 = BK / 32u;
 const W_STRIDE4: u32 = BK4 + 1u;
 const XK4: u32 = XK / 4u;
 const X_STRIDE4: u32 = XK4 + 1u;
-const ROW_THREADS: u32 = TR / 4u;
-const TOKEN_THREADS: u32 = TT / 4u;
+const ROW_THREADS: u32 = TR / LANE;
+const TOKEN_THREADS: u32 = TT / LANE;
+// Tile offsets between a lane's blocks of 4 rows and of 4 tokens.
+const W_BLOCK4: u32 = 4u * ROW_THREADS * W_STRIDE4;
+const X_BLOCK4: u32 = 4u * TOKEN_THREADS * X_STRIDE4;
 
 var<workgroup> w_tile: array<vec4<f32>, TR * W_STRIDE4>;
 var<workgroup> x_tile: array<vec4<f32>, TT * X_STRIDE4>;
@@ -97,14 +103,39 @@ fn store_sums(row: u32, first_token: u32, sums: vec4<f32>) {
     }
 }
 
+// Stores a block of sums: column r holds row row + r * ROW_THREADS's (constant column indices:
+// a dynamic one could move the whole matrix out of registers).
+fn store_block(row: u32, token: u32, block: mat4x4<f32>) {
+    store_sums(row, token, block[0]);
+    store_sums(row + ROW_THREADS, token, block[1]);
+    store_sums(row + 2u * ROW_THREADS, token, block[2]);
+    store_sums(row + 3u * ROW_THREADS, token, block[3]);
+}
+
+// Four rows' weights from w_tile, one row a column.
+fn weight_block(at: u32) -> mat4x4<f32> {
+    let step = ROW_THREADS * W_STRIDE4;
+    return mat4x4<f32>(w_tile[at], w_tile[at + step], w_tile[at + 2u * step], w_tile[at + 3u * step]);
+}
+
+// Four tokens' activations from x_tile, one token a row.
+fn activation_block(at: u32) -> mat4x4<f32> {
+    let step = TOKEN_THREADS * X_STRIDE4;
+    return transpose(mat4x4<f32>(x_tile[at], x_tile[at + step], x_tile[at + 2u * step], x_tile[at + 3u * step]));
+}
+
 @compute @workgroup_size(WG)
 fn matmul(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     let first_tile_row = (group.x + group.y * params.groups_x) * TR;
     let first_token = group.z * TT;
     let row_thread = lane % ROW_THREADS;
     let token_thread = lane / ROW_THREADS;
-    // Column r holds row r's sums for the thread's 4 tokens.
-    var acc = mat4x4<f32>();
+    // acc_rt: the thread's row block r and token block t; column c holds row c's sums for the
+    // block's 4 tokens. Blocks 1 exist only when LANE = 8.
+    var acc_00 = mat4x4<f32>();
+    var acc_01 = mat4x4<f32>();
+    var acc_10 = mat4x4<f32>();
+    var acc_11 = mat4x4<f32>();
     for (var k0 = 0u; k0 < params.cols; k0 = k0 + BK) {
         load_weights(first_tile_row, k0, lane);
         let width = min(BK, params.cols - k0);
@@ -115,28 +146,26 @@ fn matmul(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_ind
             for (var k = 0u; k < steps; k = k + 1u) {
                 let w_at = row_thread * W_STRIDE4 + kx / 4u + k;
                 let x_at = token_thread * X_STRIDE4 + k;
-                let w = mat4x4<f32>(
-                    w_tile[w_at],
-                    w_tile[w_at + ROW_THREADS * W_STRIDE4],
-                    w_tile[w_at + 2u * ROW_THREADS * W_STRIDE4],
-                    w_tile[w_at + 3u * ROW_THREADS * W_STRIDE4],
-                );
-                let activations = mat4x4<f32>(
-                    x_tile[x_at],
-                    x_tile[x_at + TOKEN_THREADS * X_STRIDE4],
-                    x_tile[x_at + 2u * TOKEN_THREADS * X_STRIDE4],
-                    x_tile[x_at + 3u * TOKEN_THREADS * X_STRIDE4],
-                );
-                acc = acc + transpose(activations) * w;
+                let w_0 = weight_block(w_at);
+                let x_0 = activation_block(x_at);
+                acc_00 = acc_00 + x_0 * w_0;
+                if (LANE == 8u) {
+                    let w_1 = weight_block(w_at + W_BLOCK4);
+                    let x_1 = activation_block(x_at + X_BLOCK4);
+                    acc_01 = acc_01 + x_1 * w_0;
+                    acc_10 = acc_10 + x_0 * w_1;
+                    acc_11 = acc_11 + x_1 * w_1;
+                }
             }
             workgroupBarrier();
         }
     }
-    // Constant column indices: a dynamic one could move the whole matrix out of registers.
     let row = first_tile_row + row_thread;
     let token = first_token + token_thread;
-    store_sums(row, token, acc[0]);
-    store_sums(row + ROW_THREADS, token, acc[1]);
-    store_sums(row + 2u * ROW_THREADS, token, acc[2]);
-    store_sums(row + 3u * ROW_THREADS, token, acc[3]);
+    store_block(row, token, acc_00);
+    if (LANE == 8u) {
+        store_block(row, token + 4u * TOKEN_THREADS, acc_01);
+        store_block(row + 4u * ROW_THREADS, token, acc_10);
+        store_block(row + 4u * ROW_THREADS, token + 4u * TOKEN_THREADS, acc_11);
+    }
 }

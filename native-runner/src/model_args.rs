@@ -36,10 +36,11 @@ pub struct ModelArgs {
     /// (for measuring splits; powers of two, LANES_PER_ROW <= LANES <= 256).
     #[arg(long, value_parser = parse_matvec_split, hide = true)]
     pub matvec_split: Option<[u32; 3]>,
-    /// Prefill tile `ROWS,TOKENS,STAGED_COLS` instead of the built-in one (for measuring
-    /// tiles; a tile the device cannot hold falls back).
+    /// Prefill tile `ROWS,TOKENS,STAGED_COLS[,LANE]` instead of the built-in one (for measuring
+    /// tiles; LANE outputs each way per lane, 4 or 8, default 4; a tile the device cannot hold
+    /// falls back).
     #[arg(long, value_parser = parse_matmul_tile, hide = true)]
-    pub matmul_tile: Option<[u32; 3]>,
+    pub matmul_tile: Option<[u32; 4]>,
     /// Feed prompt chunks shorter than this one token at a time instead of the built-in
     /// crossover (for measuring it; 0 always batches).
     #[arg(long, hide = true)]
@@ -135,13 +136,16 @@ impl ModelArgs {
 }
 
 /// Three comma-separated numbers, named by `names` in the error.
-fn parse_three(text: &str, names: &str) -> Result<[u32; 3], String> {
-    let numbers: Vec<u32> = text
-        .split(',')
+fn parse_numbers(text: &str) -> Result<Vec<u32>, String> {
+    text.split(',')
         .map(|part| part.trim().parse::<u32>())
         .collect::<Result<_, _>>()
-        .map_err(|err| format!("`{text}`: {err}"))?;
-    <[u32; 3]>::try_from(numbers).map_err(|_| format!("`{text}`: want three numbers {names}"))
+        .map_err(|err| format!("`{text}`: {err}"))
+}
+
+fn parse_three(text: &str, names: &str) -> Result<[u32; 3], String> {
+    <[u32; 3]>::try_from(parse_numbers(text)?)
+        .map_err(|_| format!("`{text}`: want three numbers {names}"))
 }
 
 /// `LANES,LANES_PER_ROW,ROWS_PER_LANE`, each a power of two, lanes per row at most the lanes,
@@ -160,11 +164,36 @@ fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
     Ok([lanes, per_row, rows])
 }
 
-/// `ROWS,TOKENS,STAGED_COLS`, a tile the kernel can run.
-fn parse_matmul_tile(text: &str) -> Result<[u32; 3], String> {
-    let numbers = parse_three(text, "ROWS,TOKENS,STAGED_COLS")?;
+/// `ROWS,TOKENS,STAGED_COLS[,LANE]`, a tile the kernel can run.
+fn parse_matmul_tile(text: &str) -> Result<[u32; 4], String> {
+    let numbers = match parse_numbers(text)?[..] {
+        [rows, tokens, staged] => [rows, tokens, staged, 4],
+        [rows, tokens, staged, lane] => [rows, tokens, staged, lane],
+        _ => return Err(format!("`{text}`: want ROWS,TOKENS,STAGED_COLS[,LANE]")),
+    };
     MatmulTile::new(numbers)
         .check()
         .map_err(|why| format!("`{text}`: {why}"))?;
     Ok(numbers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matmul_tiles_take_three_or_four_numbers_and_must_run() {
+        assert_eq!(parse_matmul_tile("32,64,32"), Ok([32, 64, 32, 4]));
+        assert_eq!(parse_matmul_tile("32, 32, 32, 8"), Ok([32, 32, 32, 8]));
+        let wrong_lane = parse_matmul_tile("32,32,32,6").unwrap_err();
+        assert!(wrong_lane.contains("4 or 8"), "{wrong_lane}");
+        let not_a_multiple = parse_matmul_tile("16,12,32,8").unwrap_err();
+        assert!(
+            not_a_multiple.contains("multiples of 8"),
+            "{not_a_multiple}"
+        );
+        assert!(parse_matmul_tile("32,32").is_err());
+        assert!(parse_matmul_tile("32,32,32,8,1").is_err());
+        assert!(parse_matmul_tile("32,x,32").is_err());
+    }
 }

@@ -79,9 +79,9 @@ pub struct GpuOptions {
     /// Matvec work split (lanes per workgroup, lanes per row, rows per lane) instead of the
     /// built-in one: for measuring splits on a device (`runner bench --matvec-split`).
     pub matvec_split: Option<[u32; 3]>,
-    /// Prefill tile `[rows, tokens, staged_cols]` instead of the built-in one, for measuring
-    /// tiles (`runner bench --matmul-tile`).
-    pub matmul_tile: Option<[u32; 3]>,
+    /// Prefill tile `[rows, tokens, staged_cols, lane]` instead of the built-in one, for
+    /// measuring tiles (`runner bench --matmul-tile`).
+    pub matmul_tile: Option<[u32; 4]>,
 }
 
 /// The shader capabilities a kernel variant is compiled for.
@@ -143,7 +143,7 @@ pub struct Caps {
     /// `GpuOptions::matvec_split`.
     pub matvec_split: Option<[u32; 3]>,
     /// `GpuOptions::matmul_tile`.
-    pub matmul_tile: Option<[u32; 3]>,
+    pub matmul_tile: Option<[u32; 4]>,
 }
 
 impl Caps {

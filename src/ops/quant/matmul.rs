@@ -5,51 +5,62 @@
 use super::{fold_groups, product_params, QuantMatrix, MATMUL, MATMUL_COOP};
 use crate::gpu::{Caps, Recorder, Variant};
 
-/// A prefill tile: `rows` × `tokens` outputs per workgroup, 4 × 4 per lane (so `rows` × `tokens`
-/// / 16 lanes); activations are staged `staged_cols` columns at a time.
+/// A prefill tile: `rows` × `tokens` outputs per workgroup, `lane` × `lane` per lane (4 or 8,
+/// so `rows` × `tokens` / `lane`² lanes); activations are staged `staged_cols` columns at a time.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MatmulTile {
     pub rows: u32,
     pub tokens: u32,
     pub staged_cols: u32,
+    pub lane: u32,
 }
 
 /// Columns of weights dequantized per step (`BK` in the kernel).
 const STEP_COLS: u32 = 128;
 
 impl MatmulTile {
-    /// CPU adapters: few fat lanes.
-    pub const CPU: MatmulTile = MatmulTile::new([32, 32, 32]);
+    /// CPU adapters: few fat lanes, 8 × 8 outputs each, since each workgroup-memory load costs
+    /// a loop over the SIMD lanes there (llvmpipe): 8 × 8 halves the loads per product, SmolLM2's
+    /// prompt and 16 tokens on lavapipe 21.4 -> 14.7 s with its compiles (docs/ci.md, session 14).
+    pub const CPU: MatmulTile = MatmulTile::new([32, 32, 32, 8]);
     /// GPUs: the best of seven tiles on the H200 (docs/perf.md), 43 KiB of workgroup memory.
-    pub const GPU: MatmulTile = MatmulTile::new([64, 64, 32]);
+    pub const GPU: MatmulTile = MatmulTile::new([64, 64, 32, 4]);
     /// GPUs with 32 KiB of workgroup memory (lavapipe, most browsers): the next best.
-    pub const GPU_32K: MatmulTile = MatmulTile::new([32, 64, 32]);
+    pub const GPU_32K: MatmulTile = MatmulTile::new([32, 64, 32, 4]);
     /// Fits WebGPU's minimum 16 KiB of workgroup memory, for devices with no more.
-    pub const SMALL: MatmulTile = MatmulTile::new([16, 16, 32]);
+    pub const SMALL: MatmulTile = MatmulTile::new([16, 16, 32, 4]);
 
-    /// From `[rows, tokens, staged_cols]`.
-    pub const fn new(numbers: [u32; 3]) -> MatmulTile {
-        let [rows, tokens, staged_cols] = numbers;
+    /// From `[rows, tokens, staged_cols, lane]`.
+    pub const fn new(numbers: [u32; 4]) -> MatmulTile {
+        let [rows, tokens, staged_cols, lane] = numbers;
         MatmulTile {
             rows,
             tokens,
             staged_cols,
+            lane,
         }
     }
 
     pub fn lanes(&self) -> u32 {
-        (self.rows / 4) * (self.tokens / 4)
+        (self.rows / self.lane) * (self.tokens / self.lane)
     }
 
     /// Why the kernel cannot run this tile, if it cannot.
     pub fn check(&self) -> Result<(), String> {
-        if self.rows == 0 || self.tokens == 0 || self.rows % 4 != 0 || self.tokens % 4 != 0 {
-            return Err("rows and tokens must be non-zero multiples of 4".into());
+        if ![4, 8].contains(&self.lane) {
+            return Err("outputs per lane must be 4 or 8 each way".into());
+        }
+        let lane = self.lane;
+        if self.rows == 0 || self.tokens == 0 || self.rows % lane != 0 || self.tokens % lane != 0 {
+            return Err(format!(
+                "rows and tokens must be non-zero multiples of {lane}"
+            ));
         }
         if self.lanes() > 256 {
             return Err(format!(
-                "{} lanes (rows × tokens / 16); at most 256",
-                self.lanes()
+                "{} lanes (rows × tokens / {}); at most 256",
+                self.lanes(),
+                lane * lane
             ));
         }
         if ![32, 64, 128].contains(&self.staged_cols) {
@@ -82,12 +93,13 @@ impl MatmulTile {
             .unwrap_or(MatmulTile::SMALL)
     }
 
-    fn consts(&self) -> [(&'static str, u32); 4] {
+    fn consts(&self) -> [(&'static str, u32); 5] {
         [
             ("TR", self.rows),
             ("TT", self.tokens),
             ("WG", self.lanes()),
             ("XK", self.staged_cols),
+            ("LANE", self.lane),
         ]
     }
 }
