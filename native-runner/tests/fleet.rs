@@ -334,6 +334,32 @@ fn killing_a_donor_process_mid_generation_keeps_the_ids() {
 fn a_donor_process_joining_mid_generation_is_planned_in() {
     let _turn = serial();
     let expected = reference(SMOLLM2, PROMPT, N);
+    let (mut json, mut joiner_id) = join_mid_generation();
+    // A coordinator whose signalling socket closes under the run (matchbox ends a whole socket
+    // when one peer's handshake panics) joins the room again and re-plans every stage: the ids
+    // stay right, but that run no longer shows a join into a running chain. Seen once on the
+    // 2-core machine (docs/ci.md, session 14): such a run is repeated once, and a second
+    // reconnect fails the test below.
+    if json["reconnects"] != 0 {
+        eprintln!("[join] the coordinator reconnected mid-run; running the join again: {json}");
+        assert_eq!(ids_of(&json["ids"]), expected, "{json}");
+        (json, joiner_id) = join_mid_generation();
+    }
+    assert_eq!(ids_of(&json["ids"]), expected, "{json}");
+    assert_eq!(json["joins"], 1, "{json}");
+    assert_eq!(json["recoveries"], 0, "{json}");
+    assert_eq!(stages(&json), 3, "{}", json["plan"]);
+    assert!(
+        json["plan"].to_string().contains(&joiner_id),
+        "the new donor holds a stage: {}",
+        json["plan"]
+    );
+}
+
+/// One run of the join test: two donors serve, one is frozen from the second token, a third
+/// joins, and the coordinator's JSON comes back with the joiner's id once every donor is back
+/// in the room.
+fn join_mid_generation() -> (Value, String) {
     let server = Server::start();
     let started = Instant::now();
     // Equal pinned speeds: with probed ones the plan follows the machine's load, and a
@@ -378,18 +404,18 @@ fn a_donor_process_joining_mid_generation_is_planned_in() {
         joined_at.elapsed().as_secs_f64(),
         json["join_ms"]
     );
-    assert_eq!(ids_of(&json["ids"]), expected, "{json}");
-    assert_eq!(json["joins"], 1, "{json}");
-    assert_eq!(json["recoveries"], 0, "{json}");
-    assert_eq!(stages(&json), 3, "{}", json["plan"]);
-    assert!(
-        json["plan"].to_string().contains(&joiner_id),
-        "the new donor holds a stage: {}",
-        json["plan"]
-    );
+    if json["reconnects"] != 0 {
+        // The donors were dismissed by a coordinator they saw twice: what they said is kept
+        // for the record, and their guards end them.
+        for donor in &fleet {
+            eprintln!("[join] {}:\n{}", donor.0.name, donor.0.stderr());
+        }
+        return (json, joiner_id);
+    }
     for donor in &mut fleet {
         donor.wait_back_in_room(1);
     }
+    (json, joiner_id)
 }
 
 /// A donor with another fleet's token cannot join: the server admits only its fleet's room,
