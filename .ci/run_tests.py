@@ -146,8 +146,7 @@ def run_all(binaries, test_args, jobs, records):
     if paired:
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            for record in pool.map(lambda b: run(*b, test_args, buffered=True), paired):
-                records.append(record)
+            records.extend(pool.map(lambda b: run(*b, test_args, buffered=True), paired))
         print(f"     ({len(paired)} binaries, {jobs} at a time: "
               f"{time.monotonic() - started:.1f} s)", flush=True)
     for binary in alone:

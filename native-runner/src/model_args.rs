@@ -135,7 +135,7 @@ impl ModelArgs {
     }
 }
 
-/// Three comma-separated numbers, named by `names` in the error.
+/// Comma-separated numbers.
 fn parse_numbers(text: &str) -> Result<Vec<u32>, String> {
     text.split(',')
         .map(|part| part.trim().parse::<u32>())
@@ -143,6 +143,7 @@ fn parse_numbers(text: &str) -> Result<Vec<u32>, String> {
         .map_err(|err| format!("`{text}`: {err}"))
 }
 
+/// Three comma-separated numbers, named by `names` in the error.
 fn parse_three(text: &str, names: &str) -> Result<[u32; 3], String> {
     <[u32; 3]>::try_from(parse_numbers(text)?)
         .map_err(|_| format!("`{text}`: want three numbers {names}"))

@@ -11,8 +11,10 @@ use std::thread;
 use std::time::Duration;
 
 use futures::channel::oneshot;
-use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt};
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt, TextFront};
+use webshard::gguf::open_source;
 use webshard::gpu::{Gpu, GpuOptions};
+use webshard::model::OpenModel;
 use webshard::sample::SamplerConfig;
 use webshard::shard::roles::timer::sleep;
 use webshard::shard::roles::{Donor, DonorConfig, DonorExit, DonorStatus};
@@ -43,10 +45,15 @@ pub fn model_url(file: &str) -> String {
         .to_string()
 }
 
-/// `prompt`'s ids as the coordinator's tokenizer gives them (a chat prompt, as `runner` sends).
+/// `prompt`'s ids as the coordinator's tokenizer gives them (a chat prompt, as `runner` sends),
+/// from the file's header alone.
 pub fn prompt_ids(file: &str, prompt: &str) -> Vec<u32> {
-    let engine = pollster::block_on(support::load_engine_on(gpu(), file));
-    engine.tokenize_prompt(prompt)
+    let model = pollster::block_on(async {
+        let source = open_source(&model_url(file)).await.expect("open model");
+        OpenModel::read(source.as_ref()).await.expect("read header")
+    });
+    let text = TextFront::from_header(&model.header).expect("tokenizer");
+    text.tokenize_prompt(prompt)
 }
 
 /// Greedy ids of one device (the `Engine`) for each prompt.
