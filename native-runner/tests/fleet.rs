@@ -84,11 +84,13 @@ fn identity(
 }
 
 /// Two donors, with some steps verified on the coordinator: the ids are single-device's and
-/// honest donors are not flagged.
+/// honest donors are not flagged. The seed picks the verified steps: with a random one, 0.3
+/// of 12 steps is none about one run in 70.
 #[test]
 fn smollm2_two_donor_processes_match_single_device_and_pass_verification() {
     let _turn = serial();
-    let json = identity(SMOLLM2, 2, Some("300"), &[PROMPT], N, &["--verify", "0.3"]);
+    let verify = ["--verify", "0.3", "--seed", "3"];
+    let json = identity(SMOLLM2, 2, Some("300"), &[PROMPT], N, &verify);
     assert!(json["verified_steps"].as_u64().unwrap() >= 1, "{json}");
     assert_eq!(json["flags"], serde_json::json!([]));
 }
@@ -261,12 +263,11 @@ enum Victim {
 fn killing_a_donor_process_mid_generation_keeps_the_ids() {
     let _turn = serial();
     let expected = reference(SMOLLM2, PROMPT, N);
-    // (donors, victim, tokens accepted before the kill)
+    // (donors, victim, tokens accepted before the kill): each place in the chain, early and
+    // late; the churn soak below kills the first and last stages of longer chains in turn.
     let runs = [
         (2, Victim::First, 1),
-        (2, Victim::Last, 4),
         (3, Victim::Middle, 2),
-        (3, Victim::First, 6),
         (2, Victim::Last, 8),
     ];
     for (donors, victim, k) in runs {
@@ -448,8 +449,8 @@ fn a_faulty_donor_process_is_flagged_under_verify() {
     let server = Server::start();
     let mut faulty = server.donor("faulty donor", &["--fault-perturb", "0.05"]);
     let mut honest = server.donor("honest donor", &[]);
-    let faulty_id = faulty.peer_id();
-    let honest_id = honest.peer_id();
+    faulty.peer_id();
+    honest.peer_id();
     let started = Instant::now();
     let mut coordinator = server.coordinate(SMOLLM2, 2, &[PROMPT], 4, &["--verify", "1"]);
     let json = coordinator.json_with(RUN_LIMIT, &[&faulty.0, &honest.0]);
@@ -459,9 +460,18 @@ fn a_faulty_donor_process_is_flagged_under_verify() {
         !flags.is_empty(),
         "the faulty donor was not flagged: {json}"
     );
+    // Read after the run: a donor may have joined again under a new id meanwhile.
+    let (faulty_ids, honest_ids) = (faulty.peer_ids(), honest.peer_ids());
     for flag in flags {
-        assert_eq!(flag["donor"], faulty_id.as_str(), "{flag}");
-        assert_ne!(flag["donor"], honest_id.as_str());
+        let donor = flag["donor"].as_str().unwrap_or_default().to_string();
+        assert!(
+            faulty_ids.contains(&donor) && !honest_ids.contains(&donor),
+            "{flag}\nfaulty {faulty_ids:?}, honest {honest_ids:?}, plan {}\ncoordinator:\n{}\nfaulty:\n{}\nhonest:\n{}",
+            json["plan"],
+            coordinator.stderr(),
+            faulty.0.stderr(),
+            honest.0.stderr()
+        );
     }
 }
 

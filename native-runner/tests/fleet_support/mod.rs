@@ -449,6 +449,16 @@ impl Donor {
         line["joined the fleet as ".len()..].trim().to_string()
     }
 
+    /// Every peer id it has joined with so far: a donor whose signalling socket closes joins
+    /// the room again under a new id (matchbox ends a whole socket when one handshake panics).
+    pub fn peer_ids(&self) -> Vec<String> {
+        const JOINED: &str = "joined the fleet as ";
+        (self.0.stderr.lock().unwrap().iter())
+            .filter_map(|(_, line)| line.strip_prefix(JOINED))
+            .map(|id| id.trim().to_string())
+            .collect()
+    }
+
     /// Waits until it says it is back in the room after its `n`th coordinator's end
     /// (dismissed or gone), and checks that it still runs: donors stay until stopped.
     pub fn wait_back_in_room(&mut self, n: usize) {
