@@ -42,6 +42,7 @@ LIMIT_S = 120
 CHILDREN = []
 # What a failed wait prints: the coordinator's last lines, set once it runs.
 DIAGNOSE = lambda: ""
+DIAGNOSE_DONORS = lambda: ""
 
 
 def models_dir():
@@ -79,7 +80,7 @@ def wait_for(what, predicate, limit=LIMIT_S):
         if found:
             return found
         time.sleep(0.02)
-    raise SystemExit(f"churn soak: no {what} within {limit} s{DIAGNOSE()}")
+    raise SystemExit(f"churn soak: no {what} within {limit} s{DIAGNOSE()}{DIAGNOSE_DONORS()}")
 
 
 def reference(runner, n, backend):
@@ -91,6 +92,16 @@ def reference(runner, n, backend):
     if run.returncode != 0:
         raise SystemExit(f"runner generate failed:\n{run.stderr[-2000:]}")
     return json.loads(run.stdout)["ids"]
+
+
+def joined(proc, err, index):
+    """Whether a donor has said its id; one that exited first fails the soak with its stderr."""
+    if "joined the fleet as" in read(err):
+        return True
+    if proc.poll() is not None:
+        raise SystemExit(f"churn soak: donor {index} exited ({proc.returncode}) before joining:\n"
+                         f"{read(err)[-3000:]}{DIAGNOSE()}")
+    return False
 
 
 class Fleet:
@@ -112,8 +123,13 @@ class Fleet:
                            "--fleet", TOKEN, "--gpu-mem-mib", str(self.mem_mib),
                            "--backend", self.backend],
                           os.path.join(self.logdir, f"donor{index}.err"))
-        wait_for(f"id from donor {index}", lambda: "joined the fleet as" in read(err))
         self.donors.append((proc, err))
+        wait_for(f"id from donor {index}", lambda: joined(proc, err, index))
+
+    def last_donor_stderr(self):
+        if not self.donors:
+            return ""
+        return f"\nthe last donor ({len(self.donors) - 1}) said:\n{read(self.donors[-1][1])[-3000:]}"
 
     def stages(self, coordinator_log):
         """(first layer, donor index) of every live donor holding a stage of the
@@ -162,8 +178,9 @@ def soak(runner, kills, every, donors, mem_mib, backend, logdir, tokens_per_kill
          "--signal", f"ws://{fleet.host}/signal", "--fleet", TOKEN, "--donors", str(donors),
          "-p", PROMPT, "-n", str(n), "--temp", "0", "--json", "--progress", "--backend", backend],
         os.path.join(logdir, "coordinate.err"))
-    global DIAGNOSE
+    global DIAGNOSE, DIAGNOSE_DONORS
     DIAGNOSE = lambda: "\n" + read(cerr)[-3000:]
+    DIAGNOSE_DONORS = fleet.last_donor_stderr
     started = time.time()
     mark, admitted = 0, donors
     for kill in range(kills):
@@ -196,15 +213,23 @@ def soak(runner, kills, every, donors, mem_mib, backend, logdir, tokens_per_kill
         failures.append(f"ids {report['ids']} differ from single device {expected}")
     if indices != list(range(n)):
         failures.append(f"token indices {indices}: some lost or repeated")
-    if report["stage_donors_lost"] != kills:
-        failures.append(f"{report['stage_donors_lost']} stage donors lost for {kills} kills")
-    if not 1 <= report["recoveries"] <= kills:
-        failures.append(f"{report['recoveries']} recoveries for {kills} kills")
+    # A donor whose link to its next stage never opened leaves and joins again under a new id
+    # (roles/link.rs): a loss of its own, which the coordinator logs with its reason.
+    log = read(cerr)
+    link_leaves = log.count("no working link to the next stage")
+    if report["stage_donors_lost"] != kills + link_leaves:
+        losses = "\n".join(line for line in log.splitlines()
+                           if "donor lost" in line or "failed to load" in line)
+        failures.append(f"{report['stage_donors_lost']} stage donors lost for {kills} kills "
+                        f"and {link_leaves} link failures:\n{losses}")
+    if not 1 <= report["recoveries"] <= kills + link_leaves:
+        failures.append(f"{report['recoveries']} recoveries for {kills} kills "
+                        f"and {link_leaves} link failures")
     recovery = report["recovery_ms"]
     print(f"{kills} kills in {time.time() - started:.1f} s, {n} tokens, recoveries "
           f"{report['recoveries']}, stage donors lost {report['stage_donors_lost']} "
           f"(median {sorted(recovery)[len(recovery) // 2]:.0f} ms, "
-          f"max {max(recovery):.0f} ms), joins {report['joins']}")
+          f"max {max(recovery):.0f} ms), joins {report['joins']}, link failures {link_leaves}")
     return failures
 
 
