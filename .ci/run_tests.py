@@ -36,6 +36,7 @@ TIMED = re.compile(r"^test (\S+) \.\.\. (\w+) <([\d.]+)s>")
 # beside another. Listed heaviest first, the order they start in.
 PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attention",
             "webshard::ops_select", "webshard::ops_matvec", "webshard::embed_fidelity",
+            "webshard::fidelity_breadth", "webshard::embed_packed",
             "webshard::big_model", "webshard::engine_constrained", "webshard::ops_row_views",
             "webshard::ops_.*",
             "webshard::gpu_core", "webshard::model_.*", "webshard::gguf_.*",
@@ -45,6 +46,8 @@ PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attentio
 PRINT_LOCK = threading.Lock()
 # Test processes still running, ended by the SIGTERM handler.
 RUNNING = set()
+# (phase, wall seconds) of the paired phase, for the report.
+PHASES = []
 
 
 def package_name(package_id, package_dir):
@@ -123,13 +126,17 @@ def run(label, executable, package_dir, test_args, buffered=False):
 
 
 def report(records, timings_file):
-    print("\n== slowest test binaries")
-    for record in sorted(records, key=lambda r: -r["seconds"])[:15]:
-        print(f"  {record['seconds']:8.1f} s  {record['binary']} ({record['passed']} passed)")
-    print("== slowest tests")
+    """The slowest tests, then every binary and the paired phase's wall time, then the totals:
+    last, because CI shows a run's last lines."""
+    print("\n== slowest tests")
     tests = [t for record in records for t in record["tests"]]
-    for test in sorted(tests, key=lambda t: -t["seconds"])[:25]:
+    for test in sorted(tests, key=lambda t: -t["seconds"])[:15]:
         print(f"  {test['seconds']:8.1f} s  {test['test']}")
+    print("== test binaries, slowest first")
+    for record in sorted(records, key=lambda r: -r["seconds"]):
+        print(f"  {record['seconds']:8.1f} s  {record['binary']} ({record['passed']} passed)")
+    for phase, seconds in PHASES:
+        print(f"  {seconds:8.1f} s  wall time of {phase}")
     if timings_file:
         Path(timings_file).write_text(json.dumps(records, indent=1) + "\n")
     passed = sum(r["passed"] for r in records)
@@ -147,8 +154,9 @@ def run_all(binaries, test_args, jobs, records):
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=jobs) as pool:
             records.extend(pool.map(lambda b: run(*b, test_args, buffered=True), paired))
-        print(f"     ({len(paired)} binaries, {jobs} at a time: "
-              f"{time.monotonic() - started:.1f} s)", flush=True)
+        phase = f"the {len(paired)} paired binaries, {jobs} at a time"
+        PHASES.append((phase, time.monotonic() - started))
+        print(f"     ({phase}: {PHASES[-1][1]:.1f} s)", flush=True)
     for binary in alone:
         records.append(run(*binary, test_args))
 

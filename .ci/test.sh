@@ -24,16 +24,24 @@ step() {
   else
     status=124
   fi
+  TIMINGS+=("$(printf '%6d s  %s' $((SECONDS - start)) "$name")")
   if ((status == 124 || status == 137)); then
+    step_times
     echo "test.sh: FAILED: the run passed its limit of $((LIMIT_S / 60)) minutes in step '$name'" >&2
     exit 1
   fi
   if ((status != 0)); then
+    step_times
     echo "test.sh: FAILED in step '$name' (exit $status)" >&2
     exit "$status"
   fi
-  TIMINGS+=("$(printf '%6d s  %s' $((SECONDS - start)) "$name")")
   echo "== $name: ok in $((SECONDS - start)) s"
+}
+
+# The steps so far, the last one failed or not: printed last, as CI shows a run's last lines.
+step_times() {
+  echo "== step times"
+  printf '%s\n' "${TIMINGS[@]}"
 }
 
 # Test targets holding #[wasm_bindgen_test]s: --lib for src/, --test NAME for tests/NAME.rs.
@@ -104,6 +112,5 @@ step "wasm build (what was left of it)" wait_wasm_build
 step "npm package and its example apps" bash .ci/build-npm.sh
 if [ -n "$(wasm_test_targets)" ]; then step "wasm tests (headless Chromium)" wasm_tests; fi
 if has_e2e_specs; then step "e2e (Playwright)" e2e_tests; fi
-echo "== step times"
-printf '%s\n' "${TIMINGS[@]}"
+step_times
 echo "test.sh: all passed in $SECONDS s"
