@@ -140,7 +140,8 @@ class Fleet:
             return []
         index_of = {}
         for index, (proc, err) in enumerate(self.donors):
-            ids = re.findall(r"joined the fleet as (\w+)", read(err))
+            # A donor whose link failed logs the id it joined again with (roles/link.rs).
+            ids = re.findall(r"joined the fleet (?:again )?as (\w+)", read(err))
             if ids and proc.poll() is None:
                 index_of[ids[-1]] = index
         stages = re.findall(r"(\w+):(\d+)\.\.\d+", plans[-1])

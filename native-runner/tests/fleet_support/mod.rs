@@ -449,13 +449,17 @@ impl Donor {
         line["joined the fleet as ".len()..].trim().to_string()
     }
 
-    /// Every peer id it has joined with so far: a donor whose signalling socket closes joins
-    /// the room again under a new id (matchbox ends a whole socket when one handshake panics).
+    /// Every peer id it has joined with so far: a donor whose link to its next stage does
+    /// not open joins the room again under a new id and logs it (`roles/link.rs`), as does
+    /// one whose socket closed (`runner donor`'s loop).
     pub fn peer_ids(&self) -> Vec<String> {
-        const JOINED: &str = "joined the fleet as ";
         (self.0.stderr.lock().unwrap().iter())
-            .filter_map(|(_, line)| line.strip_prefix(JOINED))
-            .map(|id| id.trim().to_string())
+            .filter_map(|(_, line)| {
+                let at = ["joined the fleet as ", "joined the fleet again as "]
+                    .iter()
+                    .find_map(|said| line.find(said).map(|at| at + said.len()))?;
+                line[at..].split_whitespace().next().map(str::to_string)
+            })
             .collect()
     }
 

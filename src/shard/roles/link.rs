@@ -85,6 +85,8 @@ impl<T: Transport> Donor<T> {
             self.closed = true;
             return;
         }
+        // The new id, as `runner donor` prints its first: logs and tests follow a donor by it.
+        tracing::warn!("joined the fleet again as {}", self.transport.local_id());
         self.return_to_room().await;
     }
 }
