@@ -42,7 +42,6 @@ LIMIT_S = 120
 CHILDREN = []
 # What a failed wait prints: the coordinator's last lines, set once it runs.
 DIAGNOSE = lambda: ""
-DIAGNOSE_DONORS = lambda: ""
 
 
 def models_dir():
@@ -73,14 +72,14 @@ def cleanup():
             pass
 
 
-def wait_for(what, predicate, limit=LIMIT_S):
+def wait_for(what, predicate, limit=LIMIT_S, diagnose=lambda: ""):
     deadline = time.time() + limit
     while time.time() < deadline:
         found = predicate()
         if found:
             return found
         time.sleep(0.02)
-    raise SystemExit(f"churn soak: no {what} within {limit} s{DIAGNOSE()}{DIAGNOSE_DONORS()}")
+    raise SystemExit(f"churn soak: no {what} within {limit} s{DIAGNOSE()}{diagnose()}")
 
 
 def reference(runner, n, backend):
@@ -123,13 +122,9 @@ class Fleet:
                            "--fleet", TOKEN, "--gpu-mem-mib", str(self.mem_mib),
                            "--backend", self.backend],
                           os.path.join(self.logdir, f"donor{index}.err"))
+        wait_for(f"id from donor {index}", lambda: joined(proc, err, index),
+                 diagnose=lambda: f"\ndonor {index} said:\n{read(err)[-3000:]}")
         self.donors.append((proc, err))
-        wait_for(f"id from donor {index}", lambda: joined(proc, err, index))
-
-    def last_donor_stderr(self):
-        if not self.donors:
-            return ""
-        return f"\nthe last donor ({len(self.donors) - 1}) said:\n{read(self.donors[-1][1])[-3000:]}"
 
     def stages(self, coordinator_log):
         """(first layer, donor index) of every live donor holding a stage of the
@@ -140,8 +135,9 @@ class Fleet:
             return []
         index_of = {}
         for index, (proc, err) in enumerate(self.donors):
-            # A donor whose link failed logs the id it joined again with (roles/link.rs).
-            ids = re.findall(r"joined the fleet (?:again )?as (\w+)", read(err))
+            # Its last id: a donor whose link failed logs the one it joined again with
+            # (roles/link.rs).
+            ids = re.findall(r"joined the fleet as (\w+)", read(err))
             if ids and proc.poll() is None:
                 index_of[ids[-1]] = index
         stages = re.findall(r"(\w+):(\d+)\.\.\d+", plans[-1])
@@ -179,9 +175,8 @@ def soak(runner, kills, every, donors, mem_mib, backend, logdir, tokens_per_kill
          "--signal", f"ws://{fleet.host}/signal", "--fleet", TOKEN, "--donors", str(donors),
          "-p", PROMPT, "-n", str(n), "--temp", "0", "--json", "--progress", "--backend", backend],
         os.path.join(logdir, "coordinate.err"))
-    global DIAGNOSE, DIAGNOSE_DONORS
+    global DIAGNOSE
     DIAGNOSE = lambda: "\n" + read(cerr)[-3000:]
-    DIAGNOSE_DONORS = fleet.last_donor_stderr
     started = time.time()
     mark, admitted = 0, donors
     for kill in range(kills):

@@ -440,13 +440,21 @@ impl Server {
 
 pub struct Donor(pub Proc);
 
+/// The id in a donor's "joined the fleet as ID" line (`runner donor`'s, or the log line of a
+/// donor that joined again).
+fn joined_as(line: &str) -> Option<&str> {
+    const JOINED: &str = "joined the fleet as ";
+    let at = line.find(JOINED)? + JOINED.len();
+    line[at..].split_whitespace().next()
+}
+
 impl Donor {
-    /// The peer id it joined with, as the coordinator's JSON names it.
+    /// The peer id it joined with first, as the coordinator's JSON names it.
     pub fn peer_id(&mut self) -> String {
-        let line = self.0.wait_line("its peer id", SHORT, |l| {
-            l.starts_with("joined the fleet as ")
-        });
-        line["joined the fleet as ".len()..].trim().to_string()
+        let line = self
+            .0
+            .wait_line("its peer id", SHORT, |l| joined_as(l).is_some());
+        joined_as(&line).expect("matched").to_string()
     }
 
     /// Every peer id it has joined with so far: a donor whose link to its next stage does
@@ -454,12 +462,7 @@ impl Donor {
     /// one whose socket closed (`runner donor`'s loop).
     pub fn peer_ids(&self) -> Vec<String> {
         (self.0.stderr.lock().unwrap().iter())
-            .filter_map(|(_, line)| {
-                let at = ["joined the fleet as ", "joined the fleet again as "]
-                    .iter()
-                    .find_map(|said| line.find(said).map(|at| at + said.len()))?;
-                line[at..].split_whitespace().next().map(str::to_string)
-            })
+            .filter_map(|(_, line)| joined_as(line).map(str::to_string))
             .collect()
     }
 

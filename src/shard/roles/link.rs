@@ -85,8 +85,12 @@ impl<T: Transport> Donor<T> {
             self.closed = true;
             return;
         }
-        // The new id, as `runner donor` prints its first: logs and tests follow a donor by it.
-        tracing::warn!("joined the fleet again as {}", self.transport.local_id());
+        // The new id in the words `runner donor` prints its first in: logs and tests follow a
+        // donor by every id it had.
+        tracing::warn!(
+            "joined the fleet as {} (again, so that every link is made anew)",
+            self.transport.local_id()
+        );
         self.return_to_room().await;
     }
 }
