@@ -175,7 +175,7 @@ def main():
         before = decode_counters(args)
         row = asyncio.run(run_level(args, streams))
         row["rows_per_step"], row["ms_per_step"] = step_columns(before, decode_counters(args))
-        row["label"] = args.label
+        row["label"], row["model"] = args.label, args.model
         rows, ms = row["rows_per_step"], row["ms_per_step"]
         step = f"{rows:.1f} | {ms:.2f}" if rows is not None else "- | -"
         print(f"| {args.label} | {streams} | {row['aggregate_tok_s']:.1f} | {row['ttft_p50_s'] * 1e3:.0f} "

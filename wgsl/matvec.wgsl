@@ -1,9 +1,10 @@
 // Matrix-vector product: out[out_offset + first_row + r] = dot(W[r, :], x), W's row r at row
-// buffer_row + r of the bound part (a part may hold several matrices' rows). Workgroup z is
-// the token: a dispatch of several z does one product per row of x ([tokens, cols], row z at
-// vec4 z * x_stride) into out's row z (at z * out_stride, aux likewise), which a GPU runs far
-// wider than the tiled product for the few rows of a batched decode step; its extra weight
-// reads stay in cache.
+// buffer_row + r of the bound part (a part may hold several matrices' rows). Several tokens
+// (the rows of a batched decode step) are several products, one per row of x ([tokens, cols],
+// row t at vec4 t * x_stride) into out's row t (at t * out_stride, aux likewise): workgroup z
+// takes tokens z * TPW .. z * TPW + TPW - 1 (the last repeated past `tokens`, never written).
+// With TPW > 1 each weight unit is dequantized once for all of a workgroup's tokens, so a
+// batch of B rows reads and decodes the weights B / TPW times instead of B.
 //
 // Each thread accumulates RPT consecutive rows at once, so every activation it loads serves
 // RPT rows (on CPU adapters every storage load is a per-lane scalar loop, and activation
@@ -39,6 +40,7 @@ struct Params {
     out_offset: u32,
     x_stride: u32,
     out_stride: u32,
+    tokens: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -51,24 +53,24 @@ struct Params {
 
 const ROW_GROUPS: u32 = WG / TPR;
 const SLOTS: u32 = RPT * HALVES;
-// The thread's sums: SLOTS dot products, then (NORM) the sum of the squares of x it read.
-const SUMS: u32 = SLOTS + NORM;
+// A token's sums: SLOTS dot products, then (NORM) the sum of the squares of x it read.
+const PER_TOKEN: u32 = SLOTS + NORM;
+const SUMS: u32 = TPW * PER_TOKEN;
 
 var<workgroup> partials: array<f32, WG * SUMS>;
-var<private> squares: f32;
-// Where this workgroup's token starts in x (vec4s) and in out and aux (values).
-var<private> x_base: u32;
-var<private> out_base: u32;
+var<private> squares: array<f32, TPW>;
+// The workgroup's first token.
+var<private> first_token: u32;
 
-fn enter_token(token: u32) {
-    x_base = token * params.x_stride;
-    out_base = token * params.out_stride;
+// Where the workgroup's token t starts in x (vec4s); past the last token, the last again.
+fn x_base(t: u32) -> u32 {
+    return min(first_token + t, params.tokens - 1u) * params.x_stride;
 }
 
-fn activation(i: u32) -> vec4<f32> {
-    let v = x[x_base + i];
+fn activation(t: u32, i: u32) -> vec4<f32> {
+    let v = x[x_base(t) + i];
     if (NORM == 1u) {
-        squares = squares + dot(v, v);
+        squares[t] = squares[t] + dot(v, v);
         return v * norm_w[i];
     }
     return v;
@@ -87,58 +89,74 @@ fn first_thread_row(group: vec3<u32>, lane: u32) -> u32 {
     return ((group.x + group.y * params.groups_x) * ROW_GROUPS + lane / TPR) * RPT;
 }
 
-// The activations unit `u` of the block starting at vec4 `x_block` of x multiplies.
-fn unit_activations(x_block: u32, u: u32) -> Unit {
-    return Unit(activation(x_block + block_element(u, 0u) / 4u),
-                activation(x_block + block_element(u, 1u) / 4u),
-                activation(x_block + block_element(u, 2u) / 4u),
-                activation(x_block + block_element(u, 3u) / 4u),
-                activation(x_block + block_element(u, 4u) / 4u),
-                activation(x_block + block_element(u, 5u) / 4u),
-                activation(x_block + block_element(u, 6u) / 4u),
-                activation(x_block + block_element(u, 7u) / 4u));
+// The activations of token t that unit `u` of the block starting at vec4 `x_block` multiplies.
+fn unit_activations(t: u32, x_block: u32, u: u32) -> Unit {
+    return Unit(activation(t, x_block + block_element(u, 0u) / 4u),
+                activation(t, x_block + block_element(u, 1u) / 4u),
+                activation(t, x_block + block_element(u, 2u) / 4u),
+                activation(t, x_block + block_element(u, 3u) / 4u),
+                activation(t, x_block + block_element(u, 4u) / 4u),
+                activation(t, x_block + block_element(u, 5u) / 4u),
+                activation(t, x_block + block_element(u, 6u) / 4u),
+                activation(t, x_block + block_element(u, 7u) / 4u));
 }
 
-// This thread's shares of dot(W[first + r, :], x) for r < RPT, then (GLU) of the up rows',
-// then (NORM) of x's squares. Rows past the part repeat its last row (keeping control flow
-// uniform); their sums are never written.
+// This thread's shares, per token t < TPW (at t * PER_TOKEN), of dot(W[first + r, :], x_t)
+// for r < RPT, then (GLU) of the up rows', then (NORM) of x_t's squares. Rows past the part
+// repeat its last row (keeping control flow uniform); their sums are never written.
 fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
     var row_start: array<u32, SLOTS>;
     for (var s = 0u; s < SLOTS; s = s + 1u) {
         let base = select(params.buffer_row, params.up_buffer_row, s >= RPT);
         row_start[s] = (base + min(first + s % RPT, params.rows - 1u)) * params.row_bytes;
     }
-    var acc: array<vec4<f32>, SLOTS>;
+    var acc: array<vec4<f32>, TPW * SLOTS>;
     let units = params.blocks_per_row * UNITS;
     for (var unit = thread; unit < units; unit = unit + TPR) {
         let block = unit / UNITS;
         let u = unit % UNITS;
         let x_block = block * (BLOCK / 4u);
-        let activations = unit_activations(x_block, u);
+        if (TPW == 1u) {
+            // One token: each weight unit is used once, so none is kept.
+            let activations = unit_activations(0u, x_block, u);
+            for (var s = 0u; s < SLOTS; s = s + 1u) {
+                acc[s] = acc[s] + unit_dot(dequant_unit(row_start[s] + block * BLOCK_BYTES, u), activations);
+            }
+            continue;
+        }
+        var values: array<Unit, SLOTS>;
         for (var s = 0u; s < SLOTS; s = s + 1u) {
-            acc[s] = acc[s] + unit_dot(dequant_unit(row_start[s] + block * BLOCK_BYTES, u), activations);
+            values[s] = dequant_unit(row_start[s] + block * BLOCK_BYTES, u);
+        }
+        for (var t = 0u; t < TPW; t = t + 1u) {
+            let activations = unit_activations(t, x_block, u);
+            for (var s = 0u; s < SLOTS; s = s + 1u) {
+                acc[t * SLOTS + s] = acc[t * SLOTS + s] + unit_dot(values[s], activations);
+            }
         }
     }
     var sums: array<f32, SUMS>;
-    for (var s = 0u; s < SLOTS; s = s + 1u) {
-        sums[s] = (acc[s].x + acc[s].y) + (acc[s].z + acc[s].w);
-    }
-    if (NORM == 1u) {
-        // SUMS - 1 is SLOTS here; naga rejects a constant index past the end even in a dead branch.
-        sums[SUMS - 1u] = squares;
+    for (var t = 0u; t < TPW; t = t + 1u) {
+        for (var s = 0u; s < SLOTS; s = s + 1u) {
+            let a = acc[t * SLOTS + s];
+            sums[t * PER_TOKEN + s] = (a.x + a.y) + (a.z + a.w);
+        }
+        if (NORM == 1u) {
+            sums[t * PER_TOKEN + PER_TOKEN - 1u] = squares[t];
+        }
     }
     return sums;
 }
 
-// Writes row `row` from its dot product and (GLU) its up row's, both still to be multiplied by
-// `factor` (the fused norm's).
-fn write_row(row: u32, dot_sum: f32, up_sum: f32, factor: f32) {
-    if (row >= params.rows) {
+// Writes row `row` of token t from its dot product and (GLU) its up row's, both still to be
+// multiplied by `factor` (the fused norm's).
+fn write_row(t: u32, row: u32, dot_sum: f32, up_sum: f32, factor: f32) {
+    if (row >= params.rows || first_token + t >= params.tokens) {
         return;
     }
     let value = dot_sum * factor;
     let up = up_sum * factor;
-    let i = out_base + params.out_offset + params.first_row + row;
+    let i = (first_token + t) * params.out_stride + params.out_offset + params.first_row + row;
     switch EPILOGUE {
         case 1u: { out[i] = value + aux[i]; }
         case 2u: { out[i] = out[i] + value; }
@@ -150,44 +168,54 @@ fn write_row(row: u32, dot_sum: f32, up_sum: f32, factor: f32) {
     }
 }
 
-// The slot of row r's up sum (r's own slot without GLU).
+// Where row r's dot sum and up sum lie among a token's sums (the same slot without GLU).
 fn up_slot(r: u32) -> u32 {
     return (HALVES - 1u) * RPT + r;
 }
 
+// Writes every row of this thread's group from `sums` (all of the group's shares added up).
+fn write_rows(first: u32, sums: array<f32, SUMS>) {
+    for (var t = 0u; t < TPW; t = t + 1u) {
+        let at = t * PER_TOKEN;
+        let factor = norm_factor(sums[at + PER_TOKEN - 1u]);
+        for (var r = 0u; r < RPT; r = r + 1u) {
+            write_row(t, first + r, sums[at + r], sums[at + up_slot(r)], factor);
+        }
+    }
+}
+
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    enter_token(group.z);
+    first_token = group.z * TPW;
     let first = first_thread_row(group, lane);
     let thread = lane % TPR;
     let sums = thread_partials(first, thread);
     if (TPR == 1u) {
-        let factor = norm_factor(sums[SUMS - 1u]);
-        for (var r = 0u; r < RPT; r = r + 1u) {
-            write_row(first + r, sums[r], sums[up_slot(r)], factor);
-        }
+        write_rows(first, sums);
         return;
     }
     for (var s = 0u; s < SUMS; s = s + 1u) {
         partials[lane * SUMS + s] = sums[s];
     }
     workgroupBarrier();
-    // Thread t of a group adds up rows t, t + TPR, ... of it, every sum of each.
+    // Thread i of a group adds up (token, row) pairs i, i + TPR, ... of it, every sum of each.
     let group_lane = lane - thread;
-    for (var r = thread; r < RPT; r = r + TPR) {
+    for (var pair = thread; pair < TPW * RPT; pair = pair + TPR) {
+        let t = pair / RPT;
+        let r = pair % RPT;
         var total = 0.0;
         var up = 0.0;
         var total_squares = 0.0;
         for (var j = 0u; j < TPR; j = j + 1u) {
-            let at = (group_lane + j) * SUMS;
+            let at = (group_lane + j) * SUMS + t * PER_TOKEN;
             total = total + partials[at + r];
             if (HALVES == 2u) {
                 up = up + partials[at + up_slot(r)];
             }
             if (NORM == 1u) {
-                total_squares = total_squares + partials[at + SUMS - 1u];
+                total_squares = total_squares + partials[at + PER_TOKEN - 1u];
             }
         }
-        write_row(first + r, total, up, norm_factor(total_squares));
+        write_row(t, first + r, total, up, norm_factor(total_squares));
     }
 }

@@ -4,7 +4,7 @@
 
 @compute @workgroup_size(WG)
 fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    enter_token(group.z);
+    first_token = group.z * TPW;
     let first = first_thread_row(group, lane);
     var sums = thread_partials(first, lane % TPR);
     for (var s = 0u; s < SUMS; s = s + 1u) {
@@ -13,9 +13,6 @@ fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invoc
         }
     }
     if (lane % TPR == 0u) {
-        let factor = norm_factor(sums[SUMS - 1u]);
-        for (var r = 0u; r < RPT; r = r + 1u) {
-            write_row(first + r, sums[r], sums[up_slot(r)], factor);
-        }
+        write_rows(first, sums);
     }
 }

@@ -4,11 +4,15 @@
 # the real models into parts small enough to travel (the device tool carries at most 64 MiB per
 # call). Writes everything under .device/ (git-ignored).
 #
-# Speed, in one device call (carry .gl and .device/bin):
+# Speed, in one device call (carry .gl and .device/bin; .device/bin must stay under 64 MiB, so
+# keep only the heads of the models to run):
 #   bash .ci/device/run.sh setup && bash .ci/device/run.sh synth && bash .ci/device/run.sh bench
 # Real weights (fidelity), one call per part, carrying .device/parts/<one part> each time:
 #   bash .ci/device/run.sh stash   ...then, carrying .device/fidelity,
 #   bash .ci/device/run.sh assemble && bash .ci/device/run.sh fidelity
+# Beside llama.cpp CUDA (LLAMA_SRC=a llama.cpp checkout; carry .device/llama.tgz too):
+#   run.sh setup && run.sh synth && run.sh llama-build, then run.sh llama-wait and
+#   run.sh llama-bench / run.sh serve-bench
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source .ci/env.sh
@@ -29,6 +33,13 @@ for line in sys.stdin:
   mkdir -p .device/fidelity/goldens
   strip -o .device/fidelity/fidelity "$test_bin"
   cp "${WEBSHARD_GOLDENS:-../shared/goldens}"/*.generate.json .device/fidelity/goldens/
+fi
+# llama.cpp's source for the same-run peers (run.sh llama-build), from a git checkout of it
+# (the unslothai/llama.cpp mirror): only what the CUDA build of llama-bench and llama-server
+# reads, about 9 MB.
+if [ -n "${LLAMA_SRC:-}" ]; then
+  git -C "$LLAMA_SRC" archive --format=tar HEAD CMakeLists.txt cmake common ggml include src \
+    tools vendor scripts licenses LICENSE examples app | gzip -9 > .device/llama.tgz
 fi
 head_mib=${HEAD_MIB:-8}
 for model in "${WEBSHARD_MODELS:-models}"/*.gguf; do

@@ -16,6 +16,19 @@
 #                    model, plain and speculative in one process; a line per run, JSON into
 #                    $OUT/spec-PROMPT-MODEL.json (default ARGS: -n 256 -r 3 --draft-max 8)
 #   score MODEL IDS  teacher-forced top-5 (fidelity spot check), JSON into $OUT
+#   llama-build      build llama.cpp with CUDA (llama-bench, llama-server) from the carried
+#                    source tarball .device/llama.tgz (pack.sh LLAMA_SRC=...) into /root/llama,
+#                    in its own process session on cores 2.. so that it survives between calls
+#                    and leaves cores 0-1 to a benchmark; log in /root/llama/build.log
+#   llama-wait       wait for that build (at most 540 s), then say whether both targets exist
+#   llama-bench [ARGS]
+#                    llama-bench -ngl 99 beside runner bench on every model, one after the
+#                    other, a ratio table at the end (default ARGS: -p 512 -n 128 -r 5)
+#   serve-bench [ARGS]
+#                    runner serve -m and llama-server on every model, one after the other,
+#                    each driven by .ci/bench_serve.py (ARGS for it; default --streams
+#                    1,4,16,64 --max-tokens 128); JSON lines into $OUT/serve.jsonl and a
+#                    ratio table at the end
 #   fidelity         the fidelity test (llama.cpp goldens, teacher-forced and greedy) on the
 #                    assembled real models, output into $OUT/fidelity.txt
 set -uo pipefail
@@ -24,6 +37,20 @@ mkdir -p "$models"
 vulkan_env() {
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export XDG_RUNTIME_DIR=/tmp/xdg && mkdir -p -m 700 "$XDG_RUNTIME_DIR"
+}
+# Waits for the server (pid $1) on port $4 to be healthy, drives it with bench_serve.py as
+# label $2 and model $3 (the rest: its arguments), then stops it.
+serve_and_bench() {
+  local pid=$1 label=$2 name=$3 port=$4
+  shift 4
+  for _ in $(seq 120); do
+    curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
+    sleep 1
+  done
+  python3 .ci/bench_serve.py --url "http://127.0.0.1:$port" --model "$name" --label "$label" \
+    --json "$OUT/serve.jsonl" "$@" || echo "$label on $name: bench failed"
+  kill "$pid"
+  wait "$pid" 2> /dev/null
 }
 case "${1:-}" in
   setup)
@@ -134,5 +161,52 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
     vulkan_env
     .device/bin/runner score -m "$models/$2" --ids "$3" --top 5 --json --quiet > "$OUT/score-$2.json"
     ;;
-  *) echo "usage: run.sh setup|stash|assemble|synth|bench|tiles|spec|fidelity|score"; exit 2 ;;
+  llama-build)
+    mkdir -p /root/llama
+    [ -f /root/llama/CMakeLists.txt ] || tar xzf .device/llama.tgz -C /root/llama
+    cd /root/llama
+    setsid nohup taskset -c 2-"$(($(nproc) - 1))" bash -c '
+      cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
+        -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF \
+        && cmake --build build --target llama-bench llama-server; echo "build exit $?"' \
+      > /root/llama/build.log 2>&1 < /dev/null &
+    echo "llama.cpp build started (log /root/llama/build.log)"
+    ;;
+  llama-wait)
+    for _ in $(seq 540); do
+      grep -q "^build exit" /root/llama/build.log 2>/dev/null && break
+      sleep 1
+    done
+    tail -3 /root/llama/build.log
+    ls -la /root/llama/build/bin/llama-bench /root/llama/build/bin/llama-server
+    ;;
+  llama-bench)
+    shift
+    vulkan_env
+    [ $# -gt 0 ] || set -- -p 512 -n 128 -r 5
+    for model in "$models"/*.gguf; do
+      name=$(basename "$model" .gguf)
+      /root/llama/build/bin/llama-bench -m "$model" -ngl 99 -o json "$@" > "$OUT/llama-bench-$name.json"
+      .device/bin/runner bench -m "$model" --quiet --json "$@" > "$OUT/bench-$name.json"
+    done
+    python3 .ci/device/ratios.py bench "$OUT"
+    ;;
+  serve-bench)
+    shift
+    vulkan_env
+    [ $# -gt 0 ] || set -- --streams 1,4,16,64 --max-tokens 128
+    port=18080
+    for model in "$models"/*.gguf; do
+      name=$(basename "$model" .gguf)
+      .device/bin/runner serve -m "$model" --alias "$name" --port "$port" --parallel 64 \
+        --queue 256 --ctx 512 > "$OUT/serve-$name.log" 2>&1 &
+      serve_and_bench "$!" webshard "$name" "$port" "$@"
+      /root/llama/build/bin/llama-server -m "$model" --alias "$name" --port "$port" -ngl 99 \
+        -np 64 -c 32768 > "$OUT/llama-server-$name.log" 2>&1 &
+      serve_and_bench "$!" llama-server "$name" "$port" "$@"
+    done
+    python3 .ci/device/ratios.py serve "$OUT"
+    ;;
+  *) echo "usage: run.sh setup|stash|assemble|synth|bench|tiles|spec|llama-build|llama-wait|llama-bench|serve-bench|fidelity|score"; exit 2 ;;
 esac

@@ -9,6 +9,7 @@ use webshard::engine::Engine;
 use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
 
+use crate::bench_batch::{batch_rates, profile_batch};
 use crate::bench_embed::{bench_embed, EmbedBench};
 use crate::bench_mask::{mask_cost, MaskCost};
 use crate::bench_spec::{spec_bench, SpecBench};
@@ -66,6 +67,11 @@ pub struct BenchArgs {
     /// engine's decode of the same model.
     #[arg(long, value_parser = parse_layer_range)]
     pub stage_steps: Option<std::ops::Range<u32>>,
+    /// Also time `-n` batched greedy steps of this many sequences at once (comma-separated),
+    /// as `runner serve` runs them: aggregate tok/s per count (with --profile, GPU time per
+    /// kernel family of one step at each count).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..=256))]
+    pub batch_rows: Vec<u32>,
 }
 
 /// Mean and sample standard deviation.
@@ -171,6 +177,15 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         }
         tests.push((format!("tg{}-layers-only", args.n), mean_sd(&rates)));
     }
+    if args.n > 0 && !args.batch_rows.is_empty() {
+        tests.extend(batch_rates(&engine, &args.batch_rows, args.n, args.repetitions).await?);
+    }
+    let mut batch_profiles = Vec::new();
+    if args.profile && args.n > 0 {
+        for &rows in &args.batch_rows {
+            batch_profiles.push((rows, profile_batch(&engine, rows, args.n).await?));
+        }
+    }
     let profile = match (args.profile, args.n) {
         (true, n) if n > 0 => Some(profile_decode(&mut engine, n).await?),
         _ => None,
@@ -233,6 +248,11 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
             "mask": mask.map(MaskCost::to_json),
             "spec": spec.as_ref().map(SpecBench::to_json),
             "stage_steps": stage.as_ref().map(StageReport::to_json),
+            "batch_profiles": batch_profiles
+                .iter()
+                .map(|(rows, table)| json!({ "rows": rows, "kernels": table.to_json(),
+                                             "grids": table.grids_json() }))
+                .collect::<Vec<_>>(),
         });
         println!("{value}");
         return Ok(());
@@ -283,6 +303,10 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
     }
     if let Some(stage) = &stage {
         stage.print();
+    }
+    for (rows, table) in &batch_profiles {
+        println!("batched step profile, {rows} rows (per step):");
+        table.print();
     }
     if let Some(table) = &prefill_profile {
         println!("prefill profile over {} tokens:", table.tokens);

@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod bench;
+pub mod bench_batch;
 pub mod bench_embed;
 pub mod bench_mask;
 pub mod bench_spec;

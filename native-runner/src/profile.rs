@@ -54,7 +54,7 @@ pub struct DecodeProfile {
 }
 
 /// Runs `run` once with every dispatch timed.
-async fn timed_kernels(
+pub(crate) async fn timed_kernels(
     gpu: &Gpu,
     tokens: u32,
     run: impl std::future::Future<Output = anyhow::Result<f64>>,

@@ -157,13 +157,29 @@ async fn complete(client: &Client, server: &Target, prompt: &str, max_tokens: u3
     greedy_of(&post(client, server, "v1/completions", body).await)
 }
 
-/// `batched` equals `alone` up to and excluding the first near-tie of `alone`.
-fn assert_same_until_near_tie(prompt: &str, alone: &Greedy, batched: &Greedy) {
+/// A greedy completion's text, without log-probabilities: such requests decode on the
+/// device's argmax, with the next step submitted before the host has read this one.
+async fn complete_text(client: &Client, server: &Target, prompt: &str, max_tokens: u32) -> String {
+    let body = json!({
+        "model": server.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
+    });
+    let answer = post(client, server, "v1/completions", body).await;
+    answer["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// The tokens of `alone` before its first near-tie.
+fn before_near_tie(alone: &Greedy) -> &[String] {
     let until = alone
         .margins
         .iter()
         .position(|&m| m <= NEAR_TIE)
         .unwrap_or(alone.tokens.len());
+    &alone.tokens[..until]
+}
+
+/// `batched` equals `alone` up to and excluding the first near-tie of `alone`.
+fn assert_same_until_near_tie(prompt: &str, alone: &Greedy, batched: &Greedy) {
+    let until = before_near_tie(alone).len();
     assert!(
         batched.tokens.len() >= until,
         "{prompt:?}: batched {batched:?} ended before alone {alone:?}"
@@ -175,6 +191,28 @@ fn assert_same_until_near_tie(prompt: &str, alone: &Greedy, batched: &Greedy) {
     );
 }
 
+/// Sends every prompt at once (`max_tokens(index)` each) and returns the answers in order.
+async fn all_at_once<T: Send + 'static, F>(
+    server: &Target,
+    max_tokens: fn(usize) -> u32,
+    ask: fn(Client, Target, &'static str, u32) -> F,
+) -> Vec<T>
+where
+    F: std::future::Future<Output = T> + Send + 'static,
+{
+    let client = Client::new();
+    let mut together = JoinSet::new();
+    for (index, prompt) in PROMPTS.iter().enumerate() {
+        let asked = ask(client.clone(), server.clone(), prompt, max_tokens(index));
+        together.spawn(async move { (index, asked.await) });
+    }
+    let mut answers = together.join_all().await;
+    answers.sort_by_key(|(index, _)| *index);
+    answers.into_iter().map(|(_, answer)| answer).collect()
+}
+
+/// Sixteen requests decoded together give their lone answers: with log-probabilities (each
+/// step's logits come back) and without (greedy on the device, steps chained ahead).
 async fn sixteen_together_match_their_lone_runs(server: &Target) {
     let client = Client::new();
     let max_tokens = |index: usize| 6 + (index % 2) as u32 * 2;
@@ -182,18 +220,31 @@ async fn sixteen_together_match_their_lone_runs(server: &Target) {
     for (index, prompt) in PROMPTS.iter().enumerate() {
         alone.push(complete(&client, server, prompt, max_tokens(index)).await);
     }
-    let mut together = JoinSet::new();
-    for (index, prompt) in PROMPTS.iter().enumerate() {
-        let (client, server) = (client.clone(), server.clone());
-        together.spawn(async move {
-            let out = complete(&client, &server, prompt, max_tokens(index)).await;
-            (index, out)
-        });
+    let batched = all_at_once(
+        server,
+        max_tokens,
+        |client, server, prompt, max_tokens| async move {
+            complete(&client, &server, prompt, max_tokens).await
+        },
+    )
+    .await;
+    for ((prompt, batched), alone) in PROMPTS.iter().zip(&batched).zip(&alone) {
+        assert_same_until_near_tie(prompt, alone, batched);
     }
-    let mut batched = together.join_all().await;
-    batched.sort_by_key(|(index, _)| *index);
-    for ((index, batched), alone) in batched.iter().zip(&alone) {
-        assert_same_until_near_tie(PROMPTS[*index], alone, batched);
+    let chained = all_at_once(
+        server,
+        max_tokens,
+        |client, server, prompt, max_tokens| async move {
+            complete_text(&client, &server, prompt, max_tokens).await
+        },
+    )
+    .await;
+    for ((prompt, chained), alone) in PROMPTS.iter().zip(&chained).zip(&alone) {
+        let agreed = before_near_tie(alone).concat();
+        assert!(
+            chained.starts_with(&agreed),
+            "{prompt:?}: chained {chained:?}, alone {alone:?}"
+        );
     }
 }
 

@@ -79,6 +79,9 @@ pub struct GpuOptions {
     /// Matvec work split (lanes per workgroup, lanes per row, rows per lane) instead of the
     /// built-in one: for measuring splits on a device (`runner bench --matvec-split`).
     pub matvec_split: Option<[u32; 3]>,
+    /// Tokens per matvec workgroup in a batched step instead of the built-in count (a power
+    /// of two up to 8), for measuring it (`runner bench --matvec-tokens`).
+    pub matvec_tokens: Option<u32>,
     /// Prefill tile `[rows, tokens, staged_cols, lane]` instead of the built-in one, for
     /// measuring tiles (`runner bench --matmul-tile`).
     pub matmul_tile: Option<[u32; 4]>,
@@ -142,6 +145,8 @@ pub struct Caps {
     pub wgsl_subgroups_directive: bool,
     /// `GpuOptions::matvec_split`.
     pub matvec_split: Option<[u32; 3]>,
+    /// `GpuOptions::matvec_tokens`.
+    pub matvec_tokens: Option<u32>,
     /// `GpuOptions::matmul_tile`.
     pub matmul_tile: Option<[u32; 4]>,
 }
@@ -275,6 +280,7 @@ impl Gpu {
             max_storage_bindings: granted.max_storage_buffers_per_shader_stage,
             wgsl_subgroups_directive: info.backend == wgpu::Backend::BrowserWebGpu,
             matvec_split: options.matvec_split,
+            matvec_tokens: options.matvec_tokens,
             matmul_tile: options.matmul_tile,
         };
         tracing::info!(

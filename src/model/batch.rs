@@ -60,20 +60,36 @@ impl Stage {
         &self,
         rows: &[BatchRow<'_>],
     ) -> Result<Vec<u32>, ModelError> {
-        self.submit_batch_blocks(rows)?;
+        self.submit_batch_argmax(rows, RowTokens::Given)?
+            .wait(self)
+            .await
+    }
+
+    /// Submits a greedy step over `rows` without waiting for it. Each row's argmax is also
+    /// left in the id buffer, so the step submitted next may take it as its tokens
+    /// (`RowTokens::FedBack`, the rows in the same order) before the host has seen it: the
+    /// scheduler keeps a step in flight while it records the next, as `GreedyDecoder` does
+    /// for one sequence.
+    pub fn submit_batch_argmax(
+        &self,
+        rows: &[BatchRow<'_>],
+        tokens: RowTokens,
+    ) -> Result<PendingArgmax, ModelError> {
+        self.submit_batch_rows(rows, tokens)?;
         let s = &self.scratch;
-        let reads = self
-            .read_head_chunks(rows.len() as u32, "head argmax", |mut rec, chunk| {
-                let count = chunk.len() as u32;
-                self.record_head(&mut rec, chunk)?;
-                select::argmax_rows(&mut rec, &s.logits, self.cfg.vocab, count, &s.argmax);
-                Ok(rec.submit_with_read(&s.argmax, 0, u64::from(count) * 4))
+        let reads = head_chunks(rows.len() as u32)
+            .map(|chunk| {
+                self.with_recorder(("head argmax", chunk.len() as u32), |mut rec| {
+                    let count = chunk.len() as u32;
+                    self.record_head(&mut rec, chunk.clone())?;
+                    select::argmax_rows(&mut rec, &s.logits, self.cfg.vocab, count, &s.argmax);
+                    let bytes = u64::from(count) * 4;
+                    rec.copy(&s.argmax, 0, &s.ids, u64::from(chunk.start) * 4, bytes);
+                    Ok(rec.submit_with_read(&s.argmax, 0, bytes))
+                })
             })
-            .await?;
-        Ok(reads
-            .iter()
-            .flat_map(|bytes| bytemuck::pod_collect_to_vec::<u8, u32>(bytes))
-            .collect())
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(PendingArgmax { reads })
     }
 
     /// Records and submits `record` for each head chunk of `rows` rows (the scratch holds
@@ -97,12 +113,19 @@ impl Stage {
     /// Checks the rows and submits the embedding and blocks of the step, leaving each row's
     /// final residual in the scratch for the head.
     fn submit_batch_blocks(&self, rows: &[BatchRow<'_>]) -> Result<(), ModelError> {
-        self.check_rows(rows)?;
+        self.submit_batch_rows(rows, RowTokens::Given)
+    }
+
+    /// `submit_batch_blocks`, with the rows' tokens from the host or already on the device.
+    fn submit_batch_rows(&self, rows: &[BatchRow<'_>], given: RowTokens) -> Result<(), ModelError> {
+        self.check_rows(rows, given)?;
         let tokens = rows.len() as u32;
-        let ids: Vec<u32> = rows.iter().map(|row| row.token).collect();
-        self.gpu
-            .queue
-            .write_buffer(&self.scratch.ids, 0, bytemuck::cast_slice(&ids));
+        if given == RowTokens::Given {
+            let ids: Vec<u32> = rows.iter().map(|row| row.token).collect();
+            self.gpu
+                .queue
+                .write_buffer(&self.scratch.ids, 0, bytemuck::cast_slice(&ids));
+        }
         if let Some(table) = pooled_row_table(rows) {
             let words = bytemuck::cast_slice(&table);
             self.gpu
@@ -138,8 +161,8 @@ impl Stage {
     }
 
     /// Rows within the batch limit, tokens in the vocabulary, positions inside caches shaped
-    /// like this stage's.
-    fn check_rows(&self, rows: &[BatchRow<'_>]) -> Result<(), ModelError> {
+    /// like this stage's (the tokens only where the host gives them).
+    fn check_rows(&self, rows: &[BatchRow<'_>], given: RowTokens) -> Result<(), ModelError> {
         if rows.is_empty() || rows.len() > self.spec.max_batch as usize {
             return Err(ModelError::Plan(format!(
                 "{} sequences in one step (1..={})",
@@ -163,7 +186,7 @@ impl Stage {
                     max: cache.max_ctx,
                 });
             }
-            if row.token >= self.cfg.vocab {
+            if given == RowTokens::Given && row.token >= self.cfg.vocab {
                 return Err(ModelError::Plan(format!(
                     "token {} outside the vocabulary of {}",
                     row.token, self.cfg.vocab
@@ -171,6 +194,33 @@ impl Stage {
             }
         }
         Ok(())
+    }
+}
+
+/// Where a batched step's tokens come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RowTokens {
+    /// Each row's `token`, written from the host.
+    Given,
+    /// The argmax of the same row of the step submitted just before (each row's `token` is
+    /// not read): nothing else may be submitted between the two steps.
+    FedBack,
+}
+
+/// A submitted `Stage::submit_batch_argmax` step: one read per head chunk.
+pub struct PendingArgmax {
+    reads: Vec<PendingRead>,
+}
+
+impl PendingArgmax {
+    /// Each row's greedy token, in row order, once the step has run.
+    pub async fn wait(self, stage: &Stage) -> Result<Vec<u32>, ModelError> {
+        let mut ids = Vec::new();
+        for read in self.reads {
+            let bytes = read.wait(&stage.gpu).await?;
+            ids.extend(bytemuck::pod_collect_to_vec::<u8, u32>(&bytes));
+        }
+        Ok(ids)
     }
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedSender;
 use webshard::engine::{per_token_prefill_below, Engine, EngineError};
 use webshard::front::{Decoding, Generator, TextFront, Timings};
-use webshard::model::batch::BatchRow;
+use webshard::model::batch::{BatchRow, PendingArgmax, RowTokens};
 use webshard::model::StageInput;
 
 use super::errors::ApiError;
@@ -34,6 +34,8 @@ const PREFILL_CHUNK_ON_GPU: usize = 256;
 
 /// One admitted request.
 struct Sequence {
+    /// Unique among the scheduler's sequences (a slot outlives its sequence).
+    id: u64,
     job: Job,
     decoding: Decoding,
     slot: usize,
@@ -44,6 +46,15 @@ struct Sequence {
     choices: Option<Vec<TokenChoice>>,
     started: f64,
     first_token: Option<f64>,
+}
+
+/// A greedy step submitted ahead: its tokens are the device's argmax of the step before,
+/// which the host has accepted by the time this one is waited for.
+struct Ahead {
+    pending: PendingArgmax,
+    /// Each row's sequence, the position it feeds and the token it feeds there (known once the
+    /// step before has been read).
+    rows: Vec<(u64, u32, u32)>,
 }
 
 /// A sequence's next token: logits to sample, or the device's argmax already taken.
@@ -69,6 +80,9 @@ pub struct Scheduler {
     pub engine: Engine,
     pool: KvPool,
     running: Vec<Sequence>,
+    /// The greedy step in flight while the host handles the one before (`decode`).
+    ahead: Option<Ahead>,
+    next_id: u64,
     /// Constrained jobs, each waiting for the batch to drain.
     alone: VecDeque<Job>,
     metrics: Arc<ModelMetrics>,
@@ -93,6 +107,8 @@ impl Scheduler {
             engine,
             pool,
             running: Vec::new(),
+            ahead: None,
+            next_id: 0,
             alone: VecDeque::new(),
             metrics,
             chunk,
@@ -131,7 +147,9 @@ impl Scheduler {
         };
         let decoding = Decoding::new(0, ids, &job.request.options);
         let choices = job.logprobs.map(|_| Vec::new());
+        self.next_id += 1;
         self.running.push(Sequence {
+            id: self.next_id,
             job,
             decoding,
             slot: claim.slot,
@@ -190,6 +208,10 @@ impl Scheduler {
         self.sample_ready();
         self.decode().await?;
         self.sample_ready();
+        if self.running.is_empty() {
+            // Its rows have all finished: the device runs it anyway, and nothing reads it.
+            self.ahead = None;
+        }
         self.publish();
         Ok(())
     }
@@ -249,8 +271,13 @@ impl Scheduler {
 
     /// One GPU step for every sequence with a token to feed and none to sample: its last
     /// sampled token, or the next of the few prompt tokens left after the cache and the chunks
-    /// (where single tokens are cheaper than a chunk: `per_token_prefill_below`).
+    /// (where single tokens are cheaper than a chunk: `per_token_prefill_below`). Where every
+    /// running sequence is greedy on the device, the step after is submitted before this one
+    /// is read (`Ahead`), so the GPU does not wait for the host between steps.
     async fn decode(&mut self) -> Result<(), EngineError> {
+        if let Some(ahead) = self.ahead.take() {
+            return self.decode_ahead(ahead).await;
+        }
         let pool = &self.pool;
         let ready: Vec<usize> = (0..self.running.len())
             .filter(|&i| {
@@ -276,19 +303,27 @@ impl Scheduler {
         let tokens: Vec<u32> = rows.iter().map(|row| row.token).collect();
         let stage = &self.engine.stage;
         let started = std::time::Instant::now();
-        let next: Vec<Next> = match ready.iter().all(|&i| self.running[i].greedy_on_device()) {
-            true => stage
-                .forward_batch_argmax(&rows)
-                .await?
-                .into_iter()
-                .map(Next::Greedy)
-                .collect(),
-            false => stage
-                .forward_batch_logits(&rows)
-                .await?
-                .into_iter()
-                .map(Next::Logits)
-                .collect(),
+        let chained = self.chains(&ready, &rows);
+        let greedy = ready.iter().all(|&i| self.running[i].greedy_on_device());
+        let next: Vec<Next> = if chained {
+            let first = stage.submit_batch_argmax(&rows, RowTokens::Given)?;
+            let after = ahead_rows(&rows);
+            let second = stage.submit_batch_argmax(&after, RowTokens::FedBack)?;
+            let ids = first.wait(stage).await?;
+            let ahead_rows = ready.iter().zip(&after).zip(&ids);
+            self.ahead = Some(Ahead {
+                pending: second,
+                rows: ahead_rows
+                    .map(|((&i, row), &id)| (self.running[i].id, row.position, id))
+                    .collect(),
+            });
+            ids.into_iter().map(Next::Greedy).collect()
+        } else if greedy {
+            let ids = stage.forward_batch_argmax(&rows).await?;
+            ids.into_iter().map(Next::Greedy).collect()
+        } else {
+            let logits = stage.forward_batch_logits(&rows).await?;
+            logits.into_iter().map(Next::Logits).collect()
         };
         self.metrics.decoded_step(ready.len(), started.elapsed());
         drop(rows);
@@ -299,6 +334,83 @@ impl Scheduler {
                 seq.next = Some(next);
             }
         }
+        Ok(())
+    }
+
+    /// Whether the step after `rows` (sequences `ready`) may be submitted before they are read:
+    /// every running sequence is in it, greedy on the device, with its last prompt token fed
+    /// (so its next input is the device's argmax) and room for one more position.
+    fn chains(&self, ready: &[usize], rows: &[BatchRow]) -> bool {
+        ready.len() == self.running.len()
+            && ready.iter().zip(rows).all(|(&i, row)| {
+                let seq = &self.running[i];
+                seq.greedy_on_device()
+                    && seq.to_feed(&self.pool).len() == 1
+                    && row.position + 1 < row.cache.max_ctx
+            })
+    }
+
+    /// Reads the step submitted ahead and takes each row's token where its sequence still runs
+    /// and had exactly that token to feed there (a row whose sequence finished, left or was
+    /// replaced is dropped). While the batch stays the same, the step after it goes in first.
+    async fn decode_ahead(&mut self, ahead: Ahead) -> Result<(), EngineError> {
+        let started = std::time::Instant::now();
+        let pool = &self.pool;
+        let running = &self.running;
+        let owners: Vec<Option<usize>> = ahead
+            .rows
+            .iter()
+            .map(|&(id, position, token)| {
+                running.iter().position(|seq| {
+                    seq.id == id
+                        && seq.next.is_none()
+                        && pool.held(seq.slot) as u32 == position
+                        && seq.to_feed(pool) == [token]
+                })
+            })
+            .collect();
+        let rows: Option<Vec<BatchRow>> = owners
+            .iter()
+            .zip(&ahead.rows)
+            .map(|(owner, &(_, position, token))| {
+                owner.map(|i| BatchRow {
+                    token,
+                    position,
+                    cache: pool.cache(running[i].slot),
+                })
+            })
+            .collect();
+        let ready: Option<Vec<usize>> = owners.iter().copied().collect();
+        let stage = &self.engine.stage;
+        let mut next_ahead = None;
+        if let (Some(rows), Some(ready)) = (&rows, &ready) {
+            if self.chains(ready, rows) {
+                let after = ahead_rows(rows);
+                let pending = stage.submit_batch_argmax(&after, RowTokens::FedBack)?;
+                next_ahead = Some((
+                    pending,
+                    after.iter().map(|row| row.position).collect::<Vec<_>>(),
+                ));
+            }
+        }
+        let ids = ahead.pending.wait(stage).await?;
+        self.metrics.decoded_step(ids.len(), started.elapsed());
+        for ((owner, &(_, _, token)), &id) in owners.iter().zip(&ahead.rows).zip(&ids) {
+            let Some(i) = *owner else { continue };
+            let seq = &mut self.running[i];
+            self.pool.extend(seq.slot, &[token]);
+            seq.next = Some(Next::Greedy(id));
+        }
+        self.ahead = next_ahead.map(|(pending, positions)| Ahead {
+            pending,
+            rows: ahead
+                .rows
+                .iter()
+                .zip(positions)
+                .zip(&ids)
+                .map(|((&(id, _, _), position), &token)| (id, position, token))
+                .collect(),
+        });
         Ok(())
     }
 
@@ -335,6 +447,7 @@ impl Scheduler {
         for seq in self.running.drain(..) {
             let _ = seq.job.events.send(Event::Failed(error.clone()));
         }
+        self.ahead = None;
         self.pool.clear();
         self.engine.reset();
         self.publish();
@@ -389,6 +502,16 @@ fn finish(seq: Sequence) -> (Finished, UnboundedSender<Event>) {
     };
     let generated = seq.decoding.into_generated(seq.cached, timings);
     (finished(generated, seq.choices), seq.job.events)
+}
+
+/// `rows` one position on, their tokens to come from the device (`RowTokens::FedBack`).
+fn ahead_rows<'a>(rows: &[BatchRow<'a>]) -> Vec<BatchRow<'a>> {
+    let after = |row: &BatchRow<'a>| BatchRow {
+        token: 0,
+        position: row.position + 1,
+        ..*row
+    };
+    rows.iter().map(after).collect()
 }
 
 /// Seconds on a monotonic clock.

@@ -89,6 +89,7 @@ impl ApiArgs {
             ctx: self.ctx,
             max_binding: None,
             matvec_split: None,
+            matvec_tokens: None,
             matmul_tile: None,
             per_token_prefill_below: None,
             quiet: true,

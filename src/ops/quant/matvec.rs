@@ -152,6 +152,21 @@ struct MatvecParams {
     out_offset: u32,
     x_stride: u32,
     out_stride: u32,
+    tokens: u32,
+}
+
+/// Tokens a workgroup multiplies at once in a batched step (`TPW` in the kernel): each weight
+/// unit it dequantizes serves this many tokens.
+const TOKENS_PER_WORKGROUP: u32 = 4;
+
+/// Tokens per workgroup for `tokens` tokens: the configured or built-in count, at most
+/// `tokens` and a power of two (each count is its own pipeline).
+fn tokens_per_workgroup(caps: &crate::gpu::Caps, tokens: u32) -> u32 {
+    let wanted = caps
+        .matvec_tokens
+        .unwrap_or(TOKENS_PER_WORKGROUP)
+        .min(tokens.max(1));
+    1 << (31 - wanted.leading_zeros())
 }
 
 /// `out = epilogue(W · fused_norm(x))` for one token; `x` holds `cols` f32 values.
@@ -177,6 +192,7 @@ pub fn matvec_tokens(
     tokens: u32,
 ) {
     let gpu = rec.gpu();
+    let per_group = tokens_per_workgroup(&gpu.caps, tokens);
     let shape = match gpu.caps.matvec_split {
         Some([wg, threads_per_row, rows_per_thread]) => Shape {
             wg,
@@ -184,6 +200,8 @@ pub fn matvec_tokens(
             rows_per_thread,
         },
         None if gpu.caps.cpu_work_split => CPU_SHAPE,
+        // Several tokens' sums per lane: one row each keeps them in registers.
+        None if per_group > 1 => GPU_SHAPE,
         None if w.rows >= WIDE_ROWS => GPU_WIDE_SHAPE,
         None if w.rows >= WIDE_GLU_ROWS && matches!(fusion.epilogue, Epilogue::Glu(..)) => {
             GPU_GLU_SHAPE
@@ -213,6 +231,7 @@ pub fn matvec_tokens(
         ("HALVES", if up_rows.is_some() { 2 } else { 1 }),
         ("NORM", u32::from(fusion.norm.is_some())),
         ("EPILOGUE", fusion.epilogue.code()),
+        ("TPW", per_group),
     ];
     consts.extend(w.quant_consts());
     let pipeline = rec.pipeline(kernel, &consts);
@@ -235,6 +254,7 @@ pub fn matvec_tokens(
             out_offset: fusion.out_offset,
             x_stride: w.cols / 4,
             out_stride: w.rows,
+            tokens,
         };
         rec.dispatch(
             &pipeline,
@@ -247,7 +267,7 @@ pub fn matvec_tokens(
                 aux.as_entire_binding(),
                 norm_weight.as_entire_binding(),
             ],
-            [groups_x, groups_y, tokens],
+            [groups_x, groups_y, tokens.div_ceil(per_group)],
         );
     }
 }

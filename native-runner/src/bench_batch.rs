@@ -1,0 +1,83 @@
+//! `runner bench --batch-rows 1,4,16`: the serving scheduler's greedy step without HTTP. `R`
+//! sequences in the slots of one KV pool decode together for `-n` steps, each step's argmax
+//! fed to the next on the device and the next step submitted before this one is read (what
+//! `runner serve` does while every running request is greedy): aggregate tok/s per `R`, and
+//! with `--profile` the GPU time per kernel family of one such step.
+
+use std::time::Instant;
+
+use webshard::engine::Engine;
+use webshard::model::batch::{BatchRow, RowTokens};
+use webshard::model::Stage;
+use webshard::ops::attention::KvCache;
+
+use crate::bench::mean_sd;
+use crate::profile::{timed_kernels, KernelTable};
+
+/// `rows` pooled caches, or separate ones where the model cannot pool (as the server does).
+fn caches_for(stage: &Stage, rows: u32) -> anyhow::Result<Vec<KvCache>> {
+    if let Some(caches) = stage.new_pooled_kv_caches(rows) {
+        return Ok(caches);
+    }
+    Ok((0..rows)
+        .map(|_| stage.new_kv_cache())
+        .collect::<Result<_, _>>()?)
+}
+
+/// Seconds for `steps` chained greedy steps over one row per cache, from position 0.
+async fn chained_steps(stage: &Stage, caches: &[KvCache], steps: u32) -> anyhow::Result<f64> {
+    let vocab = stage.cfg.vocab;
+    let rows_at = |position: u32| -> Vec<BatchRow> {
+        let row = |(index, cache)| BatchRow {
+            token: (index as u32 * 7919 + 13) % vocab,
+            position,
+            cache,
+        };
+        caches.iter().enumerate().map(row).collect()
+    };
+    let started = Instant::now();
+    let mut pending = stage.submit_batch_argmax(&rows_at(0), RowTokens::Given)?;
+    for position in 1..steps {
+        let next = stage.submit_batch_argmax(&rows_at(position), RowTokens::FedBack)?;
+        pending.wait(stage).await?;
+        pending = next;
+    }
+    pending.wait(stage).await?;
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Aggregate decode tok/s (mean, sd over `repetitions`) of `steps` chained steps at each row
+/// count, after one unmeasured run of each (pipelines are built on a shape's first step).
+pub async fn batch_rates(
+    engine: &Engine,
+    row_counts: &[u32],
+    steps: u32,
+    repetitions: u32,
+) -> anyhow::Result<Vec<(String, (f64, f64))>> {
+    let stage = &engine.stage;
+    let steps = steps.min(stage.spec.max_context);
+    let mut tests = Vec::new();
+    for &rows in row_counts {
+        let caches = caches_for(stage, rows)?;
+        chained_steps(stage, &caches, steps.min(4)).await?;
+        let mut rates = Vec::new();
+        for _ in 0..repetitions {
+            let seconds = chained_steps(stage, &caches, steps).await?;
+            rates.push(f64::from(rows * steps) / seconds);
+        }
+        tests.push((format!("tg{steps}-rows{rows}"), mean_sd(&rates)));
+    }
+    Ok(tests)
+}
+
+/// GPU time by kernel family of `steps` chained steps of `rows` rows (per step).
+pub async fn profile_batch(engine: &Engine, rows: u32, steps: u32) -> anyhow::Result<KernelTable> {
+    let stage = &engine.stage;
+    let steps = steps.min(stage.spec.max_context);
+    let caches = caches_for(stage, rows)?;
+    let run = async {
+        chained_steps(stage, &caches, steps).await?;
+        Ok(0.0)
+    };
+    timed_kernels(&stage.gpu, steps, run).await
+}
