@@ -19,11 +19,11 @@
 //   threads sum x's squares from the same loads as the dot products and the factor is applied
 //   at the end, so the weight loads never wait on a reduction (a row group's threads together
 //   read all of x once).
-// - EPILOGUE: 0 stores the dot product; 1 adds aux[row] (a bias); 2 adds it to out[row] (the
-//   residual stream); 3 and 4 store silu(aux[row]) or gelu(aux[row]) times it (aux holds the
+// - EPILOGUE: 0 stores the dot product; 1 adds aux[row] (a bias, the same for every token); 2
+//   adds it to out[row] (the residual stream); 3 and 4 store silu(aux[row]) or gelu(aux[row]) times it (aux holds the
 //   gate projection, this matrix is the up projection); 5 and 6 (GLU, HALVES = 2) also take
 //   the dot product with row up_buffer_row + r of the same part (the up projection) and store
-//   silu(dot) or gelu(dot) times that. aux is indexed like out.
+//   silu(dot) or gelu(dot) times that. aux is indexed like out (per token), but for a bias.
 // Each thread keeps SLOTS = RPT * HALVES sums: its rows' dot products, then (GLU) their up
 // rows'. The thread that writes a row holds both of its sums.
 
@@ -158,7 +158,7 @@ fn write_row(t: u32, row: u32, dot_sum: f32, up_sum: f32, factor: f32) {
     let up = up_sum * factor;
     let i = (first_token + t) * params.out_stride + params.out_offset + params.first_row + row;
     switch EPILOGUE {
-        case 1u: { out[i] = value + aux[i]; }
+        case 1u: { out[i] = value + aux[params.out_offset + params.first_row + row]; }
         case 2u: { out[i] = out[i] + value; }
         case 3u: { out[i] = silu(aux[i]) * value; }
         case 4u: { out[i] = gelu_tanh(aux[i]) * value; }

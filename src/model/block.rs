@@ -1,8 +1,9 @@
 //! The pieces every architecture's block is built from. Each has one path for prefill (many
-//! tokens: tiled products, separate norms and adds) and a fused one for decode (one token):
-//! norms folded into the products that read them; bias, gate activation and residual add
-//! folded into the products' epilogues; rope, per-head norms and the cache write in one
-//! dispatch. Decode is bound by dispatch count, so every dispatch spared is time saved.
+//! tokens: tiled products, separate norms and adds) and a fused one for decode (one token, or
+//! a batched step's few rows on a GPU, each row its own product): norms folded into the
+//! products that read them; bias, gate activation and residual add folded into the products'
+//! epilogues; rope, per-head norms and the cache write in one dispatch. Decode is bound by
+//! dispatch count, so every dispatch spared is time saved.
 
 use crate::gpu::Recorder;
 use crate::ops::attention::{self, AttentionParams};
@@ -14,12 +15,38 @@ use crate::ops::{norm, quant, rope};
 use super::loader::{Matrix, Vector};
 use super::LayerStep;
 
+/// Whether the step's products take the fused matrix-vector path: one token, or the rows of a
+/// batched step where the device multiplies that many tokens one product per token.
+fn fused(rec: &Recorder, step: &LayerStep) -> bool {
+    step.tokens == 1 || (step.rows.is_some() && quant::per_token_products(rec.gpu(), step.tokens))
+}
+
 /// q, k and v = W · rms_norm(hidden) (+ bias), with the block's attention norm. One token
 /// computes them one after another into `qkv`, a single product for each run of them sharing
-/// a tensor, with the norm and bias fused; more normalise once into `normed` for the tiled
+/// a tensor, with the norm and bias fused; a batched step's rows likewise into `q`, `k` and
+/// `v` (where its attention reads them); more normalise once into `normed` for the tiled
 /// products into `q`, `k` and `v`.
 pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
+    if tokens > 1 && fused(rec, step) {
+        let a = w.attention();
+        let projections = [
+            (&a.wq, &w.bq, &s.q),
+            (&a.wk, &w.bk, &s.k),
+            (&a.wv, &w.bv, &s.v),
+        ];
+        for (matrix, bias, out) in projections {
+            let fusion = Fusion {
+                norm: Some((&w.attn_norm.buffer, cfg.rms_eps)),
+                epilogue: bias
+                    .as_ref()
+                    .map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer)),
+                out_offset: 0,
+            };
+            quant::matvec_tokens(rec, &matrix.view(), &s.hidden, out, &fusion, tokens);
+        }
+        return;
+    }
     if tokens == 1 {
         let epilogue = w
             .qkv_bias
@@ -82,12 +109,12 @@ pub(super) fn project_into_residual(
     input: &wgpu::Buffer,
 ) {
     let (s, tokens) = (step.scratch, step.tokens);
-    if tokens == 1 {
+    if fused(rec, step) {
         let fusion = Fusion {
             epilogue: Epilogue::Accumulate,
             ..Fusion::default()
         };
-        quant::matvec(rec, &matrix.view(), input, &s.hidden, &fusion);
+        quant::matvec_tokens(rec, &matrix.view(), input, &s.hidden, &fusion, tokens);
         return;
     }
     quant::matmul(rec, &matrix.view(), input, &s.delta, tokens);
@@ -349,7 +376,7 @@ pub(super) enum FeedForwardOut {
     Delta,
 }
 
-/// The gated MLP over `rms_norm(hidden)` with the block's ffn norm. One token fuses the norm
+/// The gated MLP over `rms_norm(hidden)` with the block's ffn norm. The fused path fuses the norm
 /// into the gate and up products, and computes both with the activation in one product where
 /// they share a tensor (else the activation goes into the up product).
 pub(super) fn feed_forward(
@@ -359,7 +386,7 @@ pub(super) fn feed_forward(
     out: FeedForwardOut,
 ) {
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
-    if tokens == 1 {
+    if fused(rec, step) {
         let norm = Some((&w.ffn_norm.buffer, cfg.rms_eps));
         let (gate, up) = (w.w_gate.view(), w.w_up.view());
         if quant::shares_part(&gate, &up) {
@@ -368,19 +395,19 @@ pub(super) fn feed_forward(
                 epilogue: Epilogue::Glu(up, activation),
                 out_offset: 0,
             };
-            quant::matvec(rec, &gate, &s.hidden, &s.act, &glu);
+            quant::matvec_tokens(rec, &gate, &s.hidden, &s.act, &glu, tokens);
         } else {
             let gate_fusion = Fusion {
                 norm,
                 ..Fusion::default()
             };
-            quant::matvec(rec, &gate, &s.hidden, &s.gate, &gate_fusion);
+            quant::matvec_tokens(rec, &gate, &s.hidden, &s.gate, &gate_fusion, tokens);
             let up_fusion = Fusion {
                 norm,
                 epilogue: Epilogue::Gated(&s.gate, activation),
                 out_offset: 0,
             };
-            quant::matvec(rec, &up, &s.hidden, &s.act, &up_fusion);
+            quant::matvec_tokens(rec, &up, &s.hidden, &s.act, &up_fusion, tokens);
         }
         let (target, epilogue) = match out {
             FeedForwardOut::Residual => (&s.hidden, Epilogue::Accumulate),
@@ -390,7 +417,7 @@ pub(super) fn feed_forward(
             epilogue,
             ..Fusion::default()
         };
-        quant::matvec(rec, &w.w_down.view(), &s.act, target, &down);
+        quant::matvec_tokens(rec, &w.w_down.view(), &s.act, target, &down, tokens);
         return;
     }
     norm::rms_norm(

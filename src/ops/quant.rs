@@ -277,6 +277,12 @@ const EMBED_WG: u32 = 64;
 /// tiled kernel, which dequantizes each weight once for all the tokens.
 pub const MATVEC_TOKENS_ON_GPU: u32 = 16;
 
+/// Whether `matmul` multiplies `tokens` tokens with the matrix-vector kernel, one product per
+/// token (so the fusions of `matvec_tokens` apply to them too).
+pub fn per_token_products(gpu: &crate::gpu::Gpu, tokens: u32) -> bool {
+    tokens == 1 || (!gpu.caps.cpu_work_split && tokens <= MATVEC_TOKENS_ON_GPU)
+}
+
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
 /// `[tokens, rows]`, both f32. One token uses the matrix-vector kernel, as do up to
 /// `MATVEC_TOKENS_ON_GPU` on a GPU; more use the cooperative-matrix one where
@@ -288,9 +294,7 @@ pub fn matmul(
     out: &wgpu::Buffer,
     tokens: u32,
 ) {
-    let gpu = rec.gpu();
-    let per_token = tokens == 1 || (!gpu.caps.cpu_work_split && tokens <= MATVEC_TOKENS_ON_GPU);
-    if per_token {
+    if per_token_products(rec.gpu(), tokens) {
         matvec::matvec_tokens(rec, w, x, out, &Fusion::default(), tokens);
     } else {
         matmul_product(rec, w, x, out, tokens);

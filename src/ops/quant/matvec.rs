@@ -157,7 +157,7 @@ struct MatvecParams {
 
 /// Tokens a workgroup multiplies at once in a batched step (`TPW` in the kernel): each weight
 /// unit it dequantizes serves this many tokens.
-const TOKENS_PER_WORKGROUP: u32 = 4;
+const TOKENS_PER_WORKGROUP: u32 = 1;
 
 /// Tokens per workgroup for `tokens` tokens: the configured or built-in count, at most
 /// `tokens` and a power of two (each count is its own pipeline).
