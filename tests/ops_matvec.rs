@@ -8,7 +8,9 @@
 use std::ops::Range;
 use std::sync::Arc;
 
-use webshard::gpu::{self, testing, Gpu, Recorder, Variant, WeightTensor};
+use webshard::gpu::{
+    self, testing, BackendChoice, Gpu, GpuOptions, Recorder, Variant, WeightTensor,
+};
 use webshard::ops::elementwise::{activation_reference, Activation};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
@@ -33,6 +35,28 @@ fn devices_for_case(turn: usize, seed: u64) -> Vec<(Arc<Gpu>, Variant)> {
     devices
         .into_iter()
         .map(|gpu| {
+            let variant = testing::variant_for_case(&gpu.caps.all_variants(), turn, seed);
+            (gpu, variant)
+        })
+        .collect()
+}
+
+/// The first device under test again with each batched work split that puts several tokens
+/// in a workgroup (lanes, lanes per row, rows per lane, tokens per workgroup; the kernel's
+/// `TPW`), with the GPU work split.
+fn batch_split_devices(turn: usize, seed: u64) -> Vec<(Arc<Gpu>, Variant)> {
+    let first = pollster::block_on(testing::devices_under_test()).expect("devices under test");
+    let backend = BackendChoice::parse(&first[0].caps.backend).unwrap_or_default();
+    [[64, 8, 2, 4], [128, 16, 1, 2]]
+        .into_iter()
+        .map(|split| {
+            let options = GpuOptions {
+                backend: backend.clone(),
+                gpu_work_split: true,
+                matvec_batch_split: Some(split),
+                ..Default::default()
+            };
+            let gpu = pollster::block_on(Gpu::new(&options)).expect("device");
             let variant = testing::variant_for_case(&gpu.caps.all_variants(), turn, seed);
             (gpu, variant)
         })
@@ -349,15 +373,17 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
             let store = ReferenceEpilogue::Store;
             matvec_reference(quant, &bytes, rows, x_row, None, store, aux_row, out);
         }
-        for (gpu, variant) in devices_for_case(index, seed) {
+        let mut devices = devices_for_case(index, seed);
+        devices.extend(batch_split_devices(index, seed));
+        for (gpu, variant) in devices {
             let tensor = upload_weights(&gpu, &bytes, rows);
             let w = QuantMatrix::new(&tensor, quant, cols as u32, rows as u32).expect("matrix");
             let x_buf = gpu::upload_f32(&gpu, "x", &x);
             let aux_buf = gpu::upload_f32(&gpu, "aux", &aux);
             let norm_buf = gpu::upload_f32(&gpu, "norm", &norm_weight);
             let what = format!(
-                "{quant:?} {} {variant} cpu_split={} tokens={tokens} seed={seed}",
-                gpu.caps.adapter, gpu.caps.cpu_work_split
+                "{quant:?} {} {variant} cpu_split={} batch_split={:?} tokens={tokens} seed={seed}",
+                gpu.caps.adapter, gpu.caps.cpu_work_split, gpu.caps.matvec_batch_split
             );
             let fusion = Fusion {
                 norm: Some((&norm_buf, 1e-5)),

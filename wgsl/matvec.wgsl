@@ -3,8 +3,8 @@
 // (the rows of a batched decode step) are several products, one per row of x ([tokens, cols],
 // row t at vec4 t * x_stride) into out's row t (at t * out_stride, aux likewise): workgroup z
 // takes tokens z * TPW .. z * TPW + TPW - 1 (the last repeated past `tokens`, never written).
-// With TPW > 1 each weight unit is dequantized once for all of a workgroup's tokens, so a
-// batch of B rows reads and decodes the weights B / TPW times instead of B.
+// TPW > 1 gives a batch of B rows B / TPW times the workgroups of one token instead of B
+// times: on a GPU a wide product's cost is then its workgroups' launches, not their work.
 //
 // Each thread accumulates RPT consecutive rows at once, so every activation it loads serves
 // RPT rows (on CPU adapters every storage load is a per-lane scalar loop, and activation
@@ -116,22 +116,13 @@ fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
         let block = unit / UNITS;
         let u = unit % UNITS;
         let x_block = block * (BLOCK / 4u);
-        if (TPW == 1u) {
-            // One token: each weight unit is used once, so none is kept.
-            let activations = unit_activations(0u, x_block, u);
-            for (var s = 0u; s < SLOTS; s = s + 1u) {
-                acc[s] = acc[s] + unit_dot(dequant_unit(row_start[s] + block * BLOCK_BYTES, u), activations);
-            }
-            continue;
-        }
-        var values: array<Unit, SLOTS>;
-        for (var s = 0u; s < SLOTS; s = s + 1u) {
-            values[s] = dequant_unit(row_start[s] + block * BLOCK_BYTES, u);
-        }
+        // Each token's activations serve all of its rows; a weight unit is decoded once per
+        // token (the repeats hit the cache).
         for (var t = 0u; t < TPW; t = t + 1u) {
             let activations = unit_activations(t, x_block, u);
             for (var s = 0u; s < SLOTS; s = s + 1u) {
-                acc[t * SLOTS + s] = acc[t * SLOTS + s] + unit_dot(values[s], activations);
+                let values = dequant_unit(row_start[s] + block * BLOCK_BYTES, u);
+                acc[t * SLOTS + s] = acc[t * SLOTS + s] + unit_dot(values, activations);
             }
         }
     }

@@ -27,12 +27,12 @@
 #   serve-bench [ARGS]
 #                    runner serve -m and llama-server on every model, one after the other,
 #                    each driven by .ci/bench_serve.py (ARGS for it; default --streams
-#                    1,4,16,64 --max-tokens 128); JSON lines into $OUT/serve.jsonl and a
-#                    ratio table at the end
+#                    1,4,16,64 --max-tokens 128; SERVE_ARGS: more flags for runner serve);
+#                    JSON lines into $OUT/serve.jsonl and a ratio table at the end
 #   fidelity         the fidelity test (llama.cpp goldens, teacher-forced and greedy) on the
 #                    assembled real models, output into $OUT/fidelity.txt
 set -uo pipefail
-models=/root/models
+models=${DEVICE_MODELS:-/root/models}  # DEVICE_MODELS: another folder of models
 mkdir -p "$models"
 vulkan_env() {
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -199,8 +199,9 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
     port=18080
     for model in "$models"/*.gguf; do
       name=$(basename "$model" .gguf)
+      # shellcheck disable=SC2086  # SERVE_ARGS: extra flags for runner serve, word-split
       .device/bin/runner serve -m "$model" --alias "$name" --port "$port" --parallel 64 \
-        --queue 256 --ctx 512 > "$OUT/serve-$name.log" 2>&1 &
+        --queue 256 --ctx 512 ${SERVE_ARGS:-} > "$OUT/serve-$name.log" 2>&1 &
       serve_and_bench "$!" webshard "$name" "$port" "$@"
       /root/llama/build/bin/llama-server -m "$model" --alias "$name" --port "$port" -ngl 99 \
         -np 64 -c 32768 > "$OUT/llama-server-$name.log" 2>&1 &

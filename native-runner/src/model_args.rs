@@ -36,10 +36,10 @@ pub struct ModelArgs {
     /// (for measuring splits; powers of two, LANES_PER_ROW <= LANES <= 256).
     #[arg(long, value_parser = parse_matvec_split, hide = true)]
     pub matvec_split: Option<[u32; 3]>,
-    /// Tokens per matvec workgroup in batched steps instead of the built-in count (for
-    /// measuring it; 1, 2, 4 or 8).
-    #[arg(long, value_parser = parse_matvec_tokens, hide = true)]
-    pub matvec_tokens: Option<u32>,
+    /// Matvec work split of batched steps (several tokens) `LANES,LANES_PER_ROW,ROWS_PER_LANE,
+    /// TOKENS` (tokens per workgroup, 1 to 8) instead of the built-in one (for measuring it).
+    #[arg(long, value_parser = parse_matvec_batch_split, hide = true)]
+    pub matvec_batch_split: Option<[u32; 4]>,
     /// Prefill tile `ROWS,TOKENS,STAGED_COLS[,LANE]` instead of the built-in one (for measuring
     /// tiles; LANE outputs each way per lane, 4 or 8, default 4; a tile the device cannot hold
     /// falls back).
@@ -81,7 +81,7 @@ impl ModelArgs {
             max_binding_override: self.max_binding,
             gpu_work_split: false,
             matvec_split: self.matvec_split,
-            matvec_tokens: self.matvec_tokens,
+            matvec_batch_split: self.matvec_batch_split,
             matmul_tile: self.matmul_tile,
         })
     }
@@ -170,10 +170,16 @@ fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
     Ok([lanes, per_row, rows])
 }
 
-fn parse_matvec_tokens(text: &str) -> Result<u32, String> {
-    match text.parse::<u32>() {
-        Ok(n) if [1, 2, 4, 8].contains(&n) => Ok(n),
-        _ => Err(format!("`{text}`: 1, 2, 4 or 8")),
+pub(crate) fn parse_matvec_batch_split(text: &str) -> Result<[u32; 4], String> {
+    let (split, tokens) = text
+        .rsplit_once(',')
+        .ok_or_else(|| format!("`{text}`: LANES,LANES_PER_ROW,ROWS_PER_LANE,TOKENS"))?;
+    let [lanes, per_row, rows] = parse_matvec_split(split)?;
+    match tokens.trim().parse::<u32>() {
+        Ok(tokens) if (1..=8).contains(&tokens) && tokens.is_power_of_two() => {
+            Ok([lanes, per_row, rows, tokens])
+        }
+        _ => Err(format!("`{text}`: TOKENS must be 1, 2, 4 or 8")),
     }
 }
 

@@ -79,9 +79,9 @@ pub struct GpuOptions {
     /// Matvec work split (lanes per workgroup, lanes per row, rows per lane) instead of the
     /// built-in one: for measuring splits on a device (`runner bench --matvec-split`).
     pub matvec_split: Option<[u32; 3]>,
-    /// Tokens per matvec workgroup in a batched step instead of the built-in count (a power
-    /// of two up to 8), for measuring it (`runner bench --matvec-tokens`).
-    pub matvec_tokens: Option<u32>,
+    /// Matvec work split of products over several tokens (a batched step): `matvec_split`'s
+    /// three numbers and tokens per workgroup, for measuring them (`--matvec-batch-split`).
+    pub matvec_batch_split: Option<[u32; 4]>,
     /// Prefill tile `[rows, tokens, staged_cols, lane]` instead of the built-in one, for
     /// measuring tiles (`runner bench --matmul-tile`).
     pub matmul_tile: Option<[u32; 4]>,
@@ -145,8 +145,8 @@ pub struct Caps {
     pub wgsl_subgroups_directive: bool,
     /// `GpuOptions::matvec_split`.
     pub matvec_split: Option<[u32; 3]>,
-    /// `GpuOptions::matvec_tokens`.
-    pub matvec_tokens: Option<u32>,
+    /// `GpuOptions::matvec_batch_split`.
+    pub matvec_batch_split: Option<[u32; 4]>,
     /// `GpuOptions::matmul_tile`.
     pub matmul_tile: Option<[u32; 4]>,
 }
@@ -280,7 +280,7 @@ impl Gpu {
             max_storage_bindings: granted.max_storage_buffers_per_shader_stage,
             wgsl_subgroups_directive: info.backend == wgpu::Backend::BrowserWebGpu,
             matvec_split: options.matvec_split,
-            matvec_tokens: options.matvec_tokens,
+            matvec_batch_split: options.matvec_batch_split,
             matmul_tile: options.matmul_tile,
         };
         tracing::info!(

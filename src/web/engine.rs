@@ -162,7 +162,7 @@ pub(super) async fn open_gpu(
         max_binding_override: None,
         gpu_work_split: false,
         matvec_split: None,
-        matvec_tokens: None,
+        matvec_batch_split: None,
         matmul_tile: None,
     };
     Gpu::new(&options).await.map_err(|err| match err {

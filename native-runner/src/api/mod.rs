@@ -77,6 +77,10 @@ pub struct ApiArgs {
     /// loaded a second time, without its head). Encoder models (bert) always embed.
     #[arg(long)]
     pub embeddings: bool,
+    /// Matvec work split of batched steps `LANES,LANES_PER_ROW,ROWS_PER_LANE,TOKENS` (for
+    /// measuring it; see `runner bench --matvec-batch-split`).
+    #[arg(long, value_parser = crate::model_args::parse_matvec_batch_split, hide = true)]
+    pub matvec_batch_split: Option<[u32; 4]>,
 }
 
 impl ApiArgs {
@@ -89,7 +93,7 @@ impl ApiArgs {
             ctx: self.ctx,
             max_binding: None,
             matvec_split: None,
-            matvec_tokens: None,
+            matvec_batch_split: self.matvec_batch_split,
             matmul_tile: None,
             per_token_prefill_below: None,
             quiet: true,
@@ -224,6 +228,7 @@ mod tests {
             no_f16: false,
             no_subgroups: false,
             embeddings: false,
+            matvec_batch_split: None,
         };
         assert!(args.names().unwrap_err().to_string().contains("`one`"));
         args.alias = vec!["first".into()];

@@ -155,18 +155,39 @@ struct MatvecParams {
     tokens: u32,
 }
 
-/// Tokens a workgroup multiplies at once in a batched step (`TPW` in the kernel): each weight
-/// unit it dequantizes serves this many tokens.
-const TOKENS_PER_WORKGROUP: u32 = 1;
-
-/// Tokens per workgroup for `tokens` tokens: the configured or built-in count, at most
-/// `tokens` and a power of two (each count is its own pipeline).
-fn tokens_per_workgroup(caps: &crate::gpu::Caps, tokens: u32) -> u32 {
-    let wanted = caps
-        .matvec_tokens
-        .unwrap_or(TOKENS_PER_WORKGROUP)
-        .min(tokens.max(1));
-    1 << (31 - wanted.leading_zeros())
+/// The work split of one product: `shape`, and tokens per workgroup (`TPW` in the kernel).
+fn work_split(
+    caps: &crate::gpu::Caps,
+    w: &QuantMatrix,
+    fusion: &Fusion,
+    tokens: u32,
+) -> (Shape, u32) {
+    if let (Some([wg, threads_per_row, rows_per_thread, per_group]), true) =
+        (caps.matvec_batch_split, tokens > 1)
+    {
+        let shape = Shape {
+            wg,
+            threads_per_row,
+            rows_per_thread,
+        };
+        // A power of two no larger than the tokens: each count is its own pipeline.
+        let per_group = per_group.min(tokens);
+        return (shape, 1 << (31 - per_group.leading_zeros()));
+    }
+    let shape = match caps.matvec_split {
+        Some([wg, threads_per_row, rows_per_thread]) => Shape {
+            wg,
+            threads_per_row,
+            rows_per_thread,
+        },
+        None if caps.cpu_work_split => CPU_SHAPE,
+        None if w.rows >= WIDE_ROWS => GPU_WIDE_SHAPE,
+        None if w.rows >= WIDE_GLU_ROWS && matches!(fusion.epilogue, Epilogue::Glu(..)) => {
+            GPU_GLU_SHAPE
+        }
+        None => GPU_SHAPE,
+    };
+    (shape, 1)
 }
 
 /// `out = epilogue(W · fused_norm(x))` for one token; `x` holds `cols` f32 values.
@@ -192,22 +213,7 @@ pub fn matvec_tokens(
     tokens: u32,
 ) {
     let gpu = rec.gpu();
-    let per_group = tokens_per_workgroup(&gpu.caps, tokens);
-    let shape = match gpu.caps.matvec_split {
-        Some([wg, threads_per_row, rows_per_thread]) => Shape {
-            wg,
-            threads_per_row,
-            rows_per_thread,
-        },
-        None if gpu.caps.cpu_work_split => CPU_SHAPE,
-        // Several tokens' sums per lane: one row each keeps them in registers.
-        None if per_group > 1 => GPU_SHAPE,
-        None if w.rows >= WIDE_ROWS => GPU_WIDE_SHAPE,
-        None if w.rows >= WIDE_GLU_ROWS && matches!(fusion.epilogue, Epilogue::Glu(..)) => {
-            GPU_GLU_SHAPE
-        }
-        None => GPU_SHAPE,
-    };
+    let (shape, per_group) = work_split(&gpu.caps, w, fusion, tokens);
     // The shuffle reduction needs all of a row group's threads in one subgroup.
     let (kernel, threads_per_row) = if rec.variant().subgroups && gpu.caps.subgroup_min >= 1 {
         let fitting = shape.threads_per_row.min(gpu.caps.subgroup_min);
