@@ -1,8 +1,11 @@
 // Matrix-vector product: out[out_offset + first_row + r] = dot(W[r, :], x), W's row r at row
 // buffer_row + r of the bound part (a part may hold several matrices' rows). Several tokens
 // (the rows of a batched decode step) are several products, one per row of x ([tokens, cols],
-// row t at vec4 t * x_stride) into out's row t (at t * out_stride, aux likewise): workgroup z
-// takes tokens z * TPW .. z * TPW + TPW - 1 (the last repeated past `tokens`, never written).
+// row t at vec4 t * x_stride) into out's row t (at t * out_stride, aux likewise): workgroup x
+// takes tokens x * TPW .. x * TPW + TPW - 1 (the last repeated past `tokens`, never written),
+// and y and z the rows. Tokens vary fastest so that the workgroups of one row group run
+// together and share its weights through the cache: a product wider than the cache (an
+// output head) is read from memory once per step, not once per token.
 // TPW > 1 gives a batch of B rows B / TPW times the workgroups of one token instead of B
 // times: on a GPU a wide product's cost is then its workgroups' launches, not their work.
 //
@@ -86,7 +89,7 @@ fn norm_factor(total_squares: f32) -> f32 {
 
 // The first of the RPT rows this thread works on.
 fn first_thread_row(group: vec3<u32>, lane: u32) -> u32 {
-    return ((group.x + group.y * params.groups_x) * ROW_GROUPS + lane / TPR) * RPT;
+    return ((group.y + group.z * params.groups_x) * ROW_GROUPS + lane / TPR) * RPT;
 }
 
 // The activations of token t that unit `u` of the block starting at vec4 `x_block` multiplies.
@@ -177,7 +180,7 @@ fn write_rows(first: u32, sums: array<f32, SUMS>) {
 
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    first_token = group.z * TPW;
+    first_token = group.x * TPW;
     let first = first_thread_row(group, lane);
     let thread = lane % TPR;
     let sums = thread_partials(first, thread);

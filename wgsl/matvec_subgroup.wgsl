@@ -4,7 +4,7 @@
 
 @compute @workgroup_size(WG)
 fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    first_token = group.z * TPW;
+    first_token = group.x * TPW;
     let first = first_thread_row(group, lane);
     var sums = thread_partials(first, lane % TPR);
     for (var s = 0u; s < SUMS; s = s + 1u) {

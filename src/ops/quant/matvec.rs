@@ -273,7 +273,7 @@ pub fn matvec_tokens(
                 aux.as_entire_binding(),
                 norm_weight.as_entire_binding(),
             ],
-            [groups_x, groups_y, tokens.div_ceil(per_group)],
+            [tokens.div_ceil(per_group), groups_x, groups_y],
         );
     }
 }
