@@ -36,7 +36,7 @@ TIMED = re.compile(r"^test (\S+) \.\.\. (\w+) <([\d.]+)s>")
 # beside another. Listed heaviest first, the order they start in.
 PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attention",
             "webshard::ops_select", "webshard::ops_matvec", "webshard::embed_fidelity",
-            "webshard::fidelity_breadth", "webshard::embed_packed",
+            "webshard::fidelity_breadth", "webshard::embed_packed", "webshard::batch_step",
             "webshard::big_model", "webshard::engine_constrained", "webshard::ops_row_views",
             "webshard::ops_.*",
             "webshard::gpu_core", "webshard::model_.*", "webshard::gguf_.*",

@@ -173,7 +173,10 @@ fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
 pub(crate) fn parse_matvec_batch_split(text: &str) -> Result<[u32; 4], String> {
     let (split, tokens) = text
         .rsplit_once(',')
-        .ok_or_else(|| format!("`{text}`: LANES,LANES_PER_ROW,ROWS_PER_LANE,TOKENS"))?;
+        .filter(|(split, _)| split.matches(',').count() == 2)
+        .ok_or_else(|| {
+            format!("`{text}`: want four numbers LANES,LANES_PER_ROW,ROWS_PER_LANE,TOKENS")
+        })?;
     let [lanes, per_row, rows] = parse_matvec_split(split)?;
     match tokens.trim().parse::<u32>() {
         Ok(tokens) if (1..=8).contains(&tokens) && tokens.is_power_of_two() => {
@@ -214,5 +217,16 @@ mod tests {
         assert!(parse_matmul_tile("32,32").is_err());
         assert!(parse_matmul_tile("32,32,32,8,1").is_err());
         assert!(parse_matmul_tile("32,x,32").is_err());
+    }
+
+    #[test]
+    fn batch_splits_take_four_numbers_with_a_power_of_two_tokens() {
+        assert_eq!(parse_matvec_batch_split("128,16,1,4"), Ok([128, 16, 1, 4]));
+        let three = parse_matvec_batch_split("128,16,1").unwrap_err();
+        assert!(three.contains("four numbers"), "{three}");
+        let tokens = parse_matvec_batch_split("128,16,1,3").unwrap_err();
+        assert!(tokens.contains("1, 2, 4 or 8"), "{tokens}");
+        assert!(parse_matvec_batch_split("128,256,1,2").is_err());
+        assert!(parse_matvec_batch_split("128,16,1,16").is_err());
     }
 }

@@ -212,14 +212,18 @@ where
 }
 
 /// Sixteen requests decoded together give their lone answers: with log-probabilities (each
-/// step's logits come back) and without (greedy on the device, steps chained ahead).
+/// step's logits come back) and without (greedy on the device, steps chained ahead; the batch
+/// changes as they finish at 6 and 8 tokens).
 async fn sixteen_together_match_their_lone_runs(server: &Target) {
     let client = Client::new();
     let max_tokens = |index: usize| 6 + (index % 2) as u32 * 2;
     let mut alone = Vec::new();
+    let timed = Instant::now();
     for (index, prompt) in PROMPTS.iter().enumerate() {
         alone.push(complete(&client, server, prompt, max_tokens(index)).await);
     }
+    eprintln!("sixteen alone: {:.1} s", timed.elapsed().as_secs_f64());
+    let timed = Instant::now();
     let batched = all_at_once(
         server,
         max_tokens,
@@ -231,6 +235,8 @@ async fn sixteen_together_match_their_lone_runs(server: &Target) {
     for ((prompt, batched), alone) in PROMPTS.iter().zip(&batched).zip(&alone) {
         assert_same_until_near_tie(prompt, alone, batched);
     }
+    eprintln!("sixteen together: {:.1} s", timed.elapsed().as_secs_f64());
+    let timed = Instant::now();
     let chained = all_at_once(
         server,
         max_tokens,
@@ -239,6 +245,7 @@ async fn sixteen_together_match_their_lone_runs(server: &Target) {
         },
     )
     .await;
+    eprintln!("sixteen chained: {:.1} s", timed.elapsed().as_secs_f64());
     for ((prompt, chained), alone) in PROMPTS.iter().zip(&chained).zip(&alone) {
         let agreed = before_near_tie(alone).concat();
         assert!(

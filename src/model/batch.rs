@@ -1,14 +1,15 @@
 //! One decode step of several sequences at once (continuous batching).
 //!
 //! Row `i` of the step is sequence `i`'s next token, at its own position in its own KV cache.
-//! The weight products run over all rows together through the prompt path's tiled kernels
-//! (one pass over each matrix for the whole batch: what makes a batch cheap), while rope and
-//! the cache write run per row on the row's own cache (`block::attend_rows`), and attention
-//! runs in one dispatch over all rows when their caches are slots of one pool (the serving
-//! pool's `KvCache::pooled`; a row table in the scratch gives each row's position and slot),
-//! else per row. One
-//! row alone takes the single-token path unchanged, so a batch of one decodes exactly as a
-//! lone sequence does.
+//! The weight products run over all rows together (on a GPU up to 16 rows through the decode
+//! path's fused matrix-vector products, one per row; more through the prompt path's tiled
+//! kernels), while rope and the cache write run per row on the row's own cache
+//! (`block::attend_rows`), and attention runs in one dispatch over all rows when their caches
+//! are slots of one pool (the serving pool's `KvCache::pooled`; a row table in the scratch
+//! gives each row's position and slot), else per row. One row alone takes the single-token
+//! path unchanged, so a batch of one decodes exactly as a lone sequence does. A greedy step's
+//! argmax stays in the id buffer too, so the next step can be submitted before the host reads
+//! this one (`RowTokens::FedBack`).
 
 use std::ops::Range;
 
