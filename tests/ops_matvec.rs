@@ -51,7 +51,7 @@ fn batch_split_devices(turn: usize, seed: u64) -> Vec<(Arc<Gpu>, Variant)> {
         .into_iter()
         .map(|split| {
             let options = GpuOptions {
-                backend: backend.clone(),
+                backend,
                 gpu_work_split: true,
                 matvec_batch_split: Some(split),
                 ..Default::default()
