@@ -3,11 +3,11 @@
 // (the rows of a batched decode step) are several products, one per row of x ([tokens, cols],
 // row t at vec4 t * x_stride) into out's row t (at t * out_stride, aux likewise): workgroup x
 // takes tokens x * TPW .. x * TPW + TPW - 1 (the last repeated past `tokens`, never written),
-// and y and z the rows. Tokens vary fastest so that the workgroups of one row group run
-// together and share its weights through the cache: a product wider than the cache (an
-// output head) is read from memory once per step, not once per token.
-// TPW > 1 gives a batch of B rows B / TPW times the workgroups of one token instead of B
-// times: on a GPU a wide product's cost is then its workgroups' launches, not their work.
+// and y and z the rows. Tokens vary fastest, so the workgroups of one row group run together
+// over the same weights (on the H200 neither faster nor slower than rows first: docs/perf.md,
+// session 16). TPW > 1 gives a batch of B rows B / TPW times one token's workgroups instead
+// of B times, each doing TPW tokens' work; it measured slower on the H200, so the built-in
+// splits use 1 and `--matvec-batch-split` measures others.
 //
 // Each thread accumulates RPT consecutive rows at once, so every activation it loads serves
 // RPT rows (on CPU adapters every storage load is a per-lane scalar loop, and activation
@@ -22,13 +22,14 @@
 //   threads sum x's squares from the same loads as the dot products and the factor is applied
 //   at the end, so the weight loads never wait on a reduction (a row group's threads together
 //   read all of x once).
-// - EPILOGUE: 0 stores the dot product; 1 adds aux[row] (a bias, the same for every token); 2
-//   adds it to out[row] (the residual stream); 3 and 4 store silu(aux[row]) or gelu(aux[row]) times it (aux holds the
-//   gate projection, this matrix is the up projection); 5 and 6 (GLU, HALVES = 2) also take
-//   the dot product with row up_buffer_row + r of the same part (the up projection) and store
-//   silu(dot) or gelu(dot) times that. aux is indexed like out (per token), but for a bias.
-// Each thread keeps SLOTS = RPT * HALVES sums: its rows' dot products, then (GLU) their up
-// rows'. The thread that writes a row holds both of its sums.
+// - EPILOGUE: 0 stores the dot product; 1 adds aux[row] (a bias, the same for every token);
+//   2 adds it to out[row] (the residual stream); 3 and 4 store silu(aux[row]) or
+//   gelu(aux[row]) times it (aux holds the gate projection, this matrix is the up
+//   projection); 5 and 6 (GLU, HALVES = 2) also take the dot product with row
+//   up_buffer_row + r of the same part (the up projection) and store silu(dot) or gelu(dot)
+//   times that. aux is indexed like out (per token), but for a bias.
+// Each thread keeps SLOTS = RPT * HALVES sums per token: its rows' dot products, then (GLU)
+// their up rows'. The thread that writes a row holds both of its sums.
 
 struct Params {
     rows: u32,
