@@ -14,16 +14,6 @@ use webshard::ops::attention::KvCache;
 use crate::bench::mean_sd;
 use crate::profile::{timed_kernels, KernelTable};
 
-/// `rows` pooled caches, or separate ones where the model cannot pool (as the server does).
-fn caches_for(stage: &Stage, rows: u32) -> anyhow::Result<Vec<KvCache>> {
-    if let Some(caches) = stage.new_pooled_kv_caches(rows) {
-        return Ok(caches);
-    }
-    Ok((0..rows)
-        .map(|_| stage.new_kv_cache())
-        .collect::<Result<_, _>>()?)
-}
-
 /// Seconds for `steps` chained greedy steps over one row per cache, from position 0.
 async fn chained_steps(stage: &Stage, caches: &[KvCache], steps: u32) -> anyhow::Result<f64> {
     let vocab = stage.cfg.vocab;
@@ -58,7 +48,7 @@ pub async fn batch_rates(
     let steps = steps.min(stage.spec.max_context);
     let mut tests = Vec::new();
     for &rows in row_counts {
-        let caches = caches_for(stage, rows)?;
+        let caches = stage.new_slot_kv_caches(rows)?;
         chained_steps(stage, &caches, steps.min(4)).await?;
         let mut rates = Vec::new();
         for _ in 0..repetitions {
@@ -74,7 +64,7 @@ pub async fn batch_rates(
 pub async fn profile_batch(engine: &Engine, rows: u32, steps: u32) -> anyhow::Result<KernelTable> {
     let stage = &engine.stage;
     let steps = steps.min(stage.spec.max_context);
-    let caches = caches_for(stage, rows)?;
+    let caches = stage.new_slot_kv_caches(rows)?;
     let run = async {
         chained_steps(stage, &caches, steps).await?;
         Ok(0.0)

@@ -29,13 +29,7 @@ fn fused(rec: &Recorder, step: &LayerStep) -> bool {
 pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
     if tokens > 1 && fused(rec, step) {
-        let a = w.attention();
-        let projections = [
-            (&a.wq, &w.bq, &s.q),
-            (&a.wk, &w.bk, &s.k),
-            (&a.wv, &w.bv, &s.v),
-        ];
-        for (matrix, bias, out) in projections {
+        for (matrix, bias, out) in separate_projections(step) {
             let fusion = Fusion {
                 norm: Some((&w.attn_norm.buffer, cfg.rms_eps)),
                 epilogue: bias
@@ -74,18 +68,25 @@ pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
         cfg.d_model,
         cfg.rms_eps,
     );
-    let a = w.attention();
-    let projections = [
-        (&a.wq, &w.bq, &s.q),
-        (&a.wk, &w.bk, &s.k),
-        (&a.wv, &w.bv, &s.v),
-    ];
-    for (matrix, bias, out) in projections {
+    for (matrix, bias, out) in separate_projections(step) {
         quant::matmul(rec, &matrix.view(), &s.normed, out, tokens);
         if let Some(bias) = bias {
             elementwise::add_bias(rec, out, &bias.buffer, tokens, bias.len);
         }
     }
+}
+
+/// q, k and v each as its own product: matrix, bias if any, and the buffer it goes to.
+fn separate_projections<'a>(
+    step: &LayerStep<'a>,
+) -> [(&'a Matrix, &'a Option<Vector>, &'a wgpu::Buffer); 3] {
+    let (w, s) = (step.weights, step.scratch);
+    let a = w.attention();
+    [
+        (&a.wq, &w.bq, &s.q),
+        (&a.wk, &w.bk, &s.k),
+        (&a.wv, &w.bv, &s.v),
+    ]
 }
 
 /// The matrices as few products as their tensors allow: each run of neighbours whose rows

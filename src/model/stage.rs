@@ -511,6 +511,16 @@ impl Stage {
         .ok()
     }
 
+    /// `slots` caches for the sequences of batched steps: one pool where the stage allows it
+    /// (`new_pooled_kv_caches`: a batched step then attends every row in one dispatch), else a
+    /// cache per slot.
+    pub fn new_slot_kv_caches(&self, slots: u32) -> Result<Vec<KvCache>, ModelError> {
+        match self.new_pooled_kv_caches(slots) {
+            Some(caches) => Ok(caches),
+            None => (0..slots).map(|_| self.new_kv_cache()).collect(),
+        }
+    }
+
     /// Makes `cache` the one forward calls read and write, and returns the previous one.
     /// Work already submitted keeps the buffers it was recorded with.
     pub fn swap_kv_cache(&mut self, cache: KvCache) -> KvCache {

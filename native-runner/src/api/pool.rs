@@ -41,16 +41,10 @@ pub struct Claim {
 }
 
 impl KvPool {
-    /// `slots` caches shaped like the stage's own: one pool of buffers where the stage allows
-    /// it (`Stage::new_pooled_kv_caches`: a batched step then attends every row in one
-    /// dispatch), else a cache per slot.
+    /// `slots` caches shaped like the stage's own (`Stage::new_slot_kv_caches`: one pool of
+    /// buffers where the stage allows it).
     pub fn new(stage: &Stage, slots: usize) -> Result<KvPool, ModelError> {
-        let caches = match stage.new_pooled_kv_caches(slots as u32) {
-            Some(caches) => caches,
-            None => (0..slots)
-                .map(|_| stage.new_kv_cache())
-                .collect::<Result<Vec<_>, ModelError>>()?,
-        };
+        let caches = stage.new_slot_kv_caches(slots as u32)?;
         let slots = caches
             .into_iter()
             .map(|cache| Slot {
