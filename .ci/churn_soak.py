@@ -31,6 +31,8 @@ import sys
 import tempfile
 import time
 
+from child_log import ChildLog
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKEN = "churn-soak"
@@ -49,15 +51,14 @@ def models_dir():
 
 
 def spawn(args, err_path):
-    err = open(err_path, "w+")
+    err = ChildLog(err_path)
     proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=err, text=True, env={**os.environ, "RUST_LOG": LOG})
+                            stderr=err.sink, text=True, env={**os.environ, "RUST_LOG": LOG})
     CHILDREN.append(proc)
     return proc, err
 
 
 def read(err):
-    err.seek(0)
     return err.read()
 
 

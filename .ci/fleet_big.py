@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from child_log import ChildLog
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOKEN = "fleet-big"
 PROMPT = "The capital of France is"
@@ -84,12 +86,11 @@ def single(a, path):
 
 def server(a):
     """`runner serve --fleet` over OUTDIR on a free port; its host:port."""
-    out = open(os.path.join(a.outdir, "serve.out"), "w+")
+    out = ChildLog(os.path.join(a.outdir, "serve.out"))
     spawn([a.runner, "serve", "--root", ROOT, "--models", a.outdir, "--port", "0",
-           "--fleet", TOKEN], stdout=out, stderr=subprocess.STDOUT)
+           "--fleet", TOKEN], stdout=out.sink, stderr=subprocess.STDOUT)
     deadline = time.time() + 30
     while time.time() < deadline:
-        out.seek(0)
         m = re.search(r"serving http://([0-9.:]+)/", out.read())
         if m:
             return m.group(1)
@@ -105,15 +106,14 @@ def fleet(a, cap_mib):
         spawn([a.runner, "donor", "--once", "--signal", f"ws://{host}/signal", "--fleet", TOKEN,
                "--gpu-mem-mib", str(cap_mib), "--backend", a.backend],
               stdout=subprocess.DEVNULL, stderr=err)
-    err = open(os.path.join(a.outdir, "coordinate.err"), "w+")
+    err = ChildLog(os.path.join(a.outdir, "coordinate.err"))
     c = spawn([a.runner, "coordinate", "-m", f"http://{host}/models/big.gguf",
                "--signal", f"ws://{host}/signal", "--fleet", TOKEN, "--donors", str(a.donors),
                "-p", PROMPT, "-n", str(a.n), "--temp", "0", "--ctx", str(a.ctx),
                "--kv-slots", "1", "--json", "--backend", a.backend],
-              stdout=subprocess.PIPE, stderr=err, text=True)
+              stdout=subprocess.PIPE, stderr=err.sink, text=True)
     out, _ = c.communicate(timeout=LIMIT)
     if c.returncode != 0:
-        err.seek(0)
         raise SystemExit(f"runner coordinate failed (logs in {a.outdir}):\n{err.read()[-3000:]}")
     return json.loads(out)
 

@@ -33,6 +33,8 @@ import sys
 import tempfile
 import time
 
+from child_log import ChildLog
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TOKEN = "fleet-perf"
@@ -73,13 +75,12 @@ def cleanup(*_):
 
 
 def server(runner, logdir):
-    out = open(os.path.join(logdir, "serve.out"), "w+")
+    out = ChildLog(os.path.join(logdir, "serve.out"))
     p = spawn([runner, "serve", "--root", ROOT, "--models", MODELS, "--port", "0",
                "--fleet", TOKEN],
-              stdout=out, stderr=subprocess.DEVNULL)
+              stdout=out.sink, stderr=subprocess.DEVNULL)
     deadline = time.time() + 30
     while time.time() < deadline:
-        out.seek(0)
         m = re.search(r"serving http://([0-9.:]+)/", out.read())
         if m:
             return p, m.group(1)
@@ -90,9 +91,9 @@ def server(runner, logdir):
 def donors(runner, host, k, logdir):
     procs = []
     for i in range(k):
-        err = open(os.path.join(logdir, f"donor{i}.err"), "w+")
+        err = ChildLog(os.path.join(logdir, f"donor{i}.err"))
         p = spawn([runner, "donor", "--signal", f"ws://{host}/signal", "--fleet", TOKEN,
-                   "--backend", BACKEND], stdout=subprocess.DEVNULL, stderr=err)
+                   "--backend", BACKEND], stdout=subprocess.DEVNULL, stderr=err.sink)
         procs.append((p, err))
     return procs
 
@@ -100,14 +101,12 @@ def donors(runner, host, k, logdir):
 def reload_bytes(err):
     """Bytes a donor downloaded for its latest load: the growth of its running total between
     its last two Serving lines (None when it loaded once)."""
-    err.seek(0)
     totals = [int(b) for b in re.findall(r"Serving: layers Some\([^)]*\), (\d+) bytes", err.read())]
     return totals[-1] - totals[-2] if len(totals) >= 2 else None
 
 
 def serving_start(err):
     """The first layer a donor serves now, from its last status line."""
-    err.seek(0)
     found = re.findall(r"Serving: layers Some\((\d+)\.\.(\d+)\)", err.read())
     return int(found[-1][0]) if found else None
 
@@ -116,7 +115,7 @@ def coordinate(runner, host, k, prompts, n, logdir, kill=None):
     """One fleet run; `kill` = (tokens, 'first'|'middle'|'last') kills that stage's donor."""
     srv, host = server(runner, logdir)
     fleet = donors(runner, host, k, logdir)
-    err = open(os.path.join(logdir, "coord.err"), "w+")
+    err = ChildLog(os.path.join(logdir, "coord.err"))
     args = [runner, "coordinate", "-m", f"http://{host}/models/{MODEL}",
             "--signal", f"ws://{host}/signal", "--fleet", TOKEN, "--donors", str(k),
             "-n", str(n), "--temp", "0", "--json", "--progress", "--backend", BACKEND,
@@ -124,13 +123,12 @@ def coordinate(runner, host, k, prompts, n, logdir, kill=None):
     for p in prompts:
         args += ["-p", p]
     started = time.time()
-    c = spawn(args, stdout=subprocess.PIPE, stderr=err, text=True)
+    c = spawn(args, stdout=subprocess.PIPE, stderr=err.sink, text=True)
     killed_at = None
     if kill:
         tokens, which = kill
         deadline = time.time() + LIMIT
         while time.time() < deadline and c.poll() is None:
-            err.seek(0)
             if f"token 0 {tokens - 1} " in err.read():
                 break
             time.sleep(0.02)
@@ -149,7 +147,6 @@ def coordinate(runner, host, k, prompts, n, logdir, kill=None):
     srv.kill()
     srv.wait()
     if c.returncode != 0:
-        err.seek(0)
         raise SystemExit(f"coordinate failed:\n{err.read()[-3000:]}")
     j = json.loads(out)
     j["wall_s"] = wall
@@ -157,7 +154,6 @@ def coordinate(runner, host, k, prompts, n, logdir, kill=None):
         j["after_kill_s"] = time.time() - killed_at
         reloads = [reload_bytes(e) for p, e in fleet if p.returncode != -signal.SIGKILL]
         j["reload_bytes"] = sum(r for r in reloads if r is not None)
-        err.seek(0)
         kept = ("donor lost", "stage ready", "recovered", "stages ready")
         j["recovery_log"] = [line.split(": ", 1)[-1] for line in err.read().splitlines()
                              if any(k in line for k in kept)]
