@@ -1,8 +1,9 @@
-//! Constrained generation end to end through `runner generate` on the real models: generated
-//! JSON Schemas (greedy and sampled), regexes and a Lark grammar, every output checked by an
-//! independent validator; constrained greedy against free greedy; errors before loading; and
+//! Constrained generation end to end on the real models: generated JSON Schemas (greedy and
+//! sampled, through `runner serve -m`), regexes and a Lark grammar (through `runner generate`),
+//! every output checked by an independent validator; constrained greedy against free greedy; errors before loading; and
 //! `runner bench`'s mask cost.
 
+mod api_support;
 mod common;
 #[path = "../../tests/constraint_support/mod.rs"]
 mod constraint_support;
@@ -10,8 +11,10 @@ mod constraint_support;
 use std::path::Path;
 use std::process::{Command, Output};
 
+use api_support::ApiServer;
 use constraint_support::{generated_schema, is_arithmetic, ARITHMETIC_LARK, REGEXES};
-use serde_json::Value;
+use reqwest::{Client, StatusCode};
+use serde_json::{json, Value};
 use webshard::gguf::{read_header, FileSource};
 use webshard::sample::{Constraint, ConstraintSpec, TokenView};
 use webshard::tokenizer::Tokenizer;
@@ -48,20 +51,26 @@ fn generate(model: &str, prompt: &str, n: u32, extra: &[&str]) -> Value {
     serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("{e}: {stdout}"))
 }
 
-/// The output's text, checked against the finish reason: `stop` before `n` tokens, or
-/// `length` at exactly `n`. `None` when cut at the length.
-fn finished_text(out: &Value, n: u32) -> Option<String> {
+/// `runner generate`'s text, checked against its finish reason (`finished_text`).
+fn generated_text(out: &Value, n: u32) -> Option<String> {
     let count = out["ids"].as_array().expect("ids").len() as u32;
-    match out["finish_reason"].as_str() {
+    let text = out["text"].as_str().expect("text").to_owned();
+    finished_text(out["finish_reason"].as_str(), count, text, n)
+}
+
+/// The text of an answer of `count` tokens, checked against its finish reason: `stop` before
+/// `n` tokens, or `length` at exactly `n`. `None` when cut at the length.
+fn finished_text(reason: Option<&str>, count: u32, text: String, n: u32) -> Option<String> {
+    match reason {
         Some("stop") => {
-            assert!(count <= n, "{out}");
-            Some(out["text"].as_str().expect("text").to_owned())
+            assert!(count <= n, "{count} tokens for at most {n}: {text}");
+            Some(text)
         }
         Some("length") => {
-            assert_eq!(count, n, "length only at max tokens: {out}");
+            assert_eq!(count, n, "length only at max tokens: {text}");
             None
         }
-        other => panic!("finish reason {other:?}: {out}"),
+        other => panic!("finish reason {other:?}: {text}"),
     }
 }
 
@@ -71,26 +80,47 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
     path.display().to_string()
 }
 
-fn schemas_validate_on(model: &str, schemas: u64, n: u32) {
-    let dir = tempfile::tempdir().expect("temp dir");
+/// `schemas` generated schemas, each asked for greedily and then sampled through one `runner
+/// serve -m`, every answer checked by an independent validator. The server runs constrained
+/// requests one at a time on its engine, which keeps the last prompt's cache: the sampled
+/// request after its greedy twin computes none of the prompt (the schema, most of the work on
+/// a CPU adapter) again, and the model loads once.
+async fn schemas_validate_on(model: &str, schemas: u64, n: u32) {
+    let path = common::model_path(model).display().to_string();
+    let server = ApiServer::start(&path, model, &["--ctx", "1024"]).await;
+    let (client, url) = (Client::new(), server.url("v1/chat/completions"));
     let mut finished = 0;
     for seed in 0..schemas {
         let schema = generated_schema(1000 + seed, 0);
-        let file = write(
-            dir.path(),
-            &format!("schema{seed}.json"),
-            &schema.to_string(),
-        );
         let validator = jsonschema::validator_for(&schema).expect("valid schema");
-        let sampled = [
-            "--temp", "1.0", "--top-k", "0", "--top-p", "1", "--min-p", "0",
-        ];
-        for sampler in [&["--temp", "0"][..], &sampled[..]] {
-            let mut extra = vec!["--json-schema", &file, "--seed", "3"];
-            extra.extend_from_slice(sampler);
-            let prompt = format!("Give a JSON object for this schema: {schema}");
-            let out = generate(model, &prompt, n, &extra);
-            let Some(text) = finished_text(&out, n) else {
+        let prompt = format!("Give a JSON object for this schema: {schema}");
+        let greedy = json!({"temperature": 0});
+        let sampled = json!({"temperature": 1.0, "top_k": 0, "top_p": 1, "min_p": 0});
+        for (turn, sampler) in [greedy, sampled].into_iter().enumerate() {
+            let mut body = json!({
+                "model": model, "messages": [{"role": "user", "content": prompt}],
+                "max_tokens": n, "seed": 3,
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "generated", "schema": schema}},
+            });
+            let fields = body.as_object_mut().expect("an object");
+            fields.extend(sampler.as_object().expect("an object").clone());
+            let answer = post(&client, &url, &body).await;
+            let cached = &answer["usage"]["prompt_tokens_details"]["cached_tokens"];
+            let prompt_tokens = answer["usage"]["prompt_tokens"].as_u64().expect("usage");
+            if turn == 1 {
+                // All but the prompt's last token, which yields the first logits.
+                assert_eq!(cached.as_u64(), Some(prompt_tokens - 1), "{answer}");
+            }
+            let choice = &answer["choices"][0];
+            let count = answer["usage"]["completion_tokens"]
+                .as_u64()
+                .expect("usage") as u32;
+            let text = choice["message"]["content"]
+                .as_str()
+                .expect("content")
+                .to_owned();
+            let Some(text) = finished_text(choice["finish_reason"].as_str(), count, text, n) else {
                 continue;
             };
             let value: Value =
@@ -102,14 +132,29 @@ fn schemas_validate_on(model: &str, schemas: u64, n: u32) {
     assert!(finished > 0, "no output finished within {n} tokens");
 }
 
-#[test]
-fn generated_schemas_validate_on_smollm2() {
-    schemas_validate_on(common::SMOLLM2, 5, 40);
+async fn post(client: &Client, url: &str, body: &Value) -> Value {
+    let response = client
+        .post(url)
+        .bearer_auth(api_support::KEY)
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .expect("the server answers");
+    let status = response.status();
+    let text = response.text().await.expect("a body");
+    assert_eq!(status, StatusCode::OK, "{text} for {body}");
+    serde_json::from_str(&text).expect("JSON")
 }
 
-#[test]
-fn generated_schemas_validate_on_qwen() {
-    schemas_validate_on(common::QWEN, 2, 32);
+#[tokio::test(flavor = "multi_thread")]
+async fn generated_schemas_validate_on_smollm2() {
+    schemas_validate_on(common::SMOLLM2, 5, 40).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn generated_schemas_validate_on_qwen() {
+    schemas_validate_on(common::QWEN, 2, 32).await;
 }
 
 #[test]
@@ -123,7 +168,7 @@ fn regexes_and_a_grammar_hold_on_smollm2() {
             16,
             &["--regex", pattern, "--temp", "0"],
         );
-        if let Some(text) = finished_text(&out, 16) {
+        if let Some(text) = generated_text(&out, 16) {
             assert!(full.is_match(&text), "{pattern}: {text:?}");
         }
     }
@@ -134,7 +179,7 @@ fn regexes_and_a_grammar_hold_on_smollm2() {
         16,
         &["--grammar", &grammar, "--temp", "0"],
     );
-    if let Some(text) = finished_text(&out, 16) {
+    if let Some(text) = generated_text(&out, 16) {
         assert!(is_arithmetic(&text), "{text:?}");
     }
 }
