@@ -341,7 +341,8 @@ fn glu_matvec_matches_gate_and_up_references() {
 
 /// `matvec_tokens` runs one product per row of x into the same row of a poisoned output, with
 /// each row's own norm and the bias of every row; `quant::matmul` takes it for a GPU's few-token
-/// products (and the tiled kernel on CPU adapters): both against the reference, row by row.
+/// products (and the tiled kernel on CPU adapters): both against the reference, row by row;
+/// and the GLU epilogue (gate and up rows of one matrix) over the same tokens.
 /// The token counts give workgroups of 4 tokens (the last one short: 5, 7) and of 2 (2, 3).
 #[test]
 fn matvec_over_several_tokens_matches_the_reference_per_row() {
@@ -363,6 +364,7 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
         let norm_weight = testing::random_f32(cols, seed ^ 13);
         let mut want_bias = vec![0.0; tokens * rows];
         let mut want_plain = vec![0.0; tokens * rows];
+        let mut want_normed = vec![0.0; tokens * rows];
         for t in 0..tokens {
             let (x_row, aux_row) = (&x[t * cols..][..cols], &aux[..]);
             let norm = Some((norm_weight.as_slice(), 1e-5));
@@ -372,7 +374,18 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
             let out = &mut want_plain[t * rows..][..rows];
             let store = ReferenceEpilogue::Store;
             matvec_reference(quant, &bytes, rows, x_row, None, store, aux_row, out);
+            let out = &mut want_normed[t * rows..][..rows];
+            matvec_reference(quant, &bytes, rows, x_row, norm, store, aux_row, out);
         }
+        // GLU over the matrix's first GLU_ROWS rows (gate) and the next as many (up).
+        let act = [Activation::Silu, Activation::GeluTanh][index % 2];
+        let want_glu: Vec<f32> = (0..tokens * GLU_ROWS)
+            .map(|i| {
+                let normed = &want_normed[i / GLU_ROWS * rows..];
+                let r = i % GLU_ROWS;
+                activation_reference(normed[r], act) * normed[GLU_ROWS + r]
+            })
+            .collect();
         let mut devices = devices_for_case(index, seed);
         devices.extend(batch_split_devices(index, seed));
         for (gpu, variant) in devices {
@@ -398,9 +411,22 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
                 matmul(rec, &w, &x_buf, out, tokens as u32)
             });
             testing::assert_close(&got, &want_plain, 2e-4, &format!("matmul {what}"));
+            let glu = Fusion {
+                norm: Some((&norm_buf, 1e-5)),
+                epilogue: Epilogue::Glu(w.rows(GLU_ROWS as u32..2 * GLU_ROWS as u32), act),
+                out_offset: 0,
+            };
+            let gate = w.rows(0..GLU_ROWS as u32);
+            let got = run_tokens(&gpu, variant, tokens * GLU_ROWS, |rec, out| {
+                matvec_tokens(rec, &gate, &x_buf, out, &glu, tokens as u32)
+            });
+            testing::assert_close(&got, &want_glu, 2e-4, &format!("GLU {act:?} {what}"));
         }
     }
 }
+
+/// The gate rows of the several-token GLU product (up's follow them; the matrix has 75).
+const GLU_ROWS: usize = 37;
 
 /// Records `body` into a poisoned output of `len` values and reads it back.
 fn run_tokens(

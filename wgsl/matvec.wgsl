@@ -6,8 +6,7 @@
 // and y and z the rows. Tokens vary fastest, so the workgroups of one row group run together
 // over the same weights (on the H200 neither faster nor slower than rows first: docs/perf.md,
 // session 16). TPW > 1 gives a batch of B rows B / TPW times one token's workgroups instead
-// of B times, each doing TPW tokens' work; it measured slower on the H200, so the built-in
-// splits use 1 and `--matvec-batch-split` measures others.
+// of B times, each decoding a weight unit once for its TPW tokens.
 //
 // Each thread accumulates RPT consecutive rows at once, so every activation it loads serves
 // RPT rows (on CPU adapters every storage load is a per-lane scalar loop, and activation
@@ -120,13 +119,16 @@ fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
         let block = unit / UNITS;
         let u = unit % UNITS;
         let x_block = block * (BLOCK / 4u);
-        // Each token's activations serve all of its rows; a weight unit is decoded once per
-        // token (the repeats hit the cache).
+        // Each token's activations serve all of its rows, and each decoded weight unit all
+        // of the workgroup's tokens: decoding costs more than the multiply-adds it feeds.
+        var activations: array<Unit, TPW>;
         for (var t = 0u; t < TPW; t = t + 1u) {
-            let activations = unit_activations(t, x_block, u);
-            for (var s = 0u; s < SLOTS; s = s + 1u) {
-                let values = dequant_unit(row_start[s] + block * BLOCK_BYTES, u);
-                acc[t * SLOTS + s] = acc[t * SLOTS + s] + unit_dot(values, activations);
+            activations[t] = unit_activations(t, x_block, u);
+        }
+        for (var s = 0u; s < SLOTS; s = s + 1u) {
+            let values = dequant_unit(row_start[s] + block * BLOCK_BYTES, u);
+            for (var t = 0u; t < TPW; t = t + 1u) {
+                acc[t * SLOTS + s] = acc[t * SLOTS + s] + unit_dot(values, activations[t]);
             }
         }
     }
