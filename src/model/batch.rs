@@ -1,7 +1,7 @@
 //! One decode step of several sequences at once (continuous batching).
 //!
 //! Row `i` of the step is sequence `i`'s next token, at its own position in its own KV cache.
-//! The weight products run over all rows together (on a GPU up to 16 rows through the decode
+//! The weight products run over all rows together (up to 16 rows through the decode
 //! path's fused matrix-vector products, one per row; more through the prompt path's tiled
 //! kernels), while rope and the cache write run per row on the row's own cache
 //! (`block::attend_rows`), and attention runs in one dispatch over all rows when their caches

@@ -273,19 +273,29 @@ const EMBED_WG: u32 = 64;
 /// handful of workgroups (9 for a 576-row matrix at 64 rows a tile). On the H200 (SmolLM2 /
 /// Qwen2.5 steps, tiled then matrix-vector): 4 rows 10.7 / 15.6 ms then 4.9 / 6.0, 16 rows 16.5
 /// / 18.7 then 11.4 / 15.9, but 64 rows 38.7 / 36.9 then 35.9 / 53.5, where reading Qwen's
-/// weights once per token costs more than the tiled kernel's idle lanes. CPU adapters keep the
-/// tiled kernel, which dequantizes each weight once for all the tokens.
+/// weights once per token costs more than the tiled kernel's idle lanes.
 pub const MATVEC_TOKENS_ON_GPU: u32 = 16;
+
+/// The same on a CPU adapter, where the tiled kernel costs a whole tile of tokens however few
+/// there are: on lavapipe a batched step of 2 SmolLM2 rows took 5.7 s, 14 single steps' time.
+/// The matrix-vector kernel there takes 4 tokens per workgroup and decodes each weight once
+/// for them: 2 / 4 / 16 rows give 3.3 / 4.3 / 4.6 tok/s in all, one row 2.5 (docs/perf.md,
+/// session 17).
+pub const MATVEC_TOKENS_ON_CPU: u32 = 16;
 
 /// Whether `matmul` multiplies `tokens` tokens with the matrix-vector kernel, one product per
 /// token (so the fusions of `matvec_tokens` apply to them too).
 pub fn per_token_products(gpu: &crate::gpu::Gpu, tokens: u32) -> bool {
-    tokens == 1 || (!gpu.caps.cpu_work_split && tokens <= MATVEC_TOKENS_ON_GPU)
+    let most = match gpu.caps.cpu_work_split {
+        true => MATVEC_TOKENS_ON_CPU,
+        false => MATVEC_TOKENS_ON_GPU,
+    };
+    tokens <= most
 }
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
-/// `[tokens, rows]`, both f32. One token uses the matrix-vector kernel, as do up to
-/// `MATVEC_TOKENS_ON_GPU` on a GPU; more use the cooperative-matrix one where
+/// `[tokens, rows]`, both f32. Up to `MATVEC_TOKENS_ON_GPU` tokens on a GPU use the
+/// matrix-vector kernel (`MATVEC_TOKENS_ON_CPU` on a CPU adapter); more use the cooperative-matrix one where
 /// `uses_coop_matrix`, else the tiled one.
 pub fn matmul(
     rec: &mut Recorder,

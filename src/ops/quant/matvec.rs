@@ -52,6 +52,11 @@ const CPU_SHAPE: Shape = Shape {
     rows_per_thread: 4,
 };
 
+/// Tokens per workgroup of several tokens' products on a CPU adapter: each decoded weight
+/// serves them all (on lavapipe a 64-token Qwen2.5 prompt through them took 0.54 s a token,
+/// 8 a group no better, against 1.15 s for a lone decode step).
+const CPU_TOKENS_PER_GROUP: u32 = 4;
+
 /// GPUs need many workgroups in flight for rows of a few hundred values: a subgroup (up to 32
 /// lanes) per row, so a row's units are read by neighbouring lanes at once.
 const GPU_SHAPE: Shape = Shape {
@@ -173,6 +178,12 @@ fn work_split(
         // A power of two no larger than the tokens: each count is its own pipeline.
         let per_group = per_group.min(tokens);
         return (shape, 1 << (31 - per_group.leading_zeros()));
+    }
+    if caps.cpu_work_split && caps.matvec_split.is_none() && tokens > 1 {
+        return (
+            CPU_SHAPE,
+            CPU_TOKENS_PER_GROUP.min(1 << (31 - tokens.leading_zeros())),
+        );
     }
     let shape = match caps.matvec_split {
         Some([wg, threads_per_row, rows_per_thread]) => Shape {
