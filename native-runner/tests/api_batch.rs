@@ -1,6 +1,6 @@
 //! Continuous batching through `runner serve -m` on SmolLM2: requests decoded together give
-//! their lone results, a cancelled stream frees its slot, and a shared system prompt is found
-//! in the prefix cache. One server for the whole binary; short prompts and few tokens.
+//! their lone results, constrained requests decode in the same batch, a cancelled stream frees
+//! its slot, and a shared system prompt is found in the prefix cache. One server for the whole binary; short prompts and few tokens.
 
 mod api_support;
 mod common;
@@ -318,6 +318,53 @@ async fn a_cancelled_stream_frees_its_slot(server: &Target) {
     assert!(!next.tokens.is_empty(), "{next:?}");
 }
 
+/// Two schema-constrained chats (one greedy, one sampled) and two plain completions are sent
+/// at once: all four run in one batch (a constrained request does not wait for the batch to
+/// drain), each constrained answer holds to its schema (an enum of made-up words the model
+/// would not write unasked) and ends with it, and the plain ones keep their lone answers.
+async fn constrained_rows_decode_with_the_others(server: &Target) {
+    let client = Client::new();
+    let plain = &PROMPTS[..2];
+    let mut alone = Vec::new();
+    for prompt in plain {
+        alone.push(complete(&client, server, prompt, 8).await);
+    }
+    let schema = json!({
+        "type": "object",
+        "properties": {"pet": {"enum": ["zebra-42", "quokka-7"]},
+                       "count": {"type": "integer", "minimum": 1, "maximum": 9}},
+        "required": ["pet", "count"], "additionalProperties": false,
+    });
+    let mut constrained = JoinSet::new();
+    for temperature in [0.0, 1.0] {
+        let body = json!({
+            "model": server.model, "max_tokens": 24, "temperature": temperature, "seed": 5,
+            "messages": [{"role": "user", "content": "Which pet, and how many?"}],
+            "response_format": {"type": "json_schema",
+                                "json_schema": {"name": "pet", "schema": schema}},
+        });
+        let (client, server) = (client.clone(), server.clone());
+        constrained.spawn(async move { post(&client, &server, "v1/chat/completions", body).await });
+    }
+    let mut free = JoinSet::new();
+    for (index, prompt) in plain.iter().enumerate() {
+        let (client, server) = (client.clone(), server.clone());
+        free.spawn(async move { (index, complete(&client, &server, prompt, 8).await) });
+    }
+    wait_for_metric(&client, server, "webshard_batch_size", |n| n == 4).await;
+    let validator = jsonschema::validator_for(&schema).expect("a valid schema");
+    for answer in constrained.join_all().await {
+        let choice = &answer["choices"][0];
+        assert_eq!(choice["finish_reason"], "stop", "{answer}");
+        let text = choice["message"]["content"].as_str().expect("content");
+        let value: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+        assert!(validator.is_valid(&value), "{text} against {schema}");
+    }
+    for (index, batched) in free.join_all().await {
+        assert_same_until_near_tie(plain[index], &alone[index], &batched);
+    }
+}
+
 /// A long system prompt shared by two questions.
 const SYSTEM: &str = "You are a careful assistant for a museum of natural history. You answer \
     questions about fossils, minerals and animals in one short, friendly sentence.";
@@ -370,6 +417,9 @@ async fn batched_requests_keep_their_answers_slots_and_cached_prefixes() {
     let timed = Instant::now();
     sixteen_together_match_their_lone_runs(&server).await;
     eprintln!("sixteen: {:.1} s", timed.elapsed().as_secs_f64());
+    let timed = Instant::now();
+    constrained_rows_decode_with_the_others(&server).await;
+    eprintln!("constrained rows: {:.1} s", timed.elapsed().as_secs_f64());
     let client = Client::new();
     assert_eq!(metric(&client, &server, "webshard_kv_blocks_used").await, 0);
     assert_eq!(

@@ -6,10 +6,11 @@
 //! most one chunk), then advances every sequence whose prompt is in its cache by one token in
 //! a single GPU step and samples each row with its own options and seed: where every row is
 //! plain greedy the device takes each row's argmax (`Stage::forward_batch_argmax`, 4 bytes a
-//! row back), else every row's logits come back (`Stage::forward_batch_logits`). A constrained job (JSON, schema, grammar) runs alone through the engine's
-//! own path once the batch has drained: its masks are computed per token on the CPU.
+//! row back), else every row's logits come back (`Stage::forward_batch_logits`). A
+//! constrained row (JSON, a schema, a grammar, a forced tool call) masks its logits to the
+//! tokens its constraint allows before sampling; the next mask is computed on the CPU while
+//! the GPU runs the step (`row_constraint`).
 
-use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
@@ -19,13 +20,13 @@ use webshard::engine::{per_token_prefill_below, Engine, EngineError};
 use webshard::front::{Decoding, Generator, TextFront, Timings};
 use webshard::model::batch::{BatchRow, PendingArgmax, RowTokens};
 use webshard::model::StageInput;
+use webshard::sample::{Constraint, ConstraintError};
 
 use super::errors::ApiError;
 use super::metrics::ModelMetrics;
 use super::pool::{KvPool, PoolUsage};
-use super::worker::{
-    choice_of, finished, run_alone, stream_event, Event, Finished, Job, TokenChoice,
-};
+use super::row_constraint::RowConstraint;
+use super::worker::{choice_of, finished, stream_event, Event, Finished, Job, TokenChoice};
 
 /// Prompt tokens fed per step for a new request on a CPU adapter and on a GPU: a chunk costs
 /// running streams one step's wait, so it is kept to about the time of a few decode steps.
@@ -44,6 +45,7 @@ struct Sequence {
     /// What the next token comes from, once everything before it is fed.
     next: Option<Next>,
     choices: Option<Vec<TokenChoice>>,
+    constraint: Option<RowConstraint>,
     started: f64,
     first_token: Option<f64>,
 }
@@ -64,10 +66,12 @@ enum Next {
 }
 
 impl Sequence {
-    /// Whether the device may pick this sequence's next token itself: plain argmax, and no
-    /// log-probabilities asked for.
+    /// Whether the device may pick this sequence's next token itself: plain argmax, no
+    /// constraint and no log-probabilities asked for.
     fn greedy_on_device(&self) -> bool {
-        self.choices.is_none() && self.decoding.sampler().argmax_suffices()
+        self.choices.is_none()
+            && self.constraint.is_none()
+            && self.decoding.sampler().argmax_suffices()
     }
 
     /// Tokens the model has seen in the slot: everything but those still to feed.
@@ -83,8 +87,6 @@ pub struct Scheduler {
     /// The greedy step in flight while the host handles the one before (`decode`).
     ahead: Option<Ahead>,
     next_id: u64,
-    /// Constrained jobs, each waiting for the batch to drain.
-    alone: VecDeque<Job>,
     metrics: Arc<ModelMetrics>,
     chunk: usize,
     per_token_below: usize,
@@ -109,7 +111,6 @@ impl Scheduler {
             running: Vec::new(),
             ahead: None,
             next_id: 0,
-            alone: VecDeque::new(),
             metrics,
             chunk,
             per_token_below,
@@ -118,23 +119,23 @@ impl Scheduler {
         Ok(scheduler)
     }
 
-    /// Whether nothing is running or waiting to run alone.
+    /// Whether nothing is running.
     pub fn idle(&self) -> bool {
-        self.running.is_empty() && self.alone.is_empty()
+        self.running.is_empty()
     }
 
-    /// Takes `job` in: into a slot now if one is free and no constrained job waits, else
-    /// back to the caller (`Err`) to wait in the queue.
+    /// Takes `job` in: into a slot now if one is free, else back to the caller (`Err`) to
+    /// wait in the queue.
     pub fn admit(&mut self, job: Job) -> Result<(), Job> {
-        if job.request.options.constraint.is_some() {
-            self.alone.push_back(job);
-            return Ok(());
-        }
-        if !self.alone.is_empty() || !self.pool.has_free_slot() {
+        if !self.pool.has_free_slot() {
             return Err(job);
         }
-        let ids = match self.engine.prompt_ids(&job.request.prompt) {
-            Ok(ids) => ids,
+        let prepared = match self.engine.prompt_ids(&job.request.prompt) {
+            Ok(ids) => self.compile_constraint(&job).map(|c| (ids, c)),
+            Err(err) => Err(err.to_string()),
+        };
+        let (ids, constraint) = match prepared {
+            Ok(prepared) => prepared,
             Err(err) => {
                 let message = format!("Generation failed: {err}");
                 let _ = job.events.send(Event::Failed(ApiError::internal(message)));
@@ -156,6 +157,7 @@ impl Scheduler {
             cached: claim.reused as u32,
             next: None,
             choices,
+            constraint: constraint.map(RowConstraint::start),
             started: now_seconds(),
             first_token: None,
         });
@@ -189,25 +191,32 @@ impl Scheduler {
         }
     }
 
+    /// The job's constraint compiled against the model's vocabulary, if it has one.
+    fn compile_constraint(&mut self, job: &Job) -> Result<Option<Constraint>, String> {
+        let Some(spec) = &job.request.options.constraint else {
+            return Ok(None);
+        };
+        let view = self.engine.token_view().map_err(|e| e.to_string())?;
+        Constraint::new(&view, spec)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+
     fn dequeued(&self, job: Job) -> Job {
         self.metrics.queued.fetch_sub(1, Ordering::SeqCst);
         job
     }
 
-    /// One step of the loop: constrained work alone, or prefill and decode of the batch.
+    /// One step of the loop: prefill and decode of the batch.
     pub async fn step(&mut self) -> Result<(), EngineError> {
         if self.running.is_empty() {
-            if let Some(job) = self.alone.pop_front() {
-                let event = run_alone(&mut self.engine, &job, &self.metrics).await;
-                let _ = job.events.send(event);
-            }
             return Ok(());
         }
         self.drop_departed();
         self.prefill_chunk().await?;
-        self.sample_ready();
+        self.sample_ready().await;
         self.decode().await?;
-        self.sample_ready();
+        self.sample_ready().await;
         if self.running.is_empty() {
             // Its rows have all finished: the device runs it anyway, and nothing reads it.
             self.ahead = None;
@@ -415,29 +424,42 @@ impl Scheduler {
     }
 
     /// Samples and streams the next token of every sequence with logits; finished sequences
-    /// send their result and free their slot.
-    fn sample_ready(&mut self) {
+    /// send their result and free their slot, as does one whose constraint failed.
+    async fn sample_ready(&mut self) {
         let text = &self.engine.text;
         let mut done = Vec::new();
         let mut index = 0;
         while index < self.running.len() {
             let seq = &mut self.running[index];
-            if let Some(next) = seq.next.take() {
-                accept_next(seq, text, next);
-            }
-            if seq.decoding.finished().is_none() {
+            let accepted = match seq.next.take() {
+                Some(next) => accept_next(seq, text, next).await,
+                None => Ok(()),
+            };
+            if accepted.is_ok() && seq.decoding.finished().is_none() {
                 index += 1;
                 continue;
             }
             let seq = self.running.remove(index);
             self.pool.release(seq.slot);
-            done.push(finish(seq));
+            done.push(match accepted {
+                Ok(()) => finish(seq),
+                Err(err) => {
+                    let message = format!("Generation failed: {err}");
+                    (Err(ApiError::internal(message)), seq.job.events)
+                }
+            });
         }
         // The gauges first: a client that has its answer sees its slot free.
         self.publish();
         for (result, events) in done {
-            self.metrics.record(&result);
-            let _ = events.send(Event::Done(result));
+            let event = match result {
+                Ok(result) => {
+                    self.metrics.record(&result);
+                    Event::Done(result)
+                }
+                Err(error) => Event::Failed(error),
+            };
+            let _ = events.send(event);
         }
     }
 
@@ -471,37 +493,55 @@ impl Scheduler {
 
 /// Samples the next token (unless the device took it), records its log-probabilities if
 /// asked, and streams it.
-fn accept_next(seq: &mut Sequence, text: &TextFront, next: Next) {
+/// Picks the sequence's next token (its constraint's mask first, where it has one) and takes
+/// it as the engine does: the constraint consumes it, then the stop rules see it, and a
+/// complete constraint ends the output. Log-probabilities are of the unmasked logits.
+async fn accept_next(
+    seq: &mut Sequence,
+    text: &TextFront,
+    next: Next,
+) -> Result<(), ConstraintError> {
     let before = seq.decoding.completion_len();
-    let (next, logits) = match next {
-        Next::Greedy(id) => (id, None),
-        Next::Logits(logits) => (seq.decoding.sample(&logits), Some(logits)),
+    let (next, complete, logits) = match (next, seq.constraint.as_mut()) {
+        (Next::Greedy(id), _) => (id, false, None),
+        (Next::Logits(logits), None) => (seq.decoding.sample(&logits), false, Some(logits)),
+        (Next::Logits(logits), Some(constraint)) => {
+            let mut masked = logits.clone();
+            let decoding = &mut seq.decoding;
+            let (id, complete) = constraint.pick(&mut masked, |l| decoding.sample(l)).await?;
+            (id, complete, Some(logits))
+        }
     };
     let job = &seq.job;
-    seq.decoding
+    let finish = seq
+        .decoding
         .accept(text, next, &mut |event| stream_event(job, event));
+    if finish.is_none() && complete {
+        seq.decoding.stop();
+    }
     seq.first_token.get_or_insert_with(now_seconds);
     let (Some(choices), Some(top), Some(logits)) = (seq.choices.as_mut(), job.logprobs, logits)
     else {
-        return;
+        return Ok(());
     };
     if seq.decoding.completion_len() > before {
         choices.push(choice_of(&text.tokenizer, &logits, next, top as usize));
     }
+    Ok(())
 }
 
 /// The finished sequence's result, and where it goes.
-fn finish(seq: Sequence) -> (Finished, UnboundedSender<Event>) {
+fn finish(seq: Sequence) -> (Result<Finished, ApiError>, UnboundedSender<Event>) {
     let now = now_seconds();
     let first = seq.first_token.unwrap_or(now);
     let timings = Timings {
         prefill_seconds: first - seq.started,
         decode_seconds: now - first,
-        mask_seconds: 0.0,
+        mask_seconds: seq.constraint.as_ref().map_or(0.0, |c| c.seconds),
         ..Timings::default()
     };
     let generated = seq.decoding.into_generated(seq.cached, timings);
-    (finished(generated, seq.choices), seq.job.events)
+    (Ok(finished(generated, seq.choices)), seq.job.events)
 }
 
 /// `rows` one position on, their tokens to come from the device (`RowTokens::FedBack`).

@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod pool;
 pub mod reply;
 pub mod routes;
+pub mod row_constraint;
 pub mod sse;
 pub mod structured;
 pub mod tool_calls;
@@ -57,7 +58,8 @@ pub struct ApiArgs {
     #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     pub queue: u32,
     /// Sequences each model decodes together in one GPU step (slots of its KV pool); by
-    /// default as many --ctx slots as a KV budget holds (1 on a CPU adapter, where batching does not pay; up to 32 on a GPU).
+    /// default as many --ctx slots as 2 GiB holds, up to 16, on a GPU, and 1 on a CPU
+    /// adapter, where a lone request decodes fastest alone.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=512))]
     pub parallel: Option<u32>,
     /// Longest context (prompt plus completion) of each sequence; the KV pool holds

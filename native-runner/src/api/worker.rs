@@ -16,12 +16,11 @@ use std::sync::mpsc::{sync_channel, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::mpsc::UnboundedSender;
-use webshard::engine::{Engine, EngineError};
+use webshard::engine::Engine;
 use webshard::front::{
     FinishReason, GenerateRequest, Generated, Generator, Prompt, RequestError, TextFront,
     TokenEvent, Usage,
 };
-use webshard::model::StageInput;
 use webshard::tokenizer::{Tokenizer, ToolSupport};
 
 use super::batch::Scheduler;
@@ -222,29 +221,17 @@ fn default_parallel(engine: &Engine) -> usize {
     default_slots(slot_bytes, budget, most)
 }
 
-/// The default KV budgets and slot counts: one slot everywhere for now. On a CPU adapter a
-/// batched step costs more than its rows' single steps (docs/perf.md, "Continuous batching on
-/// lavapipe"), and on the H200 the batched step (per-row attention dispatches, every row's
-/// logits read back) gave less aggregate tok/s at 4-64 streams than one slot
-/// (docs/perf.md, "Serving on the H200, session 7"): `--parallel N` opts in.
+/// The default KV budgets and slot counts. On a CPU adapter one slot: a lone request there
+/// decodes fastest alone (lavapipe, SmolLM2: 2.5 tok/s alone, 4 rows 4.3 in all but 1.1 each;
+/// docs/perf.md, session 17). On a GPU up to 16, the rows the fused batched path takes: on the H200 (docs/perf.md, session
+/// 16) 4 streams gave 1,800 / 1,269 tok/s in all (SmolLM2 / Qwen2.5) and 16 gave 3,292 /
+/// 1,823, where one slot gives one stream's 809 / 676. The budget is modest because wgpu does
+/// not say how much memory the adapter has: 2 GiB is 16 slots of 4,096 positions of
+/// Qwen2.5-0.5B, 2 of a 7B model's; `--parallel N` sets any other count.
 const KV_BUDGET_ON_CPU: u64 = 1 << 30;
 const MOST_SLOTS_ON_CPU: usize = 1;
-const KV_BUDGET_ON_GPU: u64 = 16 << 30;
-const MOST_SLOTS_ON_GPU: usize = 1;
-
-/// A constrained job, alone on the engine (its own cache, not the pool's).
-pub(super) async fn run_alone(engine: &mut Engine, job: &Job, metrics: &ModelMetrics) -> Event {
-    metrics.running.store(1, Ordering::SeqCst);
-    let event = match run_job(engine, job).await {
-        Ok(finished) => {
-            metrics.record(&finished);
-            Event::Done(finished)
-        }
-        Err(err) => Event::Failed(ApiError::internal(format!("Generation failed: {err}"))),
-    };
-    metrics.running.store(0, Ordering::SeqCst);
-    event
-}
+const KV_BUDGET_ON_GPU: u64 = 2 << 30;
+const MOST_SLOTS_ON_GPU: usize = 16;
 
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_current_thread()
@@ -263,20 +250,6 @@ pub fn guarded<T>(work: impl FnOnce() -> T) -> Result<T, ApiError> {
         tracing::error!(%what, "a generation panicked");
         ApiError::internal(format!("Internal error while generating: {what}"))
     })
-}
-
-async fn run_job(engine: &mut Engine, job: &Job) -> Result<Finished, EngineError> {
-    let out = engine
-        .generate_one(&job.request, &mut |event| stream_event(job, event))
-        .await?;
-    let logprobs = match job.logprobs {
-        Some(top) if !out.ids.is_empty() => {
-            Some(token_choices(engine, &out.prompt_ids, &out.ids, top).await?)
-        }
-        Some(_) => Some(Vec::new()),
-        None => None,
-    };
-    Ok(finished(out, logprobs))
 }
 
 /// Sends a token's text to the client; a closed channel (the client left) cancels the job.
@@ -298,41 +271,6 @@ pub(super) fn finished(out: Generated, logprobs: Option<Vec<TokenChoice>>) -> Fi
         finish: out.finish_reason,
         logprobs,
     }
-}
-
-/// Log-probabilities of `ids` after `prompt`, from one teacher-forced pass: the engine does
-/// not hand out the logits it sampled from. The pass overwrites the cache, so it is reset.
-async fn token_choices(
-    engine: &mut Engine,
-    prompt: &[u32],
-    ids: &[u32],
-    top: u32,
-) -> Result<Vec<TokenChoice>, EngineError> {
-    engine.reset();
-    let all: Vec<u32> = prompt.iter().chain(ids).copied().collect();
-    // Logits at position p predict token p + 1: those of positions prompt-1 .. all-2.
-    let first = prompt.len() - 1;
-    let max_batch = engine.stage.spec.max_batch as usize;
-    for (index, chunk) in all[..first].chunks(max_batch).enumerate() {
-        let start = (index * max_batch) as u32;
-        engine.stage.forward(&StageInput::Tokens(chunk), start)?;
-    }
-    let mut choices = Vec::with_capacity(ids.len());
-    let scored = &all[first..all.len() - 1];
-    for (index, chunk) in scored.chunks(max_batch).enumerate() {
-        let start = first + index * max_batch;
-        let input = StageInput::Tokens(chunk);
-        let rows = engine
-            .stage
-            .forward_logits(&input, start as u32, chunk.len() as u32)
-            .await?;
-        for (offset, row) in rows.iter().enumerate() {
-            let id = all[start + offset + 1];
-            choices.push(choice_of(&engine.text.tokenizer, row, id, top as usize));
-        }
-    }
-    engine.reset();
-    Ok(choices)
 }
 
 pub(super) fn choice_of(tokenizer: &Tokenizer, logits: &[f32], id: u32, top: usize) -> TokenChoice {
