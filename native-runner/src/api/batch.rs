@@ -503,7 +503,12 @@ async fn accept_next(
 ) -> Result<(), ConstraintError> {
     let before = seq.decoding.completion_len();
     let (next, complete, logits) = match (next, seq.constraint.as_mut()) {
-        (Next::Greedy(id), _) => (id, false, None),
+        (Next::Greedy(id), None) => (id, false, None),
+        // Never taken: a constrained row is not greedy on the device (`greedy_on_device`).
+        (Next::Greedy(_), Some(_)) => {
+            let why = "the device picked a constrained row's token unmasked";
+            return Err(ConstraintError::Dead(why.into()));
+        }
         (Next::Logits(logits), None) => (seq.decoding.sample(&logits), false, Some(logits)),
         (Next::Logits(logits), Some(constraint)) => {
             let mut masked = logits.clone();
