@@ -175,15 +175,7 @@ fn work_split(
             threads_per_row,
             rows_per_thread,
         };
-        // A power of two no larger than the tokens: each count is its own pipeline.
-        let per_group = per_group.min(tokens);
-        return (shape, 1 << (31 - per_group.leading_zeros()));
-    }
-    if caps.cpu_work_split && caps.matvec_split.is_none() && tokens > 1 {
-        return (
-            CPU_SHAPE,
-            CPU_TOKENS_PER_GROUP.min(1 << (31 - tokens.leading_zeros())),
-        );
+        return (shape, tokens_per_group(per_group, tokens));
     }
     let shape = match caps.matvec_split {
         Some([wg, threads_per_row, rows_per_thread]) => Shape {
@@ -198,7 +190,18 @@ fn work_split(
         }
         None => GPU_SHAPE,
     };
-    (shape, 1)
+    let per_group = match caps.cpu_work_split && caps.matvec_split.is_none() {
+        true => CPU_TOKENS_PER_GROUP,
+        false => 1,
+    };
+    (shape, tokens_per_group(per_group, tokens))
+}
+
+/// The largest power of two no larger than `most` and `tokens`: each count is its own
+/// pipeline.
+fn tokens_per_group(most: u32, tokens: u32) -> u32 {
+    let most = most.min(tokens).max(1);
+    1 << (31 - most.leading_zeros())
 }
 
 /// `out = epilogue(W · fused_norm(x))` for one token; `x` holds `cols` f32 values.
