@@ -29,7 +29,7 @@ use crate::ops::attention::{
 };
 use crate::ops::elementwise::{activate, add_bias, add_in_place, gated_activation, Activation};
 use crate::ops::norm::layer_norm;
-use crate::ops::quant::{embed, matmul};
+use crate::ops::quant::{embed, matmul_batch_invariant};
 use crate::ops::rope::{rope_at, RopeParams};
 
 use super::loader::{LoadOptions, LoadProgress, Loader, Matrix, Vector};
@@ -397,7 +397,7 @@ impl BertEncoder {
 
 /// out = W·x + b for `tokens` rows.
 fn linear(rec: &mut Recorder, l: &Linear, x: &wgpu::Buffer, out: &wgpu::Buffer, tokens: u32) {
-    matmul(rec, &l.weight.view(), x, out, tokens);
+    matmul_batch_invariant(rec, &l.weight.view(), x, out, tokens);
     add_bias(rec, out, &l.bias.buffer, tokens, l.weight.rows);
 }
 

@@ -311,6 +311,20 @@ pub fn matmul(
     }
 }
 
+/// `matmul` with one kernel whatever `tokens` is, for an encoder's batch of texts: a text's
+/// vector then does not depend on the texts batched with it. The matrix-vector and tiled
+/// kernels differ by float rounding (about 1e-7), which the f16 variants' attention tiles can
+/// turn into a whole f16 step of a key or value (1.3e-5 in a MiniLM vector on lavapipe).
+pub fn matmul_batch_invariant(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    tokens: u32,
+) {
+    matmul_product(rec, w, x, out, tokens);
+}
+
 /// Workgroups along x and y for `groups` workgroups, within the per-dimension limit.
 pub(super) fn fold_groups(groups: u32, max_per_dim: u32) -> [u32; 2] {
     let x = groups.clamp(1, max_per_dim);
