@@ -553,11 +553,13 @@ fn donor_processes_serve_one_coordinator_after_another() {
     }
 }
 
-/// Donor churn: `.ci/churn_soak.py` with 5 kills in one generation run (the documented soak
-/// runs 20). Before each kill a fresh donor joins; the script checks single-device ids, every
-/// token index exactly once, and one recovery per kill.
+/// Donor churn: `.ci/churn_soak.py` with 5 kills (the documented soak runs 20), in one
+/// generation run unless a replacement donor is slow to be admitted (then the kills left go to
+/// a second or third run over the same donors). Before each kill a fresh donor joins; the
+/// script checks, of every run, single-device ids, every token index exactly once, and one
+/// loss per kill.
 #[test]
-fn five_donor_kills_in_one_generation_run_lose_and_repeat_no_token() {
+fn five_donor_kills_lose_and_repeat_no_token() {
     let _turn = serial();
     let started = Instant::now();
     let output = std::process::Command::new("python3")
