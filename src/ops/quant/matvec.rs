@@ -45,11 +45,14 @@ struct Shape {
 }
 
 /// CPU adapters run each lane as a loop iteration: few threads, each reusing every activation
-/// it loads for 4 rows.
+/// it loads for 8 rows. On lavapipe an activation load costs about what decoding a weight unit
+/// does (each a loop over the SIMD lanes): 8 rows a thread rather than 4 (4 threads a row
+/// rather than 8) decode a token 2.20 -> 2.96 tok/s on SmolLM2, 0.59 -> 0.73 on Qwen2.5, 0.87
+/// -> 1.09 on Gemma 3, and 16 batched rows 3.6 -> 5.5 tok/s on SmolLM2 (docs/perf.md, session 18).
 const CPU_SHAPE: Shape = Shape {
     wg: 64,
-    threads_per_row: 8,
-    rows_per_thread: 4,
+    threads_per_row: 4,
+    rows_per_thread: 8,
 };
 
 /// Tokens per workgroup of several tokens' products on a CPU adapter: each decoded weight
