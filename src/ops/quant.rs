@@ -12,7 +12,7 @@ pub mod testing;
 
 use dequant::IQ4_NL_CODEBOOK_CONSTS;
 pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
-use matmul::matmul_product;
+pub use matmul::matmul_product;
 pub use matmul::{uses_coop_matrix, MatmulTile};
 pub use matvec::{
     matvec, matvec_reference, matvec_tokens, shares_part, Epilogue, Fusion, ReferenceEpilogue,
@@ -309,20 +309,6 @@ pub fn matmul(
     } else {
         matmul_product(rec, w, x, out, tokens);
     }
-}
-
-/// `matmul` with one kernel whatever `tokens` is, for an encoder's batch of texts: a text's
-/// vector then does not depend on the texts batched with it. The matrix-vector and tiled
-/// kernels differ by float rounding (about 1e-7), which the f16 variants' attention tiles can
-/// turn into a whole f16 step of a key or value (1.3e-5 in a MiniLM vector on lavapipe).
-pub fn matmul_batch_invariant(
-    rec: &mut Recorder,
-    w: &QuantMatrix,
-    x: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    tokens: u32,
-) {
-    matmul_product(rec, w, x, out, tokens);
 }
 
 /// Workgroups along x and y for `groups` workgroups, within the per-dimension limit.

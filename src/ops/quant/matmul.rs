@@ -114,7 +114,7 @@ pub fn uses_coop_matrix(caps: &Caps, variant: Variant) -> bool {
 }
 
 /// `out = x W^T` for `tokens` tokens: cooperative matrices where `uses_coop_matrix`, else tiles.
-pub(super) fn matmul_product(
+pub fn matmul_product(
     rec: &mut Recorder,
     w: &QuantMatrix,
     x: &wgpu::Buffer,
