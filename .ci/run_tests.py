@@ -15,6 +15,11 @@ binaries (PAIRABLE, heaviest first) N at a time, their output printed whole as e
 rest (processes talking over sockets and pseudo-terminals, heartbeats, timeouts) then run one
 at a time, as before, so nothing timing-sensitive shares the cores with another binary.
 
+A test binary whose tests sit in modules (`tests/suite.rs`: one binary per crate, so that a build
+links two, not sixty) runs as one process per module, named `package::module`, exactly as each
+module ran when it was a binary of its own: its process state is its own, and the pairing below
+schedules modules.
+
 Usage: run_tests.py [--jobs N] [--timings FILE] [-- CARGO_TEST_ARGS...]
 """
 
@@ -29,6 +34,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 
 RESULT = re.compile(r"^test result: \w+\. (\d+) passed; (\d+) failed")
 TIMED = re.compile(r"^test (\S+) \.\.\. (\w+) <([\d.]+)s>")
@@ -50,6 +56,17 @@ RUNNING = set()
 PHASES = []
 
 
+class Binary(NamedTuple):
+    """One process to run: a test binary, or the tests of one module of it (`filters`)."""
+    label: str
+    executable: str
+    package_dir: Path
+    filters: tuple = ()
+    # What each test's name is reported under: the label, or the package for a module's tests
+    # (whose names already start with the module).
+    test_prefix: str = ""
+
+
 def package_name(package_id, package_dir):
     """`path+file:///dir#name@1.0` names the package; `path+file:///dir/name#1.0` leaves it
     to the folder's name."""
@@ -58,7 +75,7 @@ def package_name(package_id, package_dir):
 
 
 def build(cargo_args):
-    """Builds the test binaries; returns (name, executable, package dir) for each."""
+    """Builds the test binaries; returns a Binary for each."""
     command = ["cargo", "test", "--no-run", "--message-format=json-render-diagnostics", *cargo_args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     binaries = []
@@ -72,10 +89,30 @@ def build(cargo_args):
         package_dir = Path(message["manifest_path"]).parent
         package = package_name(message["package_id"], package_dir)
         label = f"{package}::{'lib' if target['kind'] == ['lib'] else target['name']}"
-        binaries.append((label, message["executable"], package_dir))
+        binary = Binary(label, message["executable"], package_dir)
+        binaries.extend(by_module(binary) if target["kind"] == ["test"] else [binary])
     if process.wait() != 0:
         sys.exit(f"run_tests: `{' '.join(command)}` failed")
     return binaries
+
+
+def by_module(binary):
+    """The binary as one Binary per module of its tests (libtest's names, `module::test`), or
+    whole if its tests are not in modules."""
+    listing = subprocess.run([binary.executable, "--list", "--format", "terse"],
+                             cwd=binary.package_dir, capture_output=True, text=True)
+    if listing.returncode != 0:
+        sys.exit(f"run_tests: listing the tests of {binary.label} failed:\n{listing.stderr}")
+    modules = {}
+    for line in listing.stdout.splitlines():
+        name, _, kind = line.rpartition(": ")
+        if kind == "test":
+            modules.setdefault(name.partition("::")[0] if "::" in name else None, []).append(name)
+    if not modules or None in modules:
+        return [binary]
+    package = binary.label.partition("::")[0]
+    return [Binary(f"{package}::{module}", binary.executable, binary.package_dir,
+                   ("--exact", *names), package) for module, names in modules.items()]
 
 
 def pairable_rank(label):
@@ -86,11 +123,12 @@ def pairable_rank(label):
     return None
 
 
-def run(label, executable, package_dir, test_args, buffered=False):
-    """Runs one test binary as cargo would (from its package's directory); returns its record.
-    Buffered output is printed in one piece when the binary ends."""
+def run(binary, test_args, buffered=False):
+    """Runs one test binary (or one module's tests) as cargo would, from its package's
+    directory; returns its record. Buffered output is printed in one piece when it ends."""
+    label, executable, package_dir = binary.label, binary.executable, binary.package_dir
     env = dict(os.environ, RUSTC_BOOTSTRAP="1", CARGO_MANIFEST_DIR=str(package_dir))
-    command = [executable, "-Z", "unstable-options", "--report-time", *test_args]
+    command = [executable, "-Z", "unstable-options", "--report-time", *test_args, *binary.filters]
     header = f"     Running {label} ({executable})\n"
     lines = [header]
     if not buffered:
@@ -108,7 +146,7 @@ def run(label, executable, package_dir, test_args, buffered=False):
             sys.stdout.write(line)
             sys.stdout.flush()
         if match := TIMED.match(line):
-            tests.append((float(match[3]), f"{label}::{match[1]}"))
+            tests.append((float(match[3]), f"{binary.test_prefix or label}::{match[1]}"))
         if match := RESULT.match(line):
             passed, failed = int(match[1]), int(match[2])
     process.stdout.close()
@@ -148,17 +186,17 @@ def report(records, timings_file):
 def run_all(binaries, test_args, jobs, records):
     """The pairable binaries `jobs` at a time, heaviest first, then the others one by one;
     each one's record joins `records` as it ends."""
-    alone = [b for b in binaries if jobs <= 1 or pairable_rank(b[0]) is None]
-    paired = sorted((b for b in binaries if b not in alone), key=lambda b: pairable_rank(b[0]))
+    alone = [b for b in binaries if jobs <= 1 or pairable_rank(b.label) is None]
+    paired = sorted((b for b in binaries if b not in alone), key=lambda b: pairable_rank(b.label))
     if paired:
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=jobs) as pool:
-            records.extend(pool.map(lambda b: run(*b, test_args, buffered=True), paired))
+            records.extend(pool.map(lambda b: run(b, test_args, buffered=True), paired))
         phase = f"the {len(paired)} paired binaries, {jobs} at a time"
         PHASES.append((phase, time.monotonic() - started))
         print(f"     ({phase}: {PHASES[-1][1]:.1f} s)", flush=True)
     for binary in alone:
-        records.append(run(*binary, test_args))
+        records.append(run(binary, test_args))
 
 
 def report_on_termination(records, binaries, timings_file):
@@ -167,7 +205,7 @@ def report_on_termination(records, binaries, timings_file):
     def handler(signum, frame):
         finished = {record["binary"] for record in records}
         print("\nrun_tests: stopped by SIGTERM; not finished: "
-              + ", ".join(label for label, _, _ in binaries if label not in finished), flush=True)
+              + ", ".join(b.label for b in binaries if b.label not in finished), flush=True)
         for process in list(RUNNING):
             process.kill()
         report(records, timings_file)

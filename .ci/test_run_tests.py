@@ -42,9 +42,9 @@ class Scheduling(unittest.TestCase):
     def test_pairable_binaries_overlap_and_every_record_comes_back(self):
         with tempfile.TemporaryDirectory() as folder:
             binaries = [
-                ("webshard::ops_quant", fake_binary(folder, "a", 1), Path(folder)),
-                ("webshard::fidelity", fake_binary(folder, "b", 1, fail=True), Path(folder)),
-                ("native-runner::fleet", fake_binary(folder, "c", 0), Path(folder)),
+                run_tests.Binary("webshard::ops_quant", fake_binary(folder, "a", 1), Path(folder)),
+                run_tests.Binary("webshard::fidelity", fake_binary(folder, "b", 1, fail=True), Path(folder)),
+                run_tests.Binary("native-runner::fleet", fake_binary(folder, "c", 0), Path(folder)),
             ]
             started = time.monotonic()
             # The fake binaries' libtest lines (one says FAILED) stay out of the CI log.
@@ -61,7 +61,7 @@ class Scheduling(unittest.TestCase):
 
     def test_one_job_runs_everything_in_turn(self):
         with tempfile.TemporaryDirectory() as folder:
-            binaries = [(f"webshard::ops_{n}", fake_binary(folder, n, 0.5), Path(folder))
+            binaries = [run_tests.Binary(f"webshard::ops_{n}", fake_binary(folder, n, 0.5), Path(folder))
                         for n in ("x", "y")]
             started = time.monotonic()
             with contextlib.redirect_stdout(io.StringIO()):
@@ -75,8 +75,8 @@ class Scheduling(unittest.TestCase):
             script = (
                 "import sys; sys.path.insert(0, sys.argv[1]); import run_tests\n"
                 "from pathlib import Path\n"
-                f"binaries = [('webshard::quick', {quick!r}, Path({folder!r})),\n"
-                f"            ('native-runner::slow', {slow!r}, Path({folder!r}))]\n"
+                f"binaries = [run_tests.Binary('webshard::quick', {quick!r}, Path({folder!r})),\n"
+                f"            run_tests.Binary('native-runner::slow', {slow!r}, Path({folder!r}))]\n"
                 "records = []\n"
                 "run_tests.report_on_termination(records, binaries, None)\n"
                 "run_tests.run_all(binaries, [], 1, records)\n")
@@ -88,6 +88,40 @@ class Scheduling(unittest.TestCase):
         self.assertEqual(child.returncode, 124)
         self.assertIn("not finished: native-runner::slow", output)
         self.assertIn("webshard::quick (1 passed)", output)
+
+
+class Modules(unittest.TestCase):
+    def test_a_binary_of_modules_runs_one_process_per_module_and_reports_each(self):
+        with tempfile.TemporaryDirectory() as folder:
+            path = Path(folder) / "suite"
+            # Lists two modules' tests; run, prints one libtest line per name it was given.
+            path.write_text(
+                "#!/bin/sh\n"
+                'if [ "$1" = --list ]; then\n'
+                "  printf 'ops_a::one: test\\nops_a::two: test\\nfleet::three: test\\n'; exit 0\n"
+                "fi\n"
+                "n=0\n"
+                'for arg in "$@"; do case $arg in *::*) echo "test $arg ... ok <0.1s>"; '
+                "n=$((n+1));; esac; done\n"
+                'echo "test result: ok. $n passed; 0 failed; 0 ignored; 0 measured; 0 filtered out"\n')
+            path.chmod(path.stat().st_mode | stat.S_IEXEC)
+            modules = run_tests.by_module(run_tests.Binary("webshard::suite", str(path), Path(folder)))
+            self.assertEqual([m.label for m in modules], ["webshard::ops_a", "webshard::fleet"])
+            self.assertEqual(modules[0].filters, ("--exact", "ops_a::one", "ops_a::two"))
+            self.assertIsNotNone(run_tests.pairable_rank(modules[0].label))
+            with contextlib.redirect_stdout(io.StringIO()):
+                records = []
+                run_tests.run_all(modules, [], 2, records)
+        by_name = {r["binary"]: r for r in records}
+        self.assertEqual((by_name["webshard::ops_a"]["passed"], by_name["webshard::fleet"]["passed"]),
+                         (2, 1))
+        self.assertEqual([t["test"] for t in by_name["webshard::fleet"]["tests"]],
+                         ["webshard::fleet::three"])
+
+    def test_a_binary_without_modules_stays_whole(self):
+        with tempfile.TemporaryDirectory() as folder:
+            binary = run_tests.Binary("webshard::web_cache", fake_binary(folder, "w", 0), Path(folder))
+            self.assertEqual(run_tests.by_module(binary), [binary])
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@
 //! per row (on CPU adapters' own split they take the tiled kernel, covered by `api_batch`).
 //! Fresh prompts each run: random ids of different lengths in the slots of one KV pool.
 
-mod support;
+use crate::support;
 
 use webshard::engine::Engine;
 use webshard::gpu::{testing, BackendChoice, GpuOptions};

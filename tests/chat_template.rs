@@ -1,6 +1,6 @@
 //! Chat templates against llama.cpp's goldens, plus the built-in formats' documented rules.
 
-mod tokenizer_support;
+use crate::tokenizer_support;
 
 use serde_json::json;
 use tokenizer_support::{golden_models, load_tokenizer, read_generate};

@@ -3,8 +3,8 @@
 //! set, and seeded random walks through 100 generated JSON Schemas, regexes and a Lark
 //! grammar, every output checked by an independent validator.
 
-mod constraint_support;
-mod tokenizer_support;
+use crate::constraint_support;
+use crate::tokenizer_support;
 
 use std::sync::OnceLock;
 

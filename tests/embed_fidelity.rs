@@ -5,7 +5,7 @@
 //! (SmolLM2) pooled mean and last is held to llama.cpp's goldens made with that pooling, and
 //! nomic-bert (rotary, SwiGLU, fused qkv) to its own.
 
-mod support;
+use crate::support;
 
 use std::path::PathBuf;
 

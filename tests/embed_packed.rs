@@ -5,7 +5,7 @@
 //! pooled vector within cosine 0.9999 of the lone run's. nomic-bert-tiny also gets more tokens
 //! than one pass holds, so the batch splits over passes in order.
 
-mod support;
+use crate::support;
 
 use webshard::embed::{cosine_similarity, EmbedOptions, Embedder, Pooling};
 use webshard::gguf::open_source;

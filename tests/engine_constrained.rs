@@ -3,7 +3,7 @@
 //! on the CPU from teacher-forced logits and a replayed constraint. Sampling reads back only
 //! the top k; `tests/sampler.rs` proves that draw equal to one from the whole masked vector.
 
-mod support;
+use crate::support;
 
 use std::ops::ControlFlow;
 

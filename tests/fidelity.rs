@@ -4,7 +4,7 @@
 //! Every model runs on every backend in `support::backends()` (lavapipe and llvmpipe's GL in CI);
 //! each backend checks one golden record per model per run, another each run (`checks`).
 
-mod support;
+use crate::support;
 
 use serde_json::Value;
 use std::ops::ControlFlow;

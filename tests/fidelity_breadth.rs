@@ -12,7 +12,6 @@
 
 #[path = "support/breadth.rs"]
 mod breadth;
-mod support;
 
 use breadth::{check_model, Coverage};
 

@@ -1,7 +1,7 @@
 //! HttpSource against tiny raw-HTTP servers on loopback that answer correctly or misbehave in
 //! one specific way each.
 
-mod gguf_writer;
+use crate::gguf_writer;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

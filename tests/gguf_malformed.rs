@@ -1,7 +1,7 @@
 //! Malformed GGUF files, each with one defect, must fail with the specific error that names
 //! what and where. Truncation at every byte is in `gguf_truncation.rs`.
 
-mod gguf_writer;
+use crate::gguf_writer;
 
 use gguf_writer::*;
 use webshard::gguf::{parse_file, GgmlType, GgufError};

@@ -1,7 +1,7 @@
 //! Well-formed files of every value type, and the incremental reader over in-memory sources:
 //! same result as a whole-file parse, bounded fetches, refusal of oversized headers.
 
-mod gguf_writer;
+use crate::gguf_writer;
 
 use gguf_writer::*;
 use webshard::gguf::{parse_file, read_header, GgmlType, GgufError, MemorySource};

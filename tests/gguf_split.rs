@@ -1,7 +1,7 @@
 //! Split GGUF (`gguf-split` layout) read as one model: the merged header, tensors read by Range
 //! from the part that holds them, and a clear error naming the part for every inconsistency.
 
-mod gguf_writer;
+use crate::gguf_writer;
 
 use std::path::{Path, PathBuf};
 

@@ -1,7 +1,7 @@
 //! GGUF files cut at every byte: the error names the section (or the tensor past the end), and
 //! a cut prefix asks for more bytes than it holds but no more than the header needs.
 
-mod gguf_writer;
+use crate::gguf_writer;
 
 use gguf_writer::*;
 use webshard::gguf::{parse_file, parse_header, GgmlType, GgufError};

@@ -2,7 +2,7 @@
 //! from its header, before any weights are read, with what does not fit and that a fleet can
 //! run it.
 
-mod support;
+use crate::support;
 
 use webshard::engine::{Engine, EngineError, EngineOptions};
 use webshard::gguf::{open_source, read_header, RangeSource};

@@ -2,7 +2,7 @@
 //! give the same logits as the device's own limit. Scoring from a later position gives the same
 //! rows for the positions it scores.
 
-mod support;
+use crate::support;
 
 use webshard::gpu::GpuOptions;
 

@@ -1,7 +1,7 @@
 //! Protocol frames: round trips, envelope and body rejections, activation encoding, and
 //! random inputs that must never panic.
 
-mod shard_support;
+use crate::shard_support;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};

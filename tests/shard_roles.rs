@@ -5,8 +5,8 @@
 //! device's constrained ids (`constrained.rs`); several chains serve requests side by side
 //! (`replicas.rs`).
 
-mod roles_support;
-mod support;
+use crate::roles_support;
+use crate::support;
 
 #[path = "shard_roles/constrained.rs"]
 mod constrained;

@@ -1,7 +1,7 @@
 //! Frame validation: every field rule of `Message::check`, and the receiver's expectations
 //! in `FrameValidator` (epoch, stage, input kind, sequence, position, request bound).
 
-mod shard_support;
+use crate::shard_support;
 
 use shard_support::*;
 use webshard::shard::frame::{

@@ -4,7 +4,7 @@
 //! rolled back (later tokens still right, and the cache the next request reuses still holds
 //! the sequence's keys and values). One model load for the binary.
 
-mod support;
+use crate::support;
 
 use std::ops::ControlFlow;
 use std::sync::{Mutex, OnceLock};

@@ -1,7 +1,7 @@
 //! The tokenizer against llama.cpp's goldens for the three real models: every tokenize line,
 //! every generate prompt, and the decoded text of every generated continuation.
 
-mod tokenizer_support;
+use crate::tokenizer_support;
 
 use tokenizer_support::{
     golden_models, ids_of, load_tokenizer, read_generate, read_tokenize_lines,

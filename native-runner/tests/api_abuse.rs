@@ -4,8 +4,8 @@
 //! `tool_choice` naming no tool, tools for a template without them, penalties out of range).
 //! Each gets its answer or its clear error, and the server keeps serving afterwards.
 
-mod api_support;
-mod common;
+use crate::api_support;
+use crate::common;
 
 use api_support::{ApiServer, KEY};
 use reqwest::{Client, StatusCode};

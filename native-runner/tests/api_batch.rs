@@ -2,8 +2,8 @@
 //! their lone results, constrained requests decode in the same batch, a cancelled stream frees
 //! its slot, and a shared system prompt is found in the prefix cache. One server for the whole binary; short prompts and few tokens.
 
-mod api_support;
-mod common;
+use crate::api_support;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -2,8 +2,8 @@
 //! the `openai` npm package (both pinned; `.ci/setup.sh` installs them) against
 //! `runner serve -m` on SmolLM2. Greedy answers must equal `runner generate --chat --temp 0`.
 
-mod api_support;
-mod common;
+use crate::api_support;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

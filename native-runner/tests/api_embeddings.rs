@@ -2,8 +2,8 @@
 //! installs it) against `runner serve -m` on all-MiniLM-L6-v2: every vector equals
 //! `runner embed --normalize` of the same texts, and bad inputs get 400s naming the field.
 
-mod api_support;
-mod common;
+use crate::api_support;
+use crate::common;
 
 use std::process::Command;
 

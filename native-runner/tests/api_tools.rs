@@ -3,8 +3,8 @@
 //! with arguments valid under its schema, the streamed deltas reassemble to the same call,
 //! and the client's `tool` message brings back an answer in plain content.
 
-mod api_support;
-mod common;
+use crate::api_support;
+use crate::common;
 
 use std::process::Command;
 

@@ -1,7 +1,7 @@
 //! The CLI as a new user meets it, end to end through the built `runner`: argument checks,
 //! the context check, seeds, quiet adapter probing, and the shape of each command's output.
 
-mod common;
+use crate::common;
 
 use std::net::TcpListener;
 use std::process::{Command, Output};

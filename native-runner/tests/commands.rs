@@ -1,7 +1,7 @@
 //! The model commands end to end, through the built `runner` binary on the real models:
 //! generate (plain and chat), tokenize, score, bench, chat, and their errors.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::process::{Command, Output, Stdio};

@@ -3,8 +3,8 @@
 //! every output checked by an independent validator; constrained greedy against free greedy; errors before loading; and
 //! `runner bench`'s mask cost.
 
-mod api_support;
-mod common;
+use crate::api_support;
+use crate::common;
 #[path = "../../tests/constraint_support/mod.rs"]
 mod constraint_support;
 

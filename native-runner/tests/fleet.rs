@@ -13,9 +13,9 @@
 //! a limit. The tests take turns (`serial`): on a 2-core machine with a CPU GPU, fleets
 //! running side by side would only make every step slower and every limit tighter.
 
-mod big_model;
-mod common;
-mod fleet_support;
+use crate::big_model;
+use crate::common;
+use crate::fleet_support;
 
 use common::SMOLLM2;
 use fleet_support::*;

@@ -4,9 +4,9 @@
 //! peer ended the socket of every runner in the room. Now the donor and the coordinator drop
 //! those signals with one warning each and serve a generation as if the peer were not there.
 
-mod common;
+use crate::common;
 #[allow(dead_code)]
-mod fleet_support;
+use crate::fleet_support;
 
 use std::net::TcpStream;
 use std::thread;

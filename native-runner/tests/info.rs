@@ -1,7 +1,7 @@
 //! `runner info` end to end: the built binary on the three real models, by path and through
 //! `runner serve`, checked against the facts in .ci/models.toml and the GGUF reader itself.
 
-mod common;
+use crate::common;
 #[path = "../../tests/gguf_writer/mod.rs"]
 mod gguf_writer;
 

@@ -1,6 +1,6 @@
 //! `runner serve` over real HTTP: ranges, validators, CORS and cross-origin isolation headers.
 
-mod common;
+use crate::common;
 
 use std::fs;
 use std::io::{Seek, SeekFrom, Write};

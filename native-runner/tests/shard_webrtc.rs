@@ -2,7 +2,7 @@
 //! `runner serve`'s `/signal` on loopback. Frames small and large, both ways, in order;
 //! backpressure; departures; misbehaving peers; the fleet token at the signaling server.
 
-mod common;
+use crate::common;
 
 use std::future::Future;
 use std::io::{BufRead, BufReader};

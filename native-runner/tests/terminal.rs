@@ -1,7 +1,7 @@
 //! The runner on a terminal, through a pseudo-terminal as a user types: `runner chat`'s line
 //! editor, slash commands, Ctrl-C and the limit marker, and the prefill progress bar.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 use std::time::Duration;

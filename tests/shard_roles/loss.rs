@@ -9,9 +9,10 @@ use webshard::gguf::open_source;
 use webshard::model::{OpenModel, StageSpec};
 use webshard::shard::{InProcessConfig, InProcessNetwork};
 
+use super::PROMPTS;
 use crate::roles_support::run::*;
 use crate::roles_support::*;
-use crate::{support, PROMPTS};
+use crate::support;
 
 /// SmolLM2 needs about 144 MB at this context (weights and 4 KV slots): a donor offering
 /// 100 MB cannot hold it alone, two can.

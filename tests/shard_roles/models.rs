@@ -1,9 +1,10 @@
 //! The larger and newer models over a chain of in-process donors: each gives the single
 //! device's ids.
 
+use super::PROMPTS;
 use crate::roles_support::run::*;
 use crate::roles_support::*;
-use crate::{support, PROMPTS};
+use crate::support;
 
 #[test]
 fn qwen_on_two_donors_gives_the_single_device_ids() {

@@ -12,10 +12,11 @@ use webshard::front::TokenEvent;
 use webshard::shard::roles::ChainCount;
 use webshard::shard::{InProcessConfig, InProcessNetwork, InProcessTransport, PeerId, Plan};
 
-use crate::loss::TOO_SMALL_ALONE;
+use super::loss::TOO_SMALL_ALONE;
+use super::PROMPTS;
 use crate::roles_support::run::*;
 use crate::roles_support::*;
-use crate::{support, PROMPTS};
+use crate::support;
 
 const TOKENS: u32 = 6;
 
