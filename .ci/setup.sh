@@ -57,6 +57,35 @@ install_apt_packages() {
   DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q $missing
 }
 
+# Debian 12's Mesa (22.3) compiles a storage-buffer load whose address differs between SIMD
+# lanes into a loop over the lanes; bookworm-backports' Mesa (25.0, same LLVM 15) uses gathers,
+# and lavapipe then decodes 2.8-3.1x and prefills 3.3-3.8x faster: the CPU-adapter tests are
+# most of CI's time (docs/ci.md, session 19). Other releases keep their own Mesa.
+MESA_MIN_VERSION=25.0
+BACKPORTS_LIST=/etc/apt/sources.list.d/webshard-bookworm-backports.sources
+
+mesa_is_recent() {
+  local version
+  version=$(dpkg-query -W -f='${Version}' mesa-vulkan-drivers 2>/dev/null) || return 1
+  dpkg --compare-versions "$version" ge "$MESA_MIN_VERSION"
+}
+
+install_backports_mesa() {
+  grep -qs '^VERSION_CODENAME=bookworm$' /etc/os-release || return 0
+  mesa_is_recent && return 0
+  local sudo=()
+  [ "$(id -u)" != 0 ] && sudo=(sudo)
+  if ! grep -rqs 'bookworm-backports' /etc/apt/sources.list /etc/apt/sources.list.d/; then
+    printf '%s\n' 'Types: deb' 'URIs: http://deb.debian.org/debian' 'Suites: bookworm-backports' \
+      'Components: main' 'Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg' \
+      | "${sudo[@]}" tee "$BACKPORTS_LIST" >/dev/null
+  fi
+  "${sudo[@]}" apt-get update -q
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -q -t bookworm-backports \
+    mesa-vulkan-drivers
+  mesa_is_recent || { echo "setup: Mesa is still older than $MESA_MIN_VERSION" >&2; exit 1; }
+}
+
 add_wasm_target() {
   rustup target list --installed | grep -qx wasm32-unknown-unknown \
     || rustup target add wasm32-unknown-unknown
@@ -115,6 +144,7 @@ install_jsonschema_python() {
 }
 
 timed "apt packages" install_apt_packages
+timed "Mesa from bookworm-backports" install_backports_mesa
 timed "wasm target" add_wasm_target
 timed "wasm-bindgen-cli" install_wasm_bindgen_cli
 timed "e2e node modules" install_all_node_modules
