@@ -141,10 +141,13 @@ fn find_threshold(begin: u32, end: u32, lane: u32) {
     workgroupBarrier();
 }
 
-// Merges this lane's list with the one its partner left in `slot`, keeping the best K.
+// Merges this lane's list with the one its partner left in `slot`, keeping the best K. The
+// merged list is built apart and copied back entry by entry: with the list copied whole first
+// (`var own = top_value;`) Mesa 25's GL compiler read the copy from the list being written,
+// repeating entries (llvmpipe's GL, docs/ci.md session 19).
 fn merge_with_partner(slot: u32) {
-    var own_value = top_value;
-    var own_index = top_index;
+    var merged_value: array<f32, K>;
+    var merged_index: array<u32, K>;
     let own_count = top_count;
     let other_count = partner_count[slot];
     let base = slot * K;
@@ -155,19 +158,23 @@ fn merge_with_partner(slot: u32) {
         var take_own = b >= other_count;
         if (a < own_count && b < other_count) {
             take_own = better(
-                Candidate(own_value[a], own_index[a]),
+                Candidate(top_value[a], top_index[a]),
                 Candidate(partner_value[base + b], partner_index[base + b])
             );
         }
         if (take_own) {
-            top_value[j] = own_value[a];
-            top_index[j] = own_index[a];
+            merged_value[j] = top_value[a];
+            merged_index[j] = top_index[a];
             a = a + 1u;
         } else {
-            top_value[j] = partner_value[base + b];
-            top_index[j] = partner_index[base + b];
+            merged_value[j] = partner_value[base + b];
+            merged_index[j] = partner_index[base + b];
             b = b + 1u;
         }
+    }
+    for (var j = 0u; j < total; j = j + 1u) {
+        top_value[j] = merged_value[j];
+        top_index[j] = merged_index[j];
     }
     top_count = total;
 }
