@@ -22,13 +22,14 @@ target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import js
 mkdir -p .device/bin .device/parts
 strip -o .device/bin/runner "$target_dir/release/runner"
 cp .ci/models.toml .device/bin/models.toml
-# The fidelity test against llama.cpp's goldens, to run on the real weights there.
+# The fidelity tests against llama.cpp's goldens (module `fidelity` of the test suite), to run on
+# the real weights there.
 if [ "${FIDELITY:-1}" = 1 ]; then
-  test_bin=$(cargo test --release -p webshard --test fidelity --no-run --message-format json 2>/dev/null \
+  test_bin=$(cargo test --release -p webshard --test suite --no-run --message-format json 2>/dev/null \
     | python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "fidelity" and m.get("executable"):
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "suite" and m.get("executable"):
         print(m["executable"])')
   mkdir -p .device/fidelity/goldens
   strip -o .device/fidelity/fidelity "$test_bin"

@@ -154,7 +154,7 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
   fidelity)
     vulkan_env
     WEBSHARD_MODELS="$models" WEBSHARD_GOLDENS=.device/fidelity/goldens \
-      WEBSHARD_TEST_BACKENDS=vulkan .device/fidelity/fidelity --nocapture --test-threads 1 2>&1 \
+      WEBSHARD_TEST_BACKENDS=vulkan .device/fidelity/fidelity fidelity:: --nocapture --test-threads 1 2>&1 \
       | tee "$OUT/fidelity.txt"
     ;;
   score)
