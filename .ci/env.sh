@@ -15,3 +15,11 @@ fi
 export PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1
 export WEBSHARD_CHROMIUM="${WEBSHARD_CHROMIUM:-/usr/lib/chromium/chromium-headless-shell}"
 export CHROMEDRIVER="${CHROMEDRIVER:-/usr/bin/chromedriver}"
+
+# The second lavapipe set-up unpacks on Debian 12 (.ci/setup.sh says why); only
+# .ci/run_tests.py uses it, for the test modules that run models.
+lavapipe_icd="${XDG_CACHE_HOME:-$HOME/.cache}/webshard/lavapipe-backports/lvp_icd.json"
+if [ -s "$lavapipe_icd" ]; then
+  export WEBSHARD_FAST_LAVAPIPE_ICD="$lavapipe_icd"
+fi
+unset lavapipe_icd

@@ -49,6 +49,11 @@ PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attentio
             "webshard::quant_reference", "webshard::tokenizer_goldens", "webshard::sampler",
             "webshard::chat_template", "webshard::constraint", "webshard::spec_decode",
             "webshard::shard_(chunk|frame|plan|validate|vocab)"]
+# Test modules whose time goes to compiling pipelines (every variant of every kernel, each run
+# once on small inputs): they keep the system's lavapipe. Every other module runs on the lavapipe
+# named by $WEBSHARD_FAST_LAVAPIPE_ICD where set-up unpacked one (Debian 12: Mesa 25.0 beside the
+# system's 22.3, which compiles 3.4x faster and runs a model 3x slower; .ci/setup.sh).
+COMPILE_BOUND = ["webshard::ops_.*"]
 PRINT_LOCK = threading.Lock()
 # Test processes still running, ended by the SIGTERM handler.
 RUNNING = set()
@@ -123,11 +128,21 @@ def pairable_rank(label):
     return None
 
 
+def environment(binary):
+    """Cargo's variables for a test, and the lavapipe it runs on (COMPILE_BOUND)."""
+    env = dict(os.environ, RUSTC_BOOTSTRAP="1", CARGO_MANIFEST_DIR=str(binary.package_dir))
+    icd = os.environ.get("WEBSHARD_FAST_LAVAPIPE_ICD")
+    if icd and not any(re.fullmatch(pattern, binary.label) for pattern in COMPILE_BOUND):
+        # Both names: the Vulkan loader reads VK_DRIVER_FILES since 1.3.207, the older name before.
+        env["VK_DRIVER_FILES"] = env["VK_ICD_FILENAMES"] = icd
+    return env
+
+
 def run(binary, test_args, buffered=False):
     """Runs one test binary (or one module's tests) as cargo would, from its package's
     directory; returns its record. Buffered output is printed in one piece when it ends."""
     label, executable, package_dir = binary.label, binary.executable, binary.package_dir
-    env = dict(os.environ, RUSTC_BOOTSTRAP="1", CARGO_MANIFEST_DIR=str(package_dir))
+    env = environment(binary)
     command = [executable, "-Z", "unstable-options", "--report-time", *test_args, *binary.filters]
     header = f"     Running {label} ({executable})\n"
     lines = [header]

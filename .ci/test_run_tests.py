@@ -9,6 +9,7 @@ import sys
 import tempfile
 import time
 import unittest
+import unittest.mock
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -122,6 +123,17 @@ class Modules(unittest.TestCase):
         with tempfile.TemporaryDirectory() as folder:
             binary = run_tests.Binary("webshard::web_cache", fake_binary(folder, "w", 0), Path(folder))
             self.assertEqual(run_tests.by_module(binary), [binary])
+
+
+class Lavapipe(unittest.TestCase):
+    def test_kernel_modules_keep_the_system_driver_and_the_rest_take_the_fast_one(self):
+        binary = lambda label: run_tests.Binary(label, "/bin/true", Path("."))
+        with unittest.mock.patch.dict("os.environ", {"WEBSHARD_FAST_LAVAPIPE_ICD": "/x/lvp.json"}):
+            self.assertEqual(run_tests.environment(binary("webshard::fidelity"))["VK_DRIVER_FILES"],
+                             "/x/lvp.json")
+            self.assertNotIn("VK_DRIVER_FILES", run_tests.environment(binary("webshard::ops_quant")))
+        with unittest.mock.patch.dict("os.environ", {}, clear=True):
+            self.assertNotIn("VK_DRIVER_FILES", run_tests.environment(binary("webshard::fidelity")))
 
 
 if __name__ == "__main__":
