@@ -97,6 +97,8 @@ export interface EngineInfo {
   wasmMemoryPeak: number;
   /** How the chat template shows tools: `hermes` (`<tool_call>` tags: `tools` work), `none` or `other` (refused). */
   toolSupport: 'hermes' | 'none' | 'other';
+  /** Seconds the load spent compiling the generation's kernels (`warmUp`), or null. */
+  warmUpSeconds: number | null;
 }
 
 /** A loaded embedding model (an encoder such as `bert`, or a decoder loaded with `embeddings: true`). */
@@ -144,6 +146,10 @@ export interface CreateEngineOptions {
   disableSubgroups?: boolean;
   /** GPU memory the model may use, MiB; checked before any weights are downloaded. */
   gpuMemMib?: number;
+  /** Compile the generation's kernels at load with a throwaway two-token generation, so the
+   * first reply does not pay for them. Default: on a GPU, off on a CPU adapter (SwiftShader),
+   * where running it takes seconds. */
+  warmUp?: boolean;
   onProgress?: (event: LoadProgress) => void;
   /** Aborts the load; `createEngine` then rejects with an `EngineError` of kind `aborted`. */
   signal?: AbortSignal;

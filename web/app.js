@@ -3,7 +3,8 @@
 // Chat turns go through the OpenAI-shaped API (openai.js), streamed, with the JSON schema box
 // as `response_format`; turns without the chat template call the engine's `generate`.
 // URL parameters for automation: model, prompt, n, temp, seed (and top_k, top_p, min_p,
-// repeat_penalty, cache=0), autorun=1; for fleet mode fleet (the token), signal, donors, ctx,
+// repeat_penalty, cache=0, warmup=0|1: compile the kernels at load, by default on a GPU only),
+// autorun=1; for fleet mode fleet (the token), signal, donors, ctx,
 // join_timeout and heartbeat_timeout (seconds). An autorun sets window.__webshard_last and
 // document.body.dataset.done = "1" when it ends.
 import { WorkerEngine, EngineError } from './engine-client.js';
@@ -438,6 +439,14 @@ function fleetParams() {
   return overrides;
 }
 
+/** The engine's load settings the URL asks for (cache=0, warmup). */
+function loadSettings() {
+  const settings = {};
+  if (params.get('cache') === '0') settings.cache = false;
+  if (params.has('warmup')) settings.warmUp = params.get('warmup') === '1';
+  return settings;
+}
+
 /** Loads `model` (or connects the fleet) and generates once from the URL parameters, for tests and scripts. */
 async function autorun() {
   const model = params.get('model') || $('model').value;
@@ -448,7 +457,7 @@ async function autorun() {
   }
   try {
     if (params.has('fleet')) await connectFleet(fleetParams());
-    else await loadModel(model, params.get('cache') === '0' ? { cache: false } : {});
+    else await loadModel(model, loadSettings());
     const info = state.engine.info;
     const out = await runTurn(prompt, options);
     showSpeed(out);

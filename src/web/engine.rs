@@ -49,7 +49,15 @@ struct EngineInfo {
     /// How the chat template shows tools: `hermes` (calls in `<tool_call>` tags, which the
     /// page can constrain and read), `none` or `other`.
     tool_support: &'static str,
+    /// Seconds the load spent compiling the generation's kernels (`WebEngine::warm_up`), or
+    /// null where it did not.
+    warm_up_seconds: Option<f64>,
 }
+
+/// The throwaway generation of `WebEngine::warm_up`: a prompt of several tokens (a batched
+/// prefill) and two decoded tokens (the decode step and its sampling).
+const WARM_UP_PROMPT: &str = "The quick brown fox jumps over the lazy dog.";
+const WARM_UP_TOKENS: u32 = 2;
 
 /// A loaded model on a WebGPU device.
 #[wasm_bindgen(js_name = Engine)]
@@ -197,12 +205,32 @@ pub(super) fn watch_device(gpu: &Gpu, on_lost: Option<Function>, disposed: Rc<Ce
 #[wasm_bindgen(js_class = Engine)]
 impl WebEngine {
     /// `Engine.load(url, { onProgress, onDeviceLost, signal, cache, maxContext, chunkBytes,
-    /// inFlight, disableF16, disableSubgroups })`.
+    /// inFlight, disableF16, disableSubgroups, gpuMemMib, warmUp })`.
     pub async fn load(url: String, options: JsValue) -> Result<WebEngine, JsValue> {
-        Ok(Self::load_inner(url, options).await?)
+        let (mut engine, warm_up) = Self::load_inner(url, options).await?;
+        if warm_up {
+            engine.warm_up().await?;
+        }
+        Ok(engine)
     }
 
-    async fn load_inner(url: String, options: JsValue) -> Result<WebEngine, WebError> {
+    /// Compiles the kernels a generation uses before the first request asks: WebGPU compiles a
+    /// pipeline on its first use, so otherwise the first reply pays for them (on the H200 its
+    /// decode ran at 0.17x the native runner's, a warm page's at 0.85x: docs/perf.md, session
+    /// 19). A throwaway greedy generation, then the cache is forgotten.
+    async fn warm_up(&mut self) -> Result<(), JsValue> {
+        let started = web_time::Instant::now();
+        let options = to_js(&serde_json::json!({ "n": WARM_UP_TOKENS, "temp": 0 }))?;
+        let run = self.runner(options, None, None);
+        run.generate(Prompt::Text(WARM_UP_PROMPT.to_string()))
+            .await?;
+        self.reset()?;
+        self.info.warm_up_seconds = Some(started.elapsed().as_secs_f64());
+        Ok(())
+    }
+
+    /// The engine, and whether to warm it up (`LoadSettings::warm_up`).
+    async fn load_inner(url: String, options: JsValue) -> Result<(WebEngine, bool), WebError> {
         let settings: LoadSettings = options::parse(&options, "load options")?;
         let hooks = LoadHooks::read(&options);
         let engine_options = EngineOptions {
@@ -235,14 +263,16 @@ impl WebEngine {
             &source,
             started.elapsed().as_secs_f64(),
         );
-        Ok(WebEngine {
+        let warm_up = settings.warm_up.unwrap_or(!gpu.caps.cpu_work_split);
+        let engine = WebEngine {
             engine: Rc::new(RefCell::new(engine)),
             gpu,
             stop: Rc::new(Cell::new(false)),
             disposed,
             gpu_errors,
             info,
-        })
+        };
+        Ok((engine, warm_up))
     }
 
     /// The model, device and load statistics (see `EngineInfo`).
@@ -535,6 +565,7 @@ fn engine_info(
         cache: source.cache_stats(),
         offline: source.offline(),
         wasm_memory_bytes: wasm_memory_bytes(),
+        warm_up_seconds: None,
         tool_support: match engine.text.template.tool_support() {
             ToolSupport::Hermes => "hermes",
             ToolSupport::None => "none",

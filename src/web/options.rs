@@ -31,6 +31,9 @@ pub struct LoadSettings {
     /// GPU memory the model may use, MiB (WebGPU does not report memory); checked before any
     /// weights are downloaded. `None`: only the adapter's binding limits are checked.
     pub gpu_mem_mib: Option<u64>,
+    /// Compile the generation's kernels at load (`WebEngine::warm_up`). `None`: on a GPU, not
+    /// on a CPU adapter (SwiftShader), where running the throwaway generation costs seconds.
+    pub warm_up: Option<bool>,
 }
 
 impl Default for LoadSettings {
@@ -44,6 +47,7 @@ impl Default for LoadSettings {
             disable_f16: false,
             disable_subgroups: false,
             gpu_mem_mib: None,
+            warm_up: None,
         }
     }
 }
