@@ -11,6 +11,10 @@
 #                    runner bench --matmul-tile TILE (ROWS,TOKENS,STAGED_COLS) for each tile on
 #                    every model: a line per run, every JSON
 #                    into $OUT/tiles.jsonl (default ARGS: -p 512 -n 16 -r 3)
+#   batch-splits SPLIT... [-- ARGS]
+#                    the same with --matvec-batch-split SPLIT (LANES,LANES_PER_ROW,ROWS_PER_LANE,
+#                    TOKENS), into $OUT/batch-splits.jsonl (default ARGS: -p 0 -n 64 -r 2
+#                    --batch-rows 1,4,16); RUNNER: the runner (.device/bin/runner)
 #   spec [ARGS]      speculative decoding (needs the real weights: assemble first): runner
 #                    bench --prompt-file P --spec lookup on every .ci/spec_prompts/*.txt and
 #                    model, plain and speculative in one process; a line per run, JSON into
@@ -112,22 +116,31 @@ PY
       .device/bin/runner bench -m "$model" --quiet --json "$@" | tee "$OUT/bench-$name.json"
     done
     ;;
-  tiles)
+  tiles | batch-splits)
+    # One flag's values in turn on every model: --matmul-tile for tiles, --matvec-batch-split
+    # for batch-splits (default ARGS: -p 0 -n 64 -r 2 --batch-rows 1,4,16).
+    mode=$1
     shift
     vulkan_env
-    tiles=()
-    while [ $# -gt 0 ] && [ "$1" != "--" ]; do tiles+=("$1"); shift; done
+    flag=--matmul-tile
+    defaults=(-p 512 -n 16 -r 3)
+    if [ "$mode" = batch-splits ]; then
+      flag=--matvec-batch-split
+      defaults=(-p 0 -n 64 -r 2 --batch-rows 1,4,16)
+    fi
+    values=()
+    while [ $# -gt 0 ] && [ "$1" != "--" ]; do values+=("$1"); shift; done
     [ "${1:-}" = "--" ] && shift
-    [ $# -gt 0 ] || set -- -p 512 -n 16 -r 3
-    for tile in "${tiles[@]}"; do
+    [ $# -gt 0 ] || set -- "${defaults[@]}"
+    for value in "${values[@]}"; do
       for model in "$models"/*.gguf; do
-        .device/bin/runner bench -m "$model" --quiet --json --matmul-tile "$tile" "$@" \
+        "${RUNNER:-.device/bin/runner}" bench -m "$model" --quiet --json "$flag" "$value" "$@" \
           | python3 -c 'import json, sys
 run = json.loads(sys.stdin.read())
-run["matmul_tile"], run["model_file"] = sys.argv[1], sys.argv[2]
-open(sys.argv[3], "a").write(json.dumps(run) + "\n")
-print(sys.argv[1], sys.argv[2][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["tok_s"], t["sd"]) for t in run["tests"]))' \
-          "$tile" "$(basename "$model")" "$OUT/tiles.jsonl"
+run["flag"], run["value"], run["model_file"] = sys.argv[1], sys.argv[2], sys.argv[3]
+open(sys.argv[4], "a").write(json.dumps(run) + "\n")
+print(sys.argv[2], sys.argv[3][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["tok_s"], t["sd"]) for t in run["tests"]))' \
+          "$flag" "$value" "$(basename "$model")" "$OUT/$mode.jsonl"
       done
     done
     ;;
