@@ -119,6 +119,17 @@ fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
         let block = unit / UNITS;
         let u = unit % UNITS;
         let x_block = block * (BLOCK / 4u);
+        if (TPW == 1u) {
+            // One token: its activations stay in registers. Held in the private array of
+            // Units below, the H200's driver decoded Qwen2.5 at 654 tok/s instead of 694, and
+            // 16 batched rows at 1,615 instead of 1,858 (docs/perf.md, session 20).
+            let activations = unit_activations(0u, x_block, u);
+            for (var s = 0u; s < SLOTS; s = s + 1u) {
+                let values = dequant_unit(row_start[s] + block * BLOCK_BYTES, u);
+                acc[s] = acc[s] + unit_dot(values, activations);
+            }
+            continue;
+        }
         // Each token's activations serve all of its rows, and each decoded weight unit all
         // of the workgroup's tokens: decoding costs more than the multiply-adds it feeds.
         var activations: array<Unit, TPW>;
