@@ -14,7 +14,7 @@
 #   batch-splits SPLIT... [-- ARGS]
 #                    the same with --matvec-batch-split SPLIT (LANES,LANES_PER_ROW,ROWS_PER_LANE,
 #                    TOKENS), into $OUT/batch-splits.jsonl (default ARGS: -p 0 -n 64 -r 2
-#                    --batch-rows 1,4,16); RUNNER: the runner (.device/bin/runner)
+#                    --batch-rows 1,4,16)
 #   spec [ARGS]      speculative decoding (needs the real weights: assemble first): runner
 #                    bench --prompt-file P --spec lookup on every .ci/spec_prompts/*.txt and
 #                    model, plain and speculative in one process; a line per run, JSON into
@@ -37,6 +37,7 @@
 #                    assembled real models, output into $OUT/fidelity.txt
 set -uo pipefail
 models=${DEVICE_MODELS:-/root/models}  # DEVICE_MODELS: another folder of models
+runner=${RUNNER:-.device/bin/runner}     # RUNNER: another runner binary (an A/B of two builds)
 mkdir -p "$models"
 vulkan_env() {
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
@@ -113,12 +114,11 @@ PY
     vulkan_env
     for model in "$models"/*.gguf; do
       name=$(basename "$model" .gguf)
-      .device/bin/runner bench -m "$model" --quiet --json "$@" | tee "$OUT/bench-$name.json"
+      "$runner" bench -m "$model" --quiet --json "$@" | tee "$OUT/bench-$name.json"
     done
     ;;
   tiles | batch-splits)
-    # One flag's values in turn on every model: --matmul-tile for tiles, --matvec-batch-split
-    # for batch-splits (default ARGS: -p 0 -n 64 -r 2 --batch-rows 1,4,16).
+    # One flag's values in turn on every model.
     mode=$1
     shift
     vulkan_env
@@ -134,7 +134,7 @@ PY
     [ $# -gt 0 ] || set -- "${defaults[@]}"
     for value in "${values[@]}"; do
       for model in "$models"/*.gguf; do
-        "${RUNNER:-.device/bin/runner}" bench -m "$model" --quiet --json "$flag" "$value" "$@" \
+        "$runner" bench -m "$model" --quiet --json "$flag" "$value" "$@" \
           | python3 -c 'import json, sys
 run = json.loads(sys.stdin.read())
 run["flag"], run["value"], run["model_file"] = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -151,7 +151,7 @@ print(sys.argv[2], sys.argv[3][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["t
     for prompt in .ci/spec_prompts/*.txt; do
       for model in "$models"/*.gguf; do
         out="$OUT/spec-$(basename "$prompt" .txt)-$(basename "$model" .gguf).json"
-        .device/bin/runner bench -m "$model" --quiet --json -p 0 --prompt-file "$prompt" \
+        "$runner" bench -m "$model" --quiet --json -p 0 --prompt-file "$prompt" \
           --spec lookup "$@" > "$out"
         python3 -c 'import json, sys
 run = json.load(open(sys.argv[1])); s = run["spec"]
@@ -172,7 +172,7 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
     ;;
   score)
     vulkan_env
-    .device/bin/runner score -m "$models/$2" --ids "$3" --top 5 --json --quiet > "$OUT/score-$2.json"
+    "$runner" score -m "$models/$2" --ids "$3" --top 5 --json --quiet > "$OUT/score-$2.json"
     ;;
   llama-build)
     mkdir -p /root/llama
@@ -201,7 +201,7 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
     for model in "$models"/*.gguf; do
       name=$(basename "$model" .gguf)
       /root/llama/build/bin/llama-bench -m "$model" -ngl 99 -o json "$@" > "$OUT/llama-bench-$name.json"
-      .device/bin/runner bench -m "$model" --quiet --json "$@" > "$OUT/bench-$name.json"
+      "$runner" bench -m "$model" --quiet --json "$@" > "$OUT/bench-$name.json"
     done
     python3 .ci/device/ratios.py bench "$OUT"
     ;;
@@ -213,7 +213,7 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
     for model in "$models"/*.gguf; do
       name=$(basename "$model" .gguf)
       # shellcheck disable=SC2086  # SERVE_ARGS: extra flags for runner serve, word-split
-      .device/bin/runner serve -m "$model" --alias "$name" --port "$port" --parallel 64 \
+      "$runner" serve -m "$model" --alias "$name" --port "$port" --parallel 64 \
         --queue 256 --ctx 512 ${SERVE_ARGS:-} > "$OUT/serve-$name.log" 2>&1 &
       serve_and_bench "$!" webshard "$name" "$port" "$@"
       /root/llama/build/bin/llama-server -m "$model" --alias "$name" --port "$port" -ngl 99 \
