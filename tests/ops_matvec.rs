@@ -47,7 +47,7 @@ fn devices_for_case(turn: usize, seed: u64) -> Vec<(Arc<Gpu>, Variant)> {
 fn batch_split_devices(turn: usize, seed: u64) -> Vec<(Arc<Gpu>, Variant)> {
     let first = pollster::block_on(testing::devices_under_test()).expect("devices under test");
     let backend = BackendChoice::parse(&first[0].caps.backend).unwrap_or_default();
-    [[64, 8, 2, 4], [128, 16, 1, 2]]
+    [[64, 8, 2, 4], [128, 16, 1, 2], [128, 32, 1, 4]]
         .into_iter()
         .map(|split| {
             let options = GpuOptions {

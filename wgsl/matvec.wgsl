@@ -70,10 +70,14 @@ fn x_base(t: u32) -> u32 {
     return min(first_token + t, params.tokens - 1u) * params.x_stride;
 }
 
-fn activation(t: u32, i: u32) -> vec4<f32> {
+// Token t's vec4 i of x, normed (NORM) with its square added to squares[t] where `sum` is
+// set (a thread reading the same activations for a second row leaves it unset).
+fn activation(t: u32, i: u32, sum: bool) -> vec4<f32> {
     let v = x[x_base(t) + i];
     if (NORM == 1u) {
-        squares[t] = squares[t] + dot(v, v);
+        if (sum) {
+            squares[t] = squares[t] + dot(v, v);
+        }
         return v * norm_w[i];
     }
     return v;
@@ -94,24 +98,138 @@ fn first_thread_row(group: vec3<u32>, lane: u32) -> u32 {
 
 // The activations of token t that unit `u` of the block starting at vec4 `x_block` multiplies.
 fn unit_activations(t: u32, x_block: u32, u: u32) -> Unit {
-    return Unit(activation(t, x_block + block_element(u, 0u) / 4u),
-                activation(t, x_block + block_element(u, 1u) / 4u),
-                activation(t, x_block + block_element(u, 2u) / 4u),
-                activation(t, x_block + block_element(u, 3u) / 4u),
-                activation(t, x_block + block_element(u, 4u) / 4u),
-                activation(t, x_block + block_element(u, 5u) / 4u),
-                activation(t, x_block + block_element(u, 6u) / 4u),
-                activation(t, x_block + block_element(u, 7u) / 4u));
+    return activations_of(t, x_block, u, true);
+}
+
+fn activations_of(t: u32, x_block: u32, u: u32, sum: bool) -> Unit {
+    return Unit(activation(t, x_block + block_element(u, 0u) / 4u, sum),
+                activation(t, x_block + block_element(u, 1u) / 4u, sum),
+                activation(t, x_block + block_element(u, 2u) / 4u, sum),
+                activation(t, x_block + block_element(u, 3u) / 4u, sum),
+                activation(t, x_block + block_element(u, 4u) / 4u, sum),
+                activation(t, x_block + block_element(u, 5u) / 4u, sum),
+                activation(t, x_block + block_element(u, 6u) / 4u, sum),
+                activation(t, x_block + block_element(u, 7u) / 4u, sum));
+}
+
+// One token's shares with at most four slots (every GPU split): the slots' dot products as
+// one vec4 and x's squares, each slot's accumulator a variable of its own. Loops over a private
+// array's slots leave the array in memory on the H200's driver rather than in registers (the
+// private array of activations of session 17 cost 6% of a decode step: docs/perf.md, session 20).
+struct Shares {
+    dots: vec4<f32>,
+    squares: f32,
+}
+
+const REGISTER_SHARES: bool = TPW == 1u && SLOTS <= 4u;
+
+// Where slot s's row starts, in bytes: the thread's row first + s % RPT, or its up row.
+fn slot_row_start(first: u32, s: u32) -> u32 {
+    let base = select(params.buffer_row, params.up_buffer_row, s >= RPT);
+    return (base + min(first + s % RPT, params.rows - 1u)) * params.row_bytes;
+}
+
+fn sum4(v: vec4<f32>) -> f32 {
+    return (v.x + v.y) + (v.z + v.w);
+}
+
+// Slots past SLOTS repeat the last one's row; their sums are never read.
+fn one_token_shares(first: u32, thread: u32) -> Shares {
+    let row0 = slot_row_start(first, 0u);
+    let row1 = slot_row_start(first, min(1u, SLOTS - 1u));
+    let row2 = slot_row_start(first, min(2u, SLOTS - 1u));
+    let row3 = slot_row_start(first, min(3u, SLOTS - 1u));
+    var acc0 = vec4<f32>(0.0);
+    var acc1 = vec4<f32>(0.0);
+    var acc2 = vec4<f32>(0.0);
+    var acc3 = vec4<f32>(0.0);
+    let units = params.blocks_per_row * UNITS;
+    for (var unit = thread; unit < units; unit = unit + TPR) {
+        let block = unit / UNITS;
+        let u = unit % UNITS;
+        let at = block * BLOCK_BYTES;
+        let activations = unit_activations(0u, block * (BLOCK / 4u), u);
+        acc0 = acc0 + unit_dot(dequant_unit(row0 + at, u), activations);
+        if (SLOTS > 1u) {
+            acc1 = acc1 + unit_dot(dequant_unit(row1 + at, u), activations);
+        }
+        if (SLOTS > 2u) {
+            acc2 = acc2 + unit_dot(dequant_unit(row2 + at, u), activations);
+        }
+        if (SLOTS > 3u) {
+            acc3 = acc3 + unit_dot(dequant_unit(row3 + at, u), activations);
+        }
+    }
+    return Shares(vec4<f32>(sum4(acc0), sum4(acc1), sum4(acc2), sum4(acc3)), squares[0]);
+}
+
+// Four tokens' shares with at most two slots (GPU splits of batched rows): per slot, a vec4
+// over the tokens, and x's squares per token. Each weight unit is decoded once for the four
+// tokens; each token's activations are loaded once per slot, as in the one-token loop.
+struct Shares4 {
+    dots0: vec4<f32>,
+    dots1: vec4<f32>,
+    squares: vec4<f32>,
+}
+
+const REGISTER_SHARES4: bool = TPW == 4u && SLOTS <= 2u;
+
+// The four tokens' dot products of one decoded weight unit, each as four partial sums.
+// `sum`: whether these loads add to the tokens' squares (once per unit).
+fn four_dots(values: Unit, x_block: u32, u: u32, sum: bool) -> mat4x4<f32> {
+    return mat4x4<f32>(unit_dot(values, activations_of(0u, x_block, u, sum)),
+                       unit_dot(values, activations_of(1u, x_block, u, sum)),
+                       unit_dot(values, activations_of(2u, x_block, u, sum)),
+                       unit_dot(values, activations_of(3u, x_block, u, sum)));
+}
+
+// squares[t], in bounds however few tokens the pipeline has (only read where TPW is 4).
+fn token_squares(t: u32) -> f32 {
+    return squares[min(t, TPW - 1u)];
+}
+
+fn sum4_columns(m: mat4x4<f32>) -> vec4<f32> {
+    return vec4<f32>(sum4(m[0]), sum4(m[1]), sum4(m[2]), sum4(m[3]));
+}
+
+fn four_token_shares(first: u32, thread: u32) -> Shares4 {
+    let row0 = slot_row_start(first, 0u);
+    let row1 = slot_row_start(first, min(1u, SLOTS - 1u));
+    var acc0 = mat4x4<f32>();
+    var acc1 = mat4x4<f32>();
+    let units = params.blocks_per_row * UNITS;
+    for (var unit = thread; unit < units; unit = unit + TPR) {
+        let block = unit / UNITS;
+        let u = unit % UNITS;
+        let at = block * BLOCK_BYTES;
+        let x_block = block * (BLOCK / 4u);
+        acc0 = acc0 + four_dots(dequant_unit(row0 + at, u), x_block, u, true);
+        if (SLOTS > 1u) {
+            acc1 = acc1 + four_dots(dequant_unit(row1 + at, u), x_block, u, false);
+        }
+    }
+    return Shares4(sum4_columns(acc0), sum4_columns(acc1),
+                   vec4<f32>(token_squares(0u), token_squares(1u), token_squares(2u), token_squares(3u)));
 }
 
 // This thread's shares, per token t < TPW (at t * PER_TOKEN), of dot(W[first + r, :], x_t)
 // for r < RPT, then (GLU) of the up rows', then (NORM) of x_t's squares. Rows past the part
 // repeat its last row (keeping control flow uniform); their sums are never written.
 fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
+    var sums: array<f32, SUMS>;
+    if (REGISTER_SHARES) {
+        let shares = one_token_shares(first, thread);
+        for (var s = 0u; s < SLOTS; s = s + 1u) {
+            sums[s] = shares.dots[s];
+        }
+        if (NORM == 1u) {
+            sums[PER_TOKEN - 1u] = shares.squares;
+        }
+        return sums;
+    }
     var row_start: array<u32, SLOTS>;
     for (var s = 0u; s < SLOTS; s = s + 1u) {
-        let base = select(params.buffer_row, params.up_buffer_row, s >= RPT);
-        row_start[s] = (base + min(first + s % RPT, params.rows - 1u)) * params.row_bytes;
+        row_start[s] = slot_row_start(first, s);
     }
     var acc: array<vec4<f32>, TPW * SLOTS>;
     let units = params.blocks_per_row * UNITS;
@@ -120,9 +238,8 @@ fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
         let u = unit % UNITS;
         let x_block = block * (BLOCK / 4u);
         if (TPW == 1u) {
-            // One token: its activations stay in registers. Held in the private array of
-            // Units below, the H200's driver decoded Qwen2.5 at 654 tok/s instead of 694, and
-            // 16 batched rows at 1,615 instead of 1,858 (docs/perf.md, session 20).
+            // One token: its activations stay in registers (in a private array of Units, the
+            // H200's driver decoded Qwen2.5 at 654 tok/s instead of 694: docs/perf.md, session 20).
             let activations = unit_activations(0u, x_block, u);
             for (var s = 0u; s < SLOTS; s = s + 1u) {
                 let values = dequant_unit(row_start[s] + block * BLOCK_BYTES, u);
@@ -143,11 +260,9 @@ fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
             }
         }
     }
-    var sums: array<f32, SUMS>;
     for (var t = 0u; t < TPW; t = t + 1u) {
         for (var s = 0u; s < SLOTS; s = s + 1u) {
-            let a = acc[t * SLOTS + s];
-            sums[t * PER_TOKEN + s] = (a.x + a.y) + (a.z + a.w);
+            sums[t * PER_TOKEN + s] = sum4(acc[t * SLOTS + s]);
         }
         if (NORM == 1u) {
             sums[t * PER_TOKEN + PER_TOKEN - 1u] = squares[t];
@@ -188,6 +303,25 @@ fn write_rows(first: u32, sums: array<f32, SUMS>) {
         let factor = norm_factor(sums[at + PER_TOKEN - 1u]);
         for (var r = 0u; r < RPT; r = r + 1u) {
             write_row(t, first + r, sums[at + r], sums[at + up_slot(r)], factor);
+        }
+    }
+}
+
+// Writes the rows of this thread's group from one token's shares, all added up.
+fn write_shares(first: u32, shares: Shares) {
+    let factor = norm_factor(shares.squares);
+    for (var r = 0u; r < RPT; r = r + 1u) {
+        write_row(0u, first + r, shares.dots[r], shares.dots[up_slot(r)], factor);
+    }
+}
+
+// Writes the rows of this thread's group for four tokens from their shares, all added up.
+fn write_shares4(first: u32, shares: Shares4) {
+    for (var t = 0u; t < 4u; t = t + 1u) {
+        let factor = norm_factor(shares.squares[t]);
+        for (var r = 0u; r < RPT; r = r + 1u) {
+            let dot_sum = select(shares.dots0[t], shares.dots1[t], r == 1u);
+            write_row(t, first + r, dot_sum, select(dot_sum, shares.dots1[t], HALVES == 2u), factor);
         }
     }
 }

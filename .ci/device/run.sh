@@ -15,6 +15,10 @@
 #                    the same with --matvec-batch-split SPLIT (LANES,LANES_PER_ROW,ROWS_PER_LANE,
 #                    TOKENS), into $OUT/batch-splits.jsonl (default ARGS: -p 0 -n 64 -r 2
 #                    --batch-rows 1,4,16)
+#   ab [ARGS]        an A/B of runner builds: each carried .device/ab/runner-NAME.xz (pack them
+#                    with `xz -T0`), ROUNDS rounds (default 2) of runner bench on every model,
+#                    interleaved; a line per run, JSON into $OUT/ab.jsonl (default ARGS: -p 0
+#                    -n 128 -r 2 --batch-rows 1,4,16)
 #   spec [ARGS]      speculative decoding (needs the real weights: assemble first): runner
 #                    bench --prompt-file P --spec lookup on every .ci/spec_prompts/*.txt and
 #                    model, plain and speculative in one process; a line per run, JSON into
@@ -141,6 +145,26 @@ run["flag"], run["value"], run["model_file"] = sys.argv[1], sys.argv[2], sys.arg
 open(sys.argv[4], "a").write(json.dumps(run) + "\n")
 print(sys.argv[2], sys.argv[3][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["tok_s"], t["sd"]) for t in run["tests"]))' \
           "$flag" "$value" "$(basename "$model")" "$OUT/$mode.jsonl"
+      done
+    done
+    ;;
+  ab)
+    shift
+    vulkan_env
+    [ $# -gt 0 ] || set -- -p 0 -n 128 -r 2 --batch-rows 1,4,16
+    for packed in .device/ab/runner-*.xz; do
+      xz -dkf "$packed" && chmod +x "${packed%.xz}"
+    done
+    for round in $(seq "${ROUNDS:-2}"); do
+      for build in .device/ab/runner-*[!z]; do
+        for model in "$models"/*.gguf; do
+          "$build" bench -m "$model" --quiet --json "$@" | python3 -c 'import json, sys
+run = json.loads(sys.stdin.read())
+run["build"], run["model_file"], run["round"] = sys.argv[1], sys.argv[2], sys.argv[3]
+open(sys.argv[4], "a").write(json.dumps(run) + "\n")
+print(sys.argv[3], sys.argv[1], sys.argv[2][:24], " ".join("%s %.0f" % (t["test"], t["tok_s"]) for t in run["tests"]))' \
+            "${build#.device/ab/runner-}" "$(basename "$model")" "$round" "$OUT/ab.jsonl"
+        done
       done
     done
     ;;
