@@ -7,7 +7,7 @@ compared by one yardstick. Standard library only (asyncio streams, HTTP/1.1, SSE
 on any machine with Python 3.8+, the device machine included. Loopback or a given URL only.
 
     bench_serve.py --url http://127.0.0.1:8080 --model NAME [--streams 1,4,16,64]
-                   [--max-tokens 128] [--warmup 1] [--json FILE]
+                   [--max-tokens 128] [--warmup 1] [--json FILE] [--endpoint chat|completions]
 
 Tokens are counted from the final usage chunk (`stream_options.include_usage`) where the
 server sends one, else as content chunks (one token each for both servers). Decode tok/s for a
@@ -61,7 +61,7 @@ async def one_stream(host, port, path, body, api_key):
         if message.get("usage"):
             usage_tokens = message["usage"].get("completion_tokens", 0)
         for choice in message.get("choices", []):
-            if choice.get("delta", {}).get("content"):
+            if choice.get("delta", {}).get("content") or choice.get("text"):
                 now = time.perf_counter()
                 first = first or now
                 last = now
@@ -100,14 +100,21 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
+def request_body(args, index):
+    body = {"model": args.model, "stream": True, "max_tokens": args.max_tokens,
+            "temperature": 0, "stream_options": {"include_usage": True}}
+    if args.endpoint == "completions":
+        body["prompt"] = prompt(index)
+    else:
+        body["messages"] = [{"role": "user", "content": prompt(index)}]
+    return body
+
+
 async def run_level(args, streams):
     url = urlsplit(args.url)
+    path = "/v1/completions" if args.endpoint == "completions" else "/v1/chat/completions"
     results = await asyncio.gather(*[
-        one_stream(url.hostname, url.port or 80, "/v1/chat/completions", {
-            "model": args.model, "stream": True, "max_tokens": args.max_tokens,
-            "temperature": 0, "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": prompt(i)}],
-        }, args.api_key)
+        one_stream(url.hostname, url.port or 80, path, request_body(args, i), args.api_key)
         for i in range(streams)])
     ttft = [first - started for first, _, _, started in results if first]
     rates = [(tokens - 1) / (last - first) for first, last, tokens, _ in results
@@ -157,6 +164,10 @@ def main():
     parser.add_argument("--streams", default="1,4,16,64")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--api-key")
+    parser.add_argument("--endpoint", choices=["chat", "completions"], default="chat",
+                        help="completions: a plain prompt, no chat template or reply parser "
+                             "(llama-server withholds streamed text its chat parser cannot "
+                             "place, so on random weights its chat streams undercount)")
     parser.add_argument("--label", default="server")
     parser.add_argument("--json", help="append the rows as JSON lines to this file")
     parser.add_argument("--warmup", type=int, default=1,

@@ -90,6 +90,16 @@ const GPU_GLU_SHAPE: Shape = Shape {
 };
 const WIDE_GLU_ROWS: u32 = 4096;
 
+/// A batched step's layer products (several tokens, each its own workgroups) on GPUs: two rows
+/// per lane, so each activation a lane loads serves two rows. On the H200 16 rows of SmolLM2
+/// decode 4,147 -> 5,432 tok/s and Qwen2.5 1,757 -> 2,594 with every product so split
+/// (docs/perf.md, session 21); one token stays fastest at one row per lane.
+const GPU_BATCH_SHAPE: Shape = Shape {
+    wg: 128,
+    threads_per_row: 32,
+    rows_per_thread: 2,
+};
+
 /// What happens to the dot products.
 #[derive(Clone, Copy, Default)]
 pub enum Epilogue<'a> {
@@ -191,6 +201,7 @@ fn work_split(
         None if w.rows >= WIDE_GLU_ROWS && matches!(fusion.epilogue, Epilogue::Glu(..)) => {
             GPU_GLU_SHAPE
         }
+        None if tokens > 1 => GPU_BATCH_SHAPE,
         None => GPU_SHAPE,
     };
     let per_group = match caps.cpu_work_split && caps.matvec_split.is_none() {
