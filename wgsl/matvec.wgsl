@@ -29,6 +29,13 @@
 //   times that. aux is indexed like out (per token), but for a bias.
 // Each thread keeps SLOTS = RPT * HALVES sums per token: its rows' dot products, then (GLU)
 // their up rows'. The thread that writes a row holds both of its sums.
+//
+// Registers, not arrays: with one token (or four, TPW = 4) and at most four slots (every GPU
+// split), a thread's sums are variables of their own, reduced as one vec4 (`Shares`): the
+// H200's driver keeps a private array indexed in a loop in memory (decode 699 -> 778 tok/s on
+// Qwen2.5 when they moved: docs/perf.md, session 21). CPU adapters' wider splits keep the
+// arrays. On GPUs a row of at most TPR units (STAGE = 1) reads x from workgroup memory, staged
+// once per workgroup (`stage_units`).
 
 struct Params {
     rows: u32,
@@ -63,8 +70,8 @@ const SUMS: u32 = TPW * PER_TOKEN;
 var<workgroup> partials: array<f32, WG * SUMS>;
 // STAGE = 1 (GPUs, rows of at most TPR units): the one-token loop reads x (and the norm's
 // weights) from these, staged once by the whole workgroup, instead of every row group loading
-// x itself, each lane a 128-byte unit (32 distinct lines a warp-wide load). STAGED = 8 * (TPR
-// + 1) vec4s, 1 when unused.
+// x itself, each lane a 128-byte unit (32 distinct lines a warp-wide load).
+// STAGED = 8 * (TPR + 1) vec4s, 1 when unused.
 var<workgroup> staged_x: array<vec4<f32>, STAGED>;
 var<workgroup> staged_w: array<vec4<f32>, STAGED>;
 var<private> squares: array<f32, TPW>;
