@@ -100,21 +100,19 @@ def percentile(values, fraction):
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
-def request_body(args, index):
+def request(args, index):
+    """The path and body of stream `index`'s request."""
     body = {"model": args.model, "stream": True, "max_tokens": args.max_tokens,
             "temperature": 0, "stream_options": {"include_usage": True}}
     if args.endpoint == "completions":
-        body["prompt"] = prompt(index)
-    else:
-        body["messages"] = [{"role": "user", "content": prompt(index)}]
-    return body
+        return "/v1/completions", {**body, "prompt": prompt(index)}
+    return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt(index)}]}
 
 
 async def run_level(args, streams):
     url = urlsplit(args.url)
-    path = "/v1/completions" if args.endpoint == "completions" else "/v1/chat/completions"
     results = await asyncio.gather(*[
-        one_stream(url.hostname, url.port or 80, path, request_body(args, i), args.api_key)
+        one_stream(url.hostname, url.port or 80, *request(args, i), args.api_key)
         for i in range(streams)])
     ttft = [first - started for first, _, _, started in results if first]
     rates = [(tokens - 1) / (last - first) for first, last, tokens, _ in results

@@ -47,6 +47,17 @@ vulkan_env() {
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export XDG_RUNTIME_DIR=/tmp/xdg && mkdir -p -m 700 "$XDG_RUNTIME_DIR"
 }
+# Reads one `runner bench --json` run from stdin, adds the KEY=VALUE labels given after the
+# file, appends it to file $1 as a JSON line and prints the labels and each test's tok/s.
+record_run() {
+  python3 -c 'import json, sys
+run = json.loads(sys.stdin.read())
+labels = dict(arg.split("=", 1) for arg in sys.argv[2:])
+run.update(labels)
+open(sys.argv[1], "a").write(json.dumps(run) + "\n")
+print(" ".join(v[:24] for v in labels.values()),
+      " ".join("%s %.0f±%.0f" % (t["test"], t["tok_s"], t["sd"]) for t in run["tests"]))' "$@"
+}
 # Waits for the server (pid $1) on port $4 to be healthy, drives it with bench_serve.py as
 # label $2 and model $3 (the rest: its arguments), then stops it.
 serve_and_bench() {
@@ -139,12 +150,7 @@ PY
     for value in "${values[@]}"; do
       for model in "$models"/*.gguf; do
         "$runner" bench -m "$model" --quiet --json "$flag" "$value" "$@" \
-          | python3 -c 'import json, sys
-run = json.loads(sys.stdin.read())
-run["flag"], run["value"], run["model_file"] = sys.argv[1], sys.argv[2], sys.argv[3]
-open(sys.argv[4], "a").write(json.dumps(run) + "\n")
-print(sys.argv[2], sys.argv[3][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["tok_s"], t["sd"]) for t in run["tests"]))' \
-          "$flag" "$value" "$(basename "$model")" "$OUT/$mode.jsonl"
+          | record_run "$OUT/$mode.jsonl" flag="$flag" value="$value" model_file="$(basename "$model")"
       done
     done
     ;;
@@ -158,12 +164,8 @@ print(sys.argv[2], sys.argv[3][:24], " ".join("%s %.0f±%.0f" % (t["test"], t["t
     for round in $(seq "${ROUNDS:-2}"); do
       for build in .device/ab/runner-*[!z]; do
         for model in "$models"/*.gguf; do
-          "$build" bench -m "$model" --quiet --json "$@" | python3 -c 'import json, sys
-run = json.loads(sys.stdin.read())
-run["build"], run["model_file"], run["round"] = sys.argv[1], sys.argv[2], sys.argv[3]
-open(sys.argv[4], "a").write(json.dumps(run) + "\n")
-print(sys.argv[3], sys.argv[1], sys.argv[2][:24], " ".join("%s %.0f" % (t["test"], t["tok_s"]) for t in run["tests"]))' \
-            "${build#.device/ab/runner-}" "$(basename "$model")" "$round" "$OUT/ab.jsonl"
+          "$build" bench -m "$model" --quiet --json "$@" | record_run "$OUT/ab.jsonl" \
+            round="$round" build="${build#.device/ab/runner-}" model_file="$(basename "$model")"
         done
       done
     done
