@@ -30,11 +30,11 @@
 // Each thread keeps SLOTS = RPT * HALVES sums per token: its rows' dot products, then (GLU)
 // their up rows'. The thread that writes a row holds both of its sums.
 //
-// Registers, not arrays: with one token (or four, TPW = 4) and at most four slots (every GPU
-// split), a thread's sums are variables of their own, reduced as one vec4 (`Shares`): the
-// H200's driver keeps a private array indexed in a loop in memory (decode 699 -> 778 tok/s on
-// Qwen2.5 when they moved: docs/perf.md, session 21). CPU adapters' wider splits keep the
-// arrays.
+// Registers, not arrays: with one token and at most four slots (every GPU split), a thread's
+// sums are variables of their own, reduced as one vec4 (`Shares`): the H200's driver keeps a
+// private array indexed in a loop in memory (decode 699 -> 778 tok/s on Qwen2.5 when they
+// moved: docs/perf.md, session 21). CPU adapters' wider splits and several tokens a workgroup
+// keep the arrays.
 
 struct Params {
     rows: u32,
@@ -76,14 +76,10 @@ fn x_base(t: u32) -> u32 {
     return min(first_token + t, params.tokens - 1u) * params.x_stride;
 }
 
-// Token t's vec4 i of x, normed (NORM) with its square added to squares[t] where `sum` is
-// set (a thread reading the same activations for a second row leaves it unset).
-fn activation(t: u32, i: u32, sum: bool) -> vec4<f32> {
+fn activation(t: u32, i: u32) -> vec4<f32> {
     let v = x[x_base(t) + i];
     if (NORM == 1u) {
-        if (sum) {
-            squares[t] = squares[t] + dot(v, v);
-        }
+        squares[t] = squares[t] + dot(v, v);
         return v * norm_w[i];
     }
     return v;
@@ -104,18 +100,14 @@ fn first_thread_row(group: vec3<u32>, lane: u32) -> u32 {
 
 // The activations of token t that unit `u` of the block starting at vec4 `x_block` multiplies.
 fn unit_activations(t: u32, x_block: u32, u: u32) -> Unit {
-    return activations_of(t, x_block, u, true);
-}
-
-fn activations_of(t: u32, x_block: u32, u: u32, sum: bool) -> Unit {
-    return Unit(activation(t, x_block + block_element(u, 0u) / 4u, sum),
-                activation(t, x_block + block_element(u, 1u) / 4u, sum),
-                activation(t, x_block + block_element(u, 2u) / 4u, sum),
-                activation(t, x_block + block_element(u, 3u) / 4u, sum),
-                activation(t, x_block + block_element(u, 4u) / 4u, sum),
-                activation(t, x_block + block_element(u, 5u) / 4u, sum),
-                activation(t, x_block + block_element(u, 6u) / 4u, sum),
-                activation(t, x_block + block_element(u, 7u) / 4u, sum));
+    return Unit(activation(t, x_block + block_element(u, 0u) / 4u),
+                activation(t, x_block + block_element(u, 1u) / 4u),
+                activation(t, x_block + block_element(u, 2u) / 4u),
+                activation(t, x_block + block_element(u, 3u) / 4u),
+                activation(t, x_block + block_element(u, 4u) / 4u),
+                activation(t, x_block + block_element(u, 5u) / 4u),
+                activation(t, x_block + block_element(u, 6u) / 4u),
+                activation(t, x_block + block_element(u, 7u) / 4u));
 }
 
 // One token's shares with at most four slots (every GPU split): the slots' dot products as
@@ -167,55 +159,6 @@ fn one_token_shares(first: u32, thread: u32) -> Shares {
         }
     }
     return Shares(vec4<f32>(sum4(acc0), sum4(acc1), sum4(acc2), sum4(acc3)), squares[0]);
-}
-
-// Four tokens' shares with at most two slots (GPU splits of batched rows): per slot, a vec4
-// over the tokens, and x's squares per token. Each weight unit is decoded once for the four
-// tokens; each token's activations are loaded once per slot, as in the one-token loop.
-struct Shares4 {
-    dots0: vec4<f32>,
-    dots1: vec4<f32>,
-    squares: vec4<f32>,
-}
-
-const REGISTER_SHARES4: bool = TPW == 4u && SLOTS <= 2u;
-
-// The four tokens' dot products of one decoded weight unit, each as four partial sums.
-// `sum`: whether these loads add to the tokens' squares (once per unit).
-fn four_dots(values: Unit, x_block: u32, u: u32, sum: bool) -> mat4x4<f32> {
-    return mat4x4<f32>(unit_dot(values, activations_of(0u, x_block, u, sum)),
-                       unit_dot(values, activations_of(1u, x_block, u, sum)),
-                       unit_dot(values, activations_of(2u, x_block, u, sum)),
-                       unit_dot(values, activations_of(3u, x_block, u, sum)));
-}
-
-// squares[t], in bounds however few tokens the pipeline has (only read where TPW is 4).
-fn token_squares(t: u32) -> f32 {
-    return squares[min(t, TPW - 1u)];
-}
-
-fn sum4_columns(m: mat4x4<f32>) -> vec4<f32> {
-    return vec4<f32>(sum4(m[0]), sum4(m[1]), sum4(m[2]), sum4(m[3]));
-}
-
-fn four_token_shares(first: u32, thread: u32) -> Shares4 {
-    let row0 = slot_row_start(first, 0u);
-    let row1 = slot_row_start(first, min(1u, SLOTS - 1u));
-    var acc0 = mat4x4<f32>();
-    var acc1 = mat4x4<f32>();
-    let units = params.blocks_per_row * UNITS;
-    for (var unit = thread; unit < units; unit = unit + TPR) {
-        let block = unit / UNITS;
-        let u = unit % UNITS;
-        let at = block * BLOCK_BYTES;
-        let x_block = block * (BLOCK / 4u);
-        acc0 = acc0 + four_dots(dequant_unit(row0 + at, u), x_block, u, true);
-        if (SLOTS > 1u) {
-            acc1 = acc1 + four_dots(dequant_unit(row1 + at, u), x_block, u, false);
-        }
-    }
-    return Shares4(sum4_columns(acc0), sum4_columns(acc1),
-                   vec4<f32>(token_squares(0u), token_squares(1u), token_squares(2u), token_squares(3u)));
 }
 
 // This thread's shares, per token t < TPW (at t * PER_TOKEN), of dot(W[first + r, :], x_t)
@@ -318,17 +261,6 @@ fn write_shares(first: u32, shares: Shares) {
     let factor = norm_factor(shares.squares);
     for (var r = 0u; r < RPT; r = r + 1u) {
         write_row(0u, first + r, shares.dots[r], shares.dots[up_slot(r)], factor);
-    }
-}
-
-// Writes the rows of this thread's group for four tokens from their shares, all added up.
-fn write_shares4(first: u32, shares: Shares4) {
-    for (var t = 0u; t < 4u; t = t + 1u) {
-        let factor = norm_factor(shares.squares[t]);
-        for (var r = 0u; r < RPT; r = r + 1u) {
-            let dot_sum = select(shares.dots0[t], shares.dots1[t], r == 1u);
-            write_row(t, first + r, dot_sum, select(dot_sum, shares.dots1[t], HALVES == 2u), factor);
-        }
     }
 }
 

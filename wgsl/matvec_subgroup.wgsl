@@ -18,18 +18,6 @@ fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invoc
         }
         return;
     }
-    if (REGISTER_SHARES4) {
-        var shares4 = four_token_shares(first, lane % TPR);
-        for (var mask = TPR / 2u; mask > 0u; mask = mask / 2u) {
-            shares4.dots0 = shares4.dots0 + subgroupShuffleXor(shares4.dots0, mask);
-            shares4.dots1 = shares4.dots1 + subgroupShuffleXor(shares4.dots1, mask);
-            shares4.squares = shares4.squares + subgroupShuffleXor(shares4.squares, mask);
-        }
-        if (lane % TPR == 0u) {
-            write_shares4(first, shares4);
-        }
-        return;
-    }
     var sums = thread_partials(first, lane % TPR);
     for (var s = 0u; s < SUMS; s = s + 1u) {
         for (var mask = TPR / 2u; mask > 0u; mask = mask / 2u) {
