@@ -67,6 +67,12 @@ const PER_TOKEN: u32 = SLOTS + NORM;
 const SUMS: u32 = TPW * PER_TOKEN;
 
 var<workgroup> partials: array<f32, WG * SUMS>;
+// STAGE = 1 (GPUs, rows of at most TPR units): the one-token loop reads x (and the norm's
+// weights) from these, staged once by the whole workgroup, instead of every row group loading
+// x itself, each lane a 128-byte unit (32 distinct lines a warp-wide load). STAGED = 8 * (TPR
+// + 1) vec4s, 1 when unused.
+var<workgroup> staged_x: array<vec4<f32>, STAGED>;
+var<workgroup> staged_w: array<vec4<f32>, STAGED>;
 var<private> squares: array<f32, TPW>;
 // The workgroup's first token.
 var<private> first_token: u32;
@@ -131,8 +137,9 @@ fn sum4(v: vec4<f32>) -> f32 {
     return (v.x + v.y) + (v.z + v.w);
 }
 
-// Slots past SLOTS repeat the last one's row; their sums are never read.
-fn one_token_shares(first: u32, thread: u32) -> Shares {
+// Slots past SLOTS repeat the last one's row; their sums are never read. `lane` is the
+// thread's index in the workgroup (its row group's thread is lane % TPR).
+fn one_token_shares(first: u32, lane: u32) -> Shares {
     let row0 = slot_row_start(first, 0u);
     let row1 = slot_row_start(first, min(1u, SLOTS - 1u));
     let row2 = slot_row_start(first, min(2u, SLOTS - 1u));
@@ -141,12 +148,16 @@ fn one_token_shares(first: u32, thread: u32) -> Shares {
     var acc1 = vec4<f32>(0.0);
     var acc2 = vec4<f32>(0.0);
     var acc3 = vec4<f32>(0.0);
+    let thread = lane % TPR;
     let units = params.blocks_per_row * UNITS;
+    if (STAGE == 1u) {
+        stage_units(units, lane);
+    }
     for (var unit = thread; unit < units; unit = unit + TPR) {
         let block = unit / UNITS;
         let u = unit % UNITS;
         let at = block * BLOCK_BYTES;
-        let activations = unit_activations(0u, block * (BLOCK / 4u), u);
+        let activations = one_token_activations(unit, block, u);
         acc0 = acc0 + unit_dot(dequant_unit(row0 + at, u), activations);
         if (SLOTS > 1u) {
             acc1 = acc1 + unit_dot(dequant_unit(row1 + at, u), activations);
@@ -161,13 +172,58 @@ fn one_token_shares(first: u32, thread: u32) -> Shares {
     return Shares(vec4<f32>(sum4(acc0), sum4(acc1), sum4(acc2), sum4(acc3)), squares[0]);
 }
 
+// Where vec4 i of staged unit c lies: one row of TPR + 1 vec4s per i, so the threads of a row
+// group reading their units' vec4 i touch consecutive vec4s, and the stagers writing one
+// unit's eight vec4s land in eight different banks.
+fn staged_index(c: u32, i: u32) -> u32 {
+    return i * (TPR + 1u) + c;
+}
+
+// The first token's x (and the norm's weights), all `units` of it (at most TPR: the host
+// stages only rows that short), into workgroup memory, neighbouring lanes loading
+// neighbouring vec4s of a unit. Every lane of the workgroup calls it (uniform control flow).
+fn stage_units(units: u32, lane: u32) {
+    for (var index = lane; index < units * 8u; index = index + WG) {
+        let c = index / 8u;
+        let i = index % 8u;
+        let at = (c / UNITS) * (BLOCK / 4u) + block_element(c % UNITS, i) / 4u;
+        staged_x[staged_index(c, i)] = x[x_base(0u) + at];
+        if (NORM == 1u) {
+            staged_w[staged_index(c, i)] = norm_w[at];
+        }
+    }
+    workgroupBarrier();
+}
+
+// The activations that unit u of block `block` multiplies: staged unit c's, or x's own.
+fn one_token_activations(c: u32, block: u32, u: u32) -> Unit {
+    if (STAGE == 1u) {
+        return Unit(staged_activation(c, 0u), staged_activation(c, 1u),
+                    staged_activation(c, 2u), staged_activation(c, 3u),
+                    staged_activation(c, 4u), staged_activation(c, 5u),
+                    staged_activation(c, 6u), staged_activation(c, 7u));
+    }
+    return unit_activations(0u, block * (BLOCK / 4u), u);
+}
+
+// Vec4 i of staged unit c; with NORM, normed, and its square added to the token's.
+fn staged_activation(c: u32, i: u32) -> vec4<f32> {
+    let v = staged_x[staged_index(c, i)];
+    if (NORM == 1u) {
+        squares[0] = squares[0] + dot(v, v);
+        return v * staged_w[staged_index(c, i)];
+    }
+    return v;
+}
+
 // This thread's shares, per token t < TPW (at t * PER_TOKEN), of dot(W[first + r, :], x_t)
 // for r < RPT, then (GLU) of the up rows', then (NORM) of x_t's squares. Rows past the part
 // repeat its last row (keeping control flow uniform); their sums are never written.
-fn thread_partials(first: u32, thread: u32) -> array<f32, SUMS> {
+fn thread_partials(first: u32, lane: u32) -> array<f32, SUMS> {
+    let thread = lane % TPR;
     var sums: array<f32, SUMS>;
     if (REGISTER_SHARES) {
-        let shares = one_token_shares(first, thread);
+        let shares = one_token_shares(first, lane);
         for (var s = 0u; s < SLOTS; s = s + 1u) {
             sums[s] = shares.dots[s];
         }
@@ -269,7 +325,7 @@ fn matvec(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_ind
     first_token = group.x * TPW;
     let first = first_thread_row(group, lane);
     let thread = lane % TPR;
-    let sums = thread_partials(first, thread);
+    let sums = thread_partials(first, lane);
     if (TPR == 1u) {
         write_rows(first, sums);
         return;

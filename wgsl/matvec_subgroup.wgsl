@@ -8,7 +8,7 @@ fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invoc
     let first = first_thread_row(group, lane);
     if (REGISTER_SHARES) {
         // One vec4 of dot products and one sum of squares: two shuffles a step, no array.
-        var shares = one_token_shares(first, lane % TPR);
+        var shares = one_token_shares(first, lane);
         for (var mask = TPR / 2u; mask > 0u; mask = mask / 2u) {
             shares.dots = shares.dots + subgroupShuffleXor(shares.dots, mask);
             shares.squares = shares.squares + subgroupShuffleXor(shares.squares, mask);
@@ -18,7 +18,7 @@ fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invoc
         }
         return;
     }
-    var sums = thread_partials(first, lane % TPR);
+    var sums = thread_partials(first, lane);
     for (var s = 0u; s < SUMS; s = s + 1u) {
         for (var mask = TPR / 2u; mask > 0u; mask = mask / 2u) {
             sums[s] = sums[s] + subgroupShuffleXor(sums[s], mask);

@@ -257,6 +257,14 @@ pub fn matvec_tokens(
         }
         _ => None,
     };
+    // GPUs stage x in workgroup memory for the one-token loop where a row is one unit per
+    // thread (each workgroup reads x once, coalesced, instead of once per row group). Longer
+    // rows would stage in chunks, a barrier pair each: Qwen2.5's 4,864-column down projection
+    // went 10.8 -> 11.4 µs so on the H200 (docs/perf.md, session 21). On CPU adapters a barrier
+    // costs more than it saves. Units are the kernel's 32 values (float types' GGUF blocks are
+    // single elements: counting those staged f32 rows of any length, past the staging array).
+    let units = w.cols / 32;
+    let stage = !gpu.caps.cpu_work_split && units <= threads_per_row;
     let rows_per_group = shape.wg / threads_per_row * shape.rows_per_thread;
     let mut consts = vec![
         ("WG", shape.wg),
@@ -266,6 +274,8 @@ pub fn matvec_tokens(
         ("NORM", u32::from(fusion.norm.is_some())),
         ("EPILOGUE", fusion.epilogue.code()),
         ("TPW", per_group),
+        ("STAGE", u32::from(stage)),
+        ("STAGED", if stage { 8 * (threads_per_row + 1) } else { 1 }),
     ];
     consts.extend(w.quant_consts());
     let pipeline = rec.pipeline(kernel, &consts);
