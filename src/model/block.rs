@@ -1,6 +1,6 @@
 //! The pieces every architecture's block is built from. Each has one path for prefill (many
 //! tokens: tiled products, separate norms and adds) and a fused one for decode (one token, or
-//! a batched step's few rows on a GPU, each row its own product): norms folded into the
+//! a few: a batched step's rows, a speculative draft; each its own product): norms folded into the
 //! products that read them; bias, gate activation and residual add folded into the products'
 //! epilogues; rope, per-head norms and the cache write in one dispatch. Decode is bound by
 //! dispatch count, so every dispatch spared is time saved.
@@ -15,10 +15,11 @@ use crate::ops::{norm, quant, rope};
 use super::loader::{Matrix, Vector};
 use super::LayerStep;
 
-/// Whether the step's products take the fused matrix-vector path: one token, or the rows of a
-/// batched step where the device multiplies that many tokens one product per token.
+/// Whether the step's products take the fused matrix-vector path: one token, or as many as
+/// the device multiplies one product per token (a batched step's rows, a speculative step's
+/// draft, a short prompt), whose unfused path would add a norm and an add or bias per product.
 fn fused(rec: &Recorder, step: &LayerStep) -> bool {
-    step.tokens == 1 || (step.rows.is_some() && quant::per_token_products(rec.gpu(), step.tokens))
+    step.tokens == 1 || quant::per_token_products(rec.gpu(), step.tokens)
 }
 
 /// q, k and v = W · rms_norm(hidden) (+ bias), with the block's attention norm. One token

@@ -293,10 +293,27 @@ pub fn per_token_products(gpu: &crate::gpu::Gpu, tokens: u32) -> bool {
     tokens <= most
 }
 
+/// Bytes from which a GPU multiplies `STREAMED_TOKENS` tokens or more with the tiled (or
+/// cooperative-matrix) product even where `per_token_products` says otherwise. The
+/// matrix-vector kernel reads and decodes the weights once per token, and a matrix larger than
+/// the cache (the heads: Qwen2.5's 111 MB, Gemma 3's 178 MB, SmolLM2's 30 MB) comes from memory
+/// each time: 16 rows of Qwen2.5's head took 1.1 ms against 87 µs for one. The tiled product
+/// reads it once but costs ~0.8 ms whatever the tokens, so on the H200 (docs/perf.md, session
+/// 22) batched steps of 16 rows gain (Gemma 3 3,980 -> 4,936 tok/s, Qwen2.5 3,283 -> 3,500)
+/// and of 8 lose (3,045 -> 2,995, 2,684 -> 2,520).
+pub const STREAMED_MATRIX_BYTES: u64 = 16 << 20;
+pub const STREAMED_TOKENS: u32 = 12;
+
+/// Whether a GPU's product of `tokens` tokens with `w` had better read the weights once.
+fn reads_weights_once(gpu: &crate::gpu::Gpu, w: &QuantMatrix, tokens: u32) -> bool {
+    let bytes = u64::from(w.rows) * w.weights.row_bytes;
+    !gpu.caps.cpu_work_split && tokens >= STREAMED_TOKENS && bytes >= STREAMED_MATRIX_BYTES
+}
+
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
 /// `[tokens, rows]`, both f32. Up to `MATVEC_TOKENS_ON_GPU` tokens on a GPU use the
-/// matrix-vector kernel (`MATVEC_TOKENS_ON_CPU` on a CPU adapter); more use the cooperative-matrix one where
-/// `uses_coop_matrix`, else the tiled one.
+/// matrix-vector kernel (`MATVEC_TOKENS_ON_CPU` on a CPU adapter), but for `reads_weights_once`;
+/// the rest use the cooperative-matrix one where `uses_coop_matrix`, else the tiled one.
 pub fn matmul(
     rec: &mut Recorder,
     w: &QuantMatrix,
@@ -304,7 +321,7 @@ pub fn matmul(
     out: &wgpu::Buffer,
     tokens: u32,
 ) {
-    if per_token_products(rec.gpu(), tokens) {
+    if per_token_products(rec.gpu(), tokens) && !reads_weights_once(rec.gpu(), w, tokens) {
         matvec::matvec_tokens(rec, w, x, out, &Fusion::default(), tokens);
     } else {
         matmul_product(rec, w, x, out, tokens);
