@@ -78,7 +78,7 @@ fn greedy_ids_are_the_same_with_drafts_and_drafts_are_accepted() {
 #[test]
 fn greedy_ids_are_the_same_when_drafts_are_rejected() {
     let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
-    let greedy = options(8, SamplerConfig::greedy());
+    let greedy = options(24, SamplerConfig::greedy());
     let plain = run(&mut engine, chat(FRESH), greedy.clone(), false);
     let spec = run(&mut engine, chat(FRESH), greedy, true);
     assert_eq!(spec.ids, plain.ids, "ids with drafts: {:?}", spec.text);

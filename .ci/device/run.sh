@@ -22,7 +22,7 @@
 #   spec [ARGS]      speculative decoding (needs the real weights: assemble first): runner
 #                    bench --prompt-file P --spec lookup on every .ci/spec_prompts/*.txt and
 #                    model, plain and speculative in one process; a line per run, JSON into
-#                    $OUT/spec-PROMPT-MODEL.json (default ARGS: -n 256 -r 3 --draft-max 8)
+#                    $OUT/spec-PROMPT-MODEL.json (default ARGS: -n 256 -r 3 --draft-max 15)
 #   score MODEL IDS  teacher-forced top-5 (fidelity spot check), JSON into $OUT
 #   llama-build      build llama.cpp with CUDA (llama-bench, llama-server) from the carried
 #                    source tarball .device/llama.tgz (pack.sh LLAMA_SRC=...) into /root/llama,
@@ -173,7 +173,7 @@ PY
   spec)
     shift
     vulkan_env
-    [ $# -gt 0 ] || set -- -n 256 -r 3 --draft-max 8
+    [ $# -gt 0 ] || set -- -n 256 -r 3 --draft-max 15
     for prompt in .ci/spec_prompts/*.txt; do
       for model in "$models"/*.gguf; do
         out="$OUT/spec-$(basename "$prompt" .txt)-$(basename "$model" .gguf).json"

@@ -12,8 +12,8 @@
 //! Rollback is implicit: the rejected positions' keys and values stay in the KV cache past
 //! `cached.len()`, and the next step writes its own over them before any query can see them
 //! (attention reads keys up to its own position only, the sliding window included).
-//! While drafting is paused (`DraftLength`), greedy tokens come from the pipelined
-//! `GreedyDecoder`, as without speculation.
+//! While there is nothing to verify (drafting paused by `DraftLength`, or no n-gram recurs),
+//! greedy tokens come from the pipelined `GreedyDecoder`, as without speculation.
 
 use crate::front::{Decoding, OnEvent};
 use crate::model::decode::DEFAULT_DEPTH;
@@ -68,11 +68,12 @@ impl Engine {
         let mut length = DraftLength::new(&config);
         let mut counts = DraftCounts::default();
         while decoding.finished().is_none() {
-            if greedy && length.allowed() == 0 {
-                self.decode_paused(decoding, &mut length, on_event).await?;
+            let draft = self.draft(decoding, config, length.allowed());
+            if greedy && draft.is_empty() {
+                self.decode_undrafted(decoding, config, &mut length, on_event)
+                    .await?;
                 continue;
             }
-            let draft = self.draft(decoding, config, length.allowed());
             let started = now_seconds();
             let accepted = self.verify(decoding, &draft, greedy, on_event).await?;
             let seconds = (now_seconds() - started) as f32;
@@ -132,11 +133,14 @@ impl Engine {
         Ok(accepted)
     }
 
-    /// Greedy tokens through the pipelined decoder until drafting may resume; the steps it
-    /// already has in flight then are kept, not wasted.
-    async fn decode_paused(
+    /// Greedy tokens through the pipelined decoder while there is nothing to verify (drafting
+    /// paused, or no n-gram recurs): a one-token verification step would wait for its token
+    /// before the next could start, 10-15% slower on the H200 (docs/perf.md, session 22). The
+    /// steps the decoder has in flight when a draft appears are kept, not wasted.
+    async fn decode_undrafted(
         &mut self,
         decoding: &mut Decoding,
+        config: SpecConfig,
         length: &mut DraftLength,
         on_event: &mut OnEvent<'_>,
     ) -> Result<(), EngineError> {
@@ -145,7 +149,7 @@ impl Engine {
         let mut decoder = self.stage.greedy_decoder(fed, position, DEFAULT_DEPTH)?;
         let mut ended = false;
         let mut last_at = now_seconds();
-        while !ended && length.allowed() == 0 {
+        while !ended && self.draft(decoding, config, length.allowed()).is_empty() {
             let next = decoder.next().await?;
             let at = now_seconds();
             length.record_plain((at - last_at) as f32);
