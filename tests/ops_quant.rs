@@ -97,6 +97,33 @@ fn awkward_cols(quant: QuantType) -> [usize; 2] {
     }
 }
 
+/// How much cancellation magnifies summation error: the largest sum of |w·x| terms of any
+/// output over the largest output (at least 1). A single row of 96 random terms can sum to
+/// ~1% of its terms' magnitudes, where rounding in any order is ~1e-5 of the result
+/// (2.4e-5 at seed 1796406744687644919, one row of 96 f32 columns, on the CPU split).
+fn cancellation(
+    quant: QuantType,
+    bytes: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    want: &[f32],
+) -> f32 {
+    let magnitudes: Vec<f32> = x.iter().map(|v| v.abs()).collect();
+    let row_bytes = quant.row_bytes(cols as u64) as usize;
+    let mut row = vec![0.0f32; cols];
+    let mut terms = 0.0f32;
+    for n in 0..rows {
+        dequant_row_reference(quant, &bytes[n * row_bytes..(n + 1) * row_bytes], &mut row);
+        for activations in magnitudes.chunks(cols) {
+            let sum: f32 = row.iter().zip(activations).map(|(w, a)| w.abs() * a).sum();
+            terms = terms.max(sum);
+        }
+    }
+    let largest = want.iter().fold(1e-6f32, |m, v| m.max(v.abs()));
+    (terms / largest).max(1.0)
+}
+
 // ---------------------------------------------------------------------------------------------
 // GPU against the references
 
@@ -138,14 +165,15 @@ fn check_products(quant: QuantType) {
                     cols,
                 };
                 let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
+                let conditioning = cancellation(quant, &bytes, rows, cols, &x, &want);
                 let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
                 let what = format!(
                     "{quant:?} {} {variant} cpu_split={} rows={rows} cols={cols} tokens={tokens} \
                      seed={seed}",
                     gpu.caps.adapter, gpu.caps.cpu_work_split
                 );
-                testing::assert_close(&got, &want, tolerance(quant), &what);
-                worst = worst.max(testing::relative_error(&got, &want));
+                testing::assert_close(&got, &want, tolerance(quant) * conditioning, &what);
+                worst = worst.max(testing::relative_error(&got, &want) / conditioning);
             }
         }
     }
