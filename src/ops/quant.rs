@@ -191,6 +191,12 @@ impl<'a> QuantMatrix<'a> {
         self.cols / self.quant.kernel_block().0
     }
 
+    /// A row's 32-value units as the kernels cut it (`UNITS` per kernel block; float types
+    /// are 32-element blocks there though single elements in GGUF).
+    pub(super) fn units_per_row(&self) -> u32 {
+        self.blocks_per_row() * (self.quant.kernel_block().0 / 32)
+    }
+
     /// The constants every kernel of this family is specialised with.
     pub(super) fn quant_consts(&self) -> [(&'static str, u32); 4] {
         let (block, block_bytes) = self.quant.kernel_block();
@@ -364,8 +370,7 @@ pub fn embed(
     let mut consts = vec![("WG", EMBED_WG)];
     consts.extend(table.quant_consts());
     let pipeline = rec.pipeline(&EMBED, &consts);
-    let units = table.blocks_per_row() * (table.quant.kernel_block().0 / 32);
-    let groups_x = units.div_ceil(EMBED_WG);
+    let groups_x = table.units_per_row().div_ceil(EMBED_WG);
     for part in table.parts() {
         let mut first_token = 0;
         while first_token < tokens {

@@ -261,10 +261,8 @@ pub fn matvec_tokens(
     // thread (each workgroup reads x once, coalesced, instead of once per row group). Longer
     // rows would stage in chunks, a barrier pair each: Qwen2.5's 4,864-column down projection
     // went 10.8 -> 11.4 µs so on the H200 (docs/perf.md, session 21). On CPU adapters a barrier
-    // costs more than it saves. Units are the kernel's 32 values (float types' GGUF blocks are
-    // single elements: counting those staged f32 rows of any length, past the staging array).
-    let units = w.cols / 32;
-    let stage = !gpu.caps.cpu_work_split && units <= threads_per_row;
+    // costs more than it saves.
+    let stage = !gpu.caps.cpu_work_split && w.units_per_row() <= threads_per_row;
     let rows_per_group = shape.wg / threads_per_row * shape.rows_per_thread;
     let mut consts = vec![
         ("WG", shape.wg),
