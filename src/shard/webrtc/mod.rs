@@ -43,6 +43,9 @@ pub const MAX_RAW_MESSAGE: usize = 64 << 10;
 /// How often `connect` looks for the id the signaling server assigns (matchbox only offers
 /// a non-blocking getter).
 const ID_POLL: Duration = Duration::from_millis(5);
+/// How long `rejoin` waits for the old socket to close before joining again; it closes at
+/// matchbox's next poll, so this only bounds a stuck runtime.
+const LEAVE_WAIT: Duration = Duration::from_secs(2);
 
 /// How a `WebRtcTransport` connects.
 #[derive(Clone, Debug, PartialEq)]
@@ -89,6 +92,8 @@ pub struct WebRtcTransport {
     joined: (String, String, WebRtcConfig),
     /// Dropped with the transport, which ends the driver.
     _alive: oneshot::Sender<()>,
+    /// Completes when matchbox's message loop has ended (its sender is dropped then).
+    loop_ended: oneshot::Receiver<()>,
 }
 
 impl WebRtcTransport {
@@ -135,8 +140,10 @@ impl WebRtcTransport {
             .build();
 
         let (ended_sender, mut ended) = oneshot::channel();
+        let (loop_alive, loop_ended) = oneshot::channel::<()>();
         let loop_url = url.clone();
         spawn::spawn(async move {
+            let _loop_alive = loop_alive;
             // A panic inside matchbox ends this socket only, as an error: its links close and
             // `recv` says the transport is closed; the runner goes on.
             let result = match AssertUnwindSafe(message_loop).catch_unwind().await {
@@ -194,6 +201,7 @@ impl WebRtcTransport {
             }),
             joined: (signal_url.to_string(), room.to_string(), config),
             _alive: alive,
+            loop_ended,
         })
     }
 
@@ -310,9 +318,21 @@ impl Transport for WebRtcTransport {
         }
     }
 
-    /// Joins the room again as a new peer, then leaves under the old id; the byte counts go on.
+    /// Leaves under the old id, then joins the room again as a new peer; the byte counts go
+    /// on. Leaving first matters: the old socket would otherwise offer a link to the new one
+    /// and drop it half made, and matchbox panics on a data channel closed before it opened,
+    /// ending the new socket. Should joining fail, the transport stays closed.
     async fn rejoin(&mut self) -> Result<(), TransportError> {
         let (signal_url, room, config) = self.joined.clone();
+        // Matchbox's loop ends once its outgoing queue is closed, and the server then sees
+        // the old id leave.
+        self.outgoing.close_channel();
+        let mut ended = (&mut self.loop_ended).map(|_| ()).fuse();
+        let mut deadline = Delay::new(LEAVE_WAIT).fuse();
+        select! {
+            () = ended => {},
+            () = deadline => tracing::warn!("the old WebRTC socket did not close within {LEAVE_WAIT:?}"),
+        }
         let mut fresh = WebRtcTransport::connect_with(&signal_url, &room, config).await?;
         fresh.counters = std::mem::take(&mut self.counters);
         *self = fresh;
