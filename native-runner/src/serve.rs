@@ -62,7 +62,7 @@ impl ServeOptions {
         }
     }
 
-    fn models_path(&self) -> PathBuf {
+    pub fn models_path(&self) -> PathBuf {
         self.models_dir
             .clone()
             .unwrap_or_else(|| self.root.join("models"))

@@ -16,6 +16,7 @@ mod api_abuse;
 mod api_batch;
 mod api_clients;
 mod api_embeddings;
+mod api_fleet;
 mod api_tools;
 mod cli;
 mod commands;

@@ -5,6 +5,7 @@
 //! - `types`: strict request and response bodies;
 //! - `validate`: a request's fields checked and its prompt rendered into a job;
 //! - `worker`: the thread per model that owns its engine and drives its scheduler;
+//! - `fleet_worker`: the same for a model served by a fleet of donors (`--donors`);
 //! - `batch` and `pool`: continuous batching over the KV pool, and its prefix cache;
 //! - `embeddings`: `/v1/embeddings` and the thread per embedding model (an encoder such as
 //!   `bert` is served for embeddings only; a chat model too under `--embeddings`);
@@ -14,6 +15,7 @@
 pub mod batch;
 pub mod embeddings;
 pub mod errors;
+pub mod fleet_worker;
 pub mod metrics;
 pub mod pool;
 pub mod reply;
@@ -34,7 +36,9 @@ use anyhow::{bail, Context};
 
 use crate::model_args::ModelArgs;
 use crate::serve::{banner, ServeOptions, Server};
+use crate::signal::SIGNAL_PATH;
 use embeddings::EmbedHandle;
+use fleet_worker::FleetTarget;
 use metrics::Responses;
 use routes::ApiState;
 use worker::ModelHandle;
@@ -79,6 +83,12 @@ pub struct ApiArgs {
     /// loaded a second time, without its head). Encoder models (bert) always embed.
     #[arg(long)]
     pub embeddings: bool,
+    /// Run the -m model on a fleet of N donors (`runner donor`, donor pages) that join this
+    /// server's signaling room, instead of on this machine's GPU; needs `--fleet TOKEN`.
+    /// `--parallel` is then the requests in the chain at once (default 4). /health answers
+    /// 503 until the donors have joined and loaded their layers.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=webshard::shard::plan::MAX_DONORS as u64))]
+    pub donors: Option<u64>,
     /// Matvec work split of batched steps `LANES,LANES_PER_ROW,ROWS_PER_LANE,TOKENS` (for
     /// measuring it; see `runner bench --matvec-batch-split`).
     #[arg(long, value_parser = crate::model_args::parse_matvec_batch_split, hide = true)]
@@ -105,10 +115,36 @@ impl ApiArgs {
 
     /// Whether the API is asked for: some `-m`; API flags without one are an error.
     pub fn wanted(&self) -> anyhow::Result<bool> {
-        if self.model.is_empty() && (self.api_key.is_some() || !self.alias.is_empty()) {
-            bail!("--api-key and --alias apply to the API, which needs at least one -m MODEL");
+        let api_only = self.api_key.is_some() || !self.alias.is_empty() || self.donors.is_some();
+        if self.model.is_empty() && api_only {
+            bail!(
+                "--api-key, --alias and --donors apply to the API, which needs at least one -m MODEL"
+            );
         }
         Ok(!self.model.is_empty())
+    }
+
+    /// The fleet that runs the model under `--donors`, on the server at `base` (`http://HOST:
+    /// PORT/`); `None` without `--donors`.
+    fn fleet_target(&self, opts: &ServeOptions, base: &str) -> anyhow::Result<Option<FleetTarget>> {
+        let Some(donors) = self.donors else {
+            return Ok(None);
+        };
+        let Some(token) = opts.fleet_token.clone() else {
+            bail!("--donors needs --fleet TOKEN: the donors join that fleet's room here");
+        };
+        if self.model.len() != 1 || self.embeddings {
+            bail!("--donors serves one -m model, for generation only (no --embeddings)");
+        }
+        let signal = base.replacen("http://", "ws://", 1) + SIGNAL_PATH.trim_start_matches('/');
+        Ok(Some(FleetTarget {
+            model_url: model_url(&self.model[0], &opts.models_path(), base)?,
+            signal,
+            token,
+            donors: donors as usize,
+            ctx: self.ctx,
+            kv_slots: self.parallel.unwrap_or(fleet_worker::DEFAULT_KV_SLOTS),
+        }))
     }
 
     /// Each model's API name: its alias, else its file stem; names must be unique.
@@ -140,6 +176,46 @@ impl ApiArgs {
     }
 }
 
+/// Where donors fetch `source`: an http(s) URL as given, a file inside the served models
+/// folder at its `/models/` URL; any other file is an error (donors could not reach it).
+fn model_url(source: &str, models: &Path, base: &str) -> anyhow::Result<String> {
+    if source.starts_with("http://") || source.starts_with("https://") {
+        return Ok(source.to_string());
+    }
+    let not_served = || {
+        format!(
+            "--donors: the donors fetch the model over HTTP, so {source} must be inside the \
+             served models folder ({}) or an http(s) URL",
+            models.display()
+        )
+    };
+    let file = std::fs::canonicalize(source).with_context(|| format!("opening {source}"))?;
+    let folder = std::fs::canonicalize(models).with_context(not_served)?;
+    let relative = file
+        .strip_prefix(&folder)
+        .map_err(|_| anyhow::anyhow!(not_served()))?;
+    let mut url = format!("{base}models");
+    for part in relative.components() {
+        url.push('/');
+        url.push_str(&percent_encode(&part.as_os_str().to_string_lossy()));
+    }
+    Ok(url)
+}
+
+/// A path segment with every byte but RFC 3986's unreserved ones percent-encoded.
+fn percent_encode(segment: &str) -> String {
+    let mut out = String::with_capacity(segment.len());
+    for byte in segment.bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                out.push(byte as char)
+            }
+            _ => out.push_str(&format!("%{byte:02X}")),
+        }
+    }
+    out
+}
+
 /// `path/to/Model.Q4.gguf` or `https://host/Model.Q4.gguf?x` → `Model.Q4`.
 fn file_stem(source: &str) -> String {
     let path = source.split(['?', '#']).next().unwrap_or(source);
@@ -155,10 +231,19 @@ fn file_stem(source: &str) -> String {
 /// fails to load.
 pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
     let names = args.names()?;
+    // Bound first: a fleet's coordinator needs the server's address for its room and model.
+    let server = Server::bind(opts).await?;
+    let base = server.base_url();
+    let fleet = args.fleet_target(opts, &base)?;
     let (failed, mut failures) = tokio::sync::mpsc::unbounded_channel();
     let (mut models, mut embedders) = (Vec::new(), Vec::new());
     for (name, source) in names.iter().zip(&args.model) {
         let (load, queue) = (args.model_args(source), args.queue as usize);
+        if let Some(target) = &fleet {
+            let handle = fleet_worker::start(name.clone(), target.clone(), queue, failed.clone());
+            models.push(handle.context("starting the fleet's worker")?);
+            continue;
+        }
         let encoder = is_encoder(source).await?;
         if encoder || args.embeddings {
             let handle = EmbedHandle::start(name.clone(), load.clone(), queue, failed.clone());
@@ -178,11 +263,17 @@ pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
         responses: Responses::default(),
         started: unix_seconds(),
     });
-    let server = Server::bind(opts).await?.merge(routes::router(state));
-    let base = server.base_url();
+    let server = server.merge(routes::router(state));
     let mut text = banner(&base, opts);
     for name in &names {
         text.push_str(&format!("  api     {base}v1/  model `{name}`\n"));
+    }
+    if let Some(target) = &fleet {
+        let donors = target.donors;
+        text.push_str(&format!(
+            "  fleet   {donors} donor(s) run it: runner donor --signal {} --fleet TOKEN\n",
+            target.signal
+        ));
     }
     let mut stdout = std::io::stdout().lock();
     stdout.write_all(text.as_bytes())?;
@@ -230,6 +321,7 @@ mod tests {
             no_f16: false,
             no_subgroups: false,
             embeddings: false,
+            donors: None,
             matvec_batch_split: None,
         };
         assert!(args.names().unwrap_err().to_string().contains("`one`"));
@@ -242,5 +334,23 @@ mod tests {
         assert!(args.wanted().is_err(), "an alias without a model");
         args.alias.clear();
         assert!(!args.wanted().unwrap());
+    }
+
+    #[test]
+    fn donors_fetch_the_model_at_its_served_url() {
+        let base = "http://127.0.0.1:9/";
+        let url = "https://host/x/Model.gguf";
+        let models = tempfile::tempdir().unwrap();
+        assert_eq!(model_url(url, models.path(), base).unwrap(), url);
+        let nested = models.path().join("sub dir");
+        std::fs::create_dir(&nested).unwrap();
+        let file = nested.join("m+1.gguf");
+        std::fs::write(&file, b"GGUF").unwrap();
+        let served = model_url(file.to_str().unwrap(), models.path(), base).unwrap();
+        assert_eq!(served, "http://127.0.0.1:9/models/sub%20dir/m%2B1.gguf");
+        let outside = tempfile::NamedTempFile::new().unwrap();
+        let err = model_url(outside.path().to_str().unwrap(), models.path(), base).unwrap_err();
+        assert!(err.to_string().contains("inside the served models folder"), "{err}");
+        assert!(model_url("/no/such.gguf", models.path(), base).is_err());
     }
 }

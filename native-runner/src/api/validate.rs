@@ -59,7 +59,8 @@ pub fn chat_plan(req: &ChatRequest, front: &PromptFront) -> Result<Plan, ApiErro
             "`response_format` and a possible tool call cannot be combined; send `tool_choice: \"none\"` or no `response_format`",
         ));
     }
-    let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
+    let logprobs =
+        front.check_logprobs(chat_logprobs(req.logprobs, req.top_logprobs)?, "logprobs")?;
     let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
         (Some(n), _) => Some(positive("max_completion_tokens", n)?),
         (None, Some(n)) => Some(positive("max_tokens", n)?),
@@ -151,7 +152,7 @@ pub fn completion_plan(req: &CompletionRequest, front: &PromptFront) -> Result<P
                 format!("`logprobs` must be at most {MAX_LEGACY_LOGPROBS}"),
             ))
         }
-        other => other,
+        other => front.check_logprobs(other, "logprobs")?,
     };
     let max_tokens = positive(
         "max_tokens",

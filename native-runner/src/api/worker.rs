@@ -71,12 +71,28 @@ pub struct PromptFront {
     vocab: u32,
     /// Positions one request can use: prompt plus completion must fit.
     pub max_context: u32,
+    /// Whether the generator reports log-probabilities (a fleet's last donor sends back only
+    /// its best candidates).
+    logprobs: bool,
 }
 
 impl PromptFront {
     /// The checked ids of `prompt`, as the generator will see them (`Generator::prompt_ids`).
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, RequestError> {
         self.text.prompt_ids(prompt, self.vocab)
+    }
+
+    /// `asked` log-probabilities (`param` asked for them), or a 400 where the generator has
+    /// none to give.
+    pub fn check_logprobs(&self, asked: Option<u32>, param: &str) -> Result<Option<u32>, ApiError> {
+        match (asked, self.logprobs) {
+            (Some(_), false) => Err(ApiError::bad_field(
+                param,
+                "log-probabilities are not available for a model served by a fleet: its last \
+                 donor sends back only the best candidates, not every logit",
+            )),
+            _ => Ok(asked),
+        }
     }
 
     /// Whether (and how) the model's chat template shows tools.
@@ -103,20 +119,31 @@ impl ModelHandle {
         parallel: Option<u32>,
         failed: tokio::sync::mpsc::UnboundedSender<String>,
     ) -> std::io::Result<ModelHandle> {
+        let slots = parallel.map(|n| n as usize);
+        ModelHandle::spawn(name, queue, failed, move |started, queued| {
+            Worker { started, slots }.run(&load, queued)
+        })
+    }
+
+    /// Starts a thread that runs `body` with what it publishes (`Started`) and the queue of
+    /// at most `queue` waiting jobs; its error is sent on `failed`.
+    pub(super) fn spawn(
+        name: String,
+        queue: usize,
+        failed: tokio::sync::mpsc::UnboundedSender<String>,
+        body: impl FnOnce(Started, Receiver<Job>) -> anyhow::Result<()> + Send + 'static,
+    ) -> std::io::Result<ModelHandle> {
         let (jobs, queued) = sync_channel(queue);
-        let front = Arc::new(OnceLock::new());
-        let metrics = Arc::new(ModelMetrics::default());
-        let worker = Worker {
-            front: Arc::clone(&front),
-            metrics: Arc::clone(&metrics),
-            slots: parallel.map(|n| n as usize),
+        let started = Started {
+            front: Arc::new(OnceLock::new()),
+            metrics: Arc::new(ModelMetrics::default()),
         };
-        let thread_name = format!("model {name}");
+        let (front, metrics) = (Arc::clone(&started.front), Arc::clone(&started.metrics));
         let label = name.clone();
         std::thread::Builder::new()
-            .name(thread_name)
+            .name(format!("model {name}"))
             .spawn(move || {
-                if let Err(err) = worker.run(&load, queued) {
+                if let Err(err) = body(started, queued) {
                     let _ = failed.send(format!("model {label}: {err:#}"));
                 }
             })?;
@@ -164,10 +191,29 @@ impl ModelHandle {
     }
 }
 
-/// The thread's side of a model.
-struct Worker {
+/// What a model's thread publishes to the handlers: its prompt front once loaded, and its
+/// gauges.
+pub(super) struct Started {
     front: Arc<OnceLock<PromptFront>>,
-    metrics: Arc<ModelMetrics>,
+    pub(super) metrics: Arc<ModelMetrics>,
+}
+
+impl Started {
+    /// The model is loaded: prompts can be checked and `/health` turns 200.
+    pub(super) fn ready(&self, text: TextFront, vocab: u32, max_context: u32, logprobs: bool) {
+        let _ = self.front.set(PromptFront {
+            text,
+            vocab,
+            max_context,
+            logprobs,
+        });
+        self.metrics.ready.store(1, Ordering::SeqCst);
+    }
+}
+
+/// The thread's side of a model on this machine's GPU.
+struct Worker {
+    started: Started,
     /// `--parallel`, if given.
     slots: Option<usize>,
 }
@@ -179,16 +225,13 @@ impl Worker {
         let mut runtime = runtime()?;
         let (engine, _) = runtime.block_on(load.load())?;
         // The handlers' own copy: the engine stays on this thread.
-        let front = PromptFront {
-            text: TextFront::from_header(&engine.model.header)?,
-            vocab: engine.vocab(),
-            max_context: engine.max_context(),
-        };
+        let text = TextFront::from_header(&engine.model.header)?;
+        let (vocab, max_context) = (engine.vocab(), engine.max_context());
         let slots = self.slots.unwrap_or_else(|| default_parallel(&engine));
         let slots = slots.min(engine.stage.spec.max_batch as usize);
-        let mut scheduler = Scheduler::new(engine, slots, Arc::clone(&self.metrics))?;
-        let _ = self.front.set(front);
-        self.metrics.ready.store(1, Ordering::SeqCst);
+        let metrics = Arc::clone(&self.started.metrics);
+        let mut scheduler = Scheduler::new(engine, slots, metrics)?;
+        self.started.ready(text, vocab, max_context, true);
         let mut held = None;
         while scheduler.admit_from(&queued, &mut held) {
             match guarded(|| runtime.block_on(scheduler.step())) {

@@ -335,8 +335,14 @@ impl Server {
 
     /// `start`, serving the models in `models`.
     pub fn start_with(models: &Path) -> Server {
+        Server::start_serving(models, &[])
+    }
+
+    /// `start`, serving the models in `models`, with more flags (`-m ... --donors N`: the API
+    /// on a fleet).
+    pub fn start_serving(models: &Path, extra: &[&str]) -> Server {
         let root = repo_root();
-        let args = [
+        let mut args = vec![
             "serve",
             "--root",
             root.to_str().unwrap(),
@@ -347,6 +353,7 @@ impl Server {
             "--fleet",
             TOKEN,
         ];
+        args.extend_from_slice(extra);
         let proc = Proc::spawn("runner serve", &args);
         let deadline = Instant::now() + SHORT;
         loop {
