@@ -350,7 +350,10 @@ mod tests {
         assert_eq!(served, "http://127.0.0.1:9/models/sub%20dir/m%2B1.gguf");
         let outside = tempfile::NamedTempFile::new().unwrap();
         let err = model_url(outside.path().to_str().unwrap(), models.path(), base).unwrap_err();
-        assert!(err.to_string().contains("inside the served models folder"), "{err}");
+        assert!(
+            err.to_string().contains("inside the served models folder"),
+            "{err}"
+        );
         assert!(model_url("/no/such.gguf", models.path(), base).is_err());
     }
 }
