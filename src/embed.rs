@@ -100,6 +100,7 @@ pub struct EmbedOptions {
 }
 
 /// What turns token ids into per-token hidden states.
+#[allow(clippy::large_enum_variant)] // one per embedder, never in a collection
 enum Network {
     Encoder(BertEncoder),
     Decoder(PooledDecoder),

@@ -166,7 +166,7 @@ fn pooled_decoder_matches_llama_cpp_mean_and_last_across_backends() {
         let half: Vec<&Value> = all
             .iter()
             .enumerate()
-            .filter(|(index, _)| (index + turn + (seed / 2) as usize) % 2 == 0)
+            .filter(|(index, _)| (index + turn + (seed / 2) as usize).is_multiple_of(2))
             .map(|(_, input)| input)
             .collect();
         check_pooled(&embedder, golden, &half, normalize, &label);

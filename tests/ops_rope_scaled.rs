@@ -23,7 +23,7 @@ fn configurations() -> Vec<(&'static str, RopeParams, u32, f32)> {
     };
     vec![
         ("llama3", p(64, 64, 500_000.0, false), 4, 1.0),
-        ("phi3 long", p(96, 96, 10_000.0, true), 3, 1.190_238_9),
+        ("phi3 long", p(96, 96, 10_000.0, true), 3, 1.190_239),
         ("phi4 partial", p(128, 96, 250_000.0, true), 2, 1.0),
     ]
 }
@@ -202,11 +202,11 @@ fn scaled_reference_matches_the_definition() {
             .enumerate()
         {
             let pos = f64::from(start_pos) + (row / heads as usize) as f64;
-            for i in 0..half {
+            for (i, &factor) in f.iter().enumerate().take(half) {
                 let theta = pos
                     * f64::from(p.freq_scale)
                     * f64::from(p.freq_base).powf(-2.0 * i as f64 / f64::from(p.rope_dims))
-                    / f64::from(f[i]);
+                    / f64::from(factor);
                 let (a, b) = if p.neox {
                     (i, i + half)
                 } else {

@@ -296,7 +296,7 @@ fn allowed_set(n: usize, density: u32, seed: u64) -> Vec<u32> {
             }
         }
     }
-    if n % 32 != 0 {
+    if !n.is_multiple_of(32) {
         allowed[words - 1] |= u32::MAX << (n % 32);
     }
     allowed
@@ -307,7 +307,7 @@ fn argmax_among_allowed(values: &[f32], allowed: &[u32]) -> u32 {
     let is_allowed = |id: usize| allowed[id / 32] & (1 << (id % 32)) != 0;
     let mut best: Option<usize> = None;
     for id in (0..values.len()).filter(|&id| is_allowed(id)) {
-        if best.map_or(true, |b| values[id] > values[b]) {
+        if best.is_none_or(|b| values[id] > values[b]) {
             best = Some(id);
         }
     }

@@ -239,7 +239,7 @@ fn type_table_matches_the_gguf_reader() {
 // Q2_K, Q3_K, IQ4_NL and IQ4_XS against llama.cpp's gguf-py
 
 fn hex_bytes(hex: &str) -> Vec<u8> {
-    assert!(hex.len() % 2 == 0, "odd hex length");
+    assert!(hex.len().is_multiple_of(2), "odd hex length");
     (0..hex.len())
         .step_by(2)
         .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex digit"))

@@ -228,7 +228,9 @@ pub async fn run_coordinator<T: Transport + MaybeSync>(
     let config = coordinator_config(args).await?;
     eprintln!("waiting for {} donor(s)…", args.donors);
     let mut fleet = match args.replicas {
-        Replicas::Count(1) => Fleet::Chain(Coordinator::connect(transport, config).await?),
+        Replicas::Count(1) => {
+            Fleet::Chain(Box::new(Coordinator::connect(transport, config).await?))
+        }
         Replicas::Count(count) => {
             let chains = ChainCount::Exactly(count);
             Fleet::Replicas(ReplicaFleet::connect(transport, config, chains).await?)
@@ -335,7 +337,7 @@ fn requests(args: &CoordinateArgs) -> anyhow::Result<Vec<GenerateRequest>> {
 
 /// One chain, or several: the same front door, reported apart.
 enum Fleet<T: Transport + MaybeSync> {
-    Chain(Coordinator<T>),
+    Chain(Box<Coordinator<T>>),
     Replicas(ReplicaFleet<T>),
 }
 

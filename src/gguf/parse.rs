@@ -303,7 +303,7 @@ fn place_tensor(
         .try_fold(1u64, |acc, &d| acc.checked_mul(d))
         .ok_or_else(overflow)?;
     let block_size = raw.ggml_type.block_size();
-    if raw.shape[0] % block_size != 0 {
+    if !raw.shape[0].is_multiple_of(block_size) {
         return Err(GgufError::RowNotBlockMultiple {
             tensor: raw.name,
             row_len: raw.shape[0],
@@ -312,7 +312,7 @@ fn place_tensor(
         });
     }
     let bytes = raw.ggml_type.bytes_for(n_elements).ok_or_else(overflow)?;
-    if raw.relative_offset % alignment != 0 {
+    if !raw.relative_offset.is_multiple_of(alignment) {
         return Err(GgufError::MisalignedTensor {
             tensor: raw.name,
             offset: raw.relative_offset,

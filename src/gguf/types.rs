@@ -95,7 +95,7 @@ impl GgmlType {
     /// Bytes taken by `n_elements` elements, or `None` if that is not a whole number of blocks
     /// or overflows.
     pub fn bytes_for(self, n_elements: u64) -> Option<u64> {
-        if n_elements % self.block_size() != 0 {
+        if !n_elements.is_multiple_of(self.block_size()) {
             return None;
         }
         (n_elements / self.block_size()).checked_mul(self.type_size())

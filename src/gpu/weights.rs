@@ -123,7 +123,7 @@ impl WeightTensor {
     /// Writes one piece's bytes (as read from the file) into its buffer.
     pub fn write_piece(&self, gpu: &Gpu, piece: &UploadPiece, data: &[u8]) {
         let buffer = &self.parts[piece.part].buffer;
-        if data.len() % 4 == 0 {
+        if data.len().is_multiple_of(4) {
             gpu.queue.write_buffer(buffer, piece.buffer_offset, data);
         } else {
             let mut padded = data.to_vec();

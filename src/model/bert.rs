@@ -118,7 +118,7 @@ impl BertConfig {
 
     fn validate(self) -> Result<BertConfig, ModelError> {
         let fail = |why: String| Err(ModelError::Plan(why));
-        if self.d_model % self.n_heads != 0 || self.head_dim % 16 != 0 {
+        if !self.d_model.is_multiple_of(self.n_heads) || !self.head_dim.is_multiple_of(16) {
             return fail(format!(
                 "{} heads do not split {} dimensions into heads of a multiple of 16",
                 self.n_heads, self.d_model

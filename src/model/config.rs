@@ -128,7 +128,7 @@ impl ModelConfig {
             key: format!("{}.{key}", self.arch.name),
             message,
         };
-        if self.n_kv_heads == 0 || self.n_heads % self.n_kv_heads != 0 {
+        if self.n_kv_heads == 0 || !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return Err(invalid(
                 "attention.head_count_kv",
                 format!(
@@ -137,7 +137,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.head_dim == 0 || self.head_dim % 2 != 0 || self.head_dim > 1024 {
+        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) || self.head_dim > 1024 {
             return Err(invalid(
                 "attention.key_length",
                 format!(
@@ -152,7 +152,7 @@ impl ModelConfig {
                 format!("{} is not a positive factor", self.rope_attn_factor),
             ));
         }
-        if self.rope.rope_dims > self.head_dim || self.rope.rope_dims % 2 != 0 {
+        if self.rope.rope_dims > self.head_dim || !self.rope.rope_dims.is_multiple_of(2) {
             return Err(invalid(
                 "rope.dimension_count",
                 format!(
@@ -175,7 +175,7 @@ impl ModelConfig {
     /// Whether layer `layer` attends through the sliding window.
     pub fn is_local_layer(&self, layer: u32) -> bool {
         self.sliding_window
-            .is_some_and(|sw| (layer + 1) % sw.period != 0)
+            .is_some_and(|sw| !(layer + 1).is_multiple_of(sw.period))
     }
 }
 

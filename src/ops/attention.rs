@@ -535,7 +535,7 @@ fn check_call(
         cache.head_dim
     );
     assert!(
-        p.heads > 0 && p.heads % p.kv_heads == 0,
+        p.heads > 0 && p.heads.is_multiple_of(p.kv_heads),
         "{} query heads do not share {} kv heads evenly",
         p.heads,
         p.kv_heads

@@ -128,7 +128,7 @@ impl<'a> QuantMatrix<'a> {
         rows: u32,
     ) -> Result<Self, QuantError> {
         let multiple = quant.cols_multiple();
-        if cols == 0 || cols % multiple != 0 {
+        if cols == 0 || !cols.is_multiple_of(multiple) {
             return Err(QuantError::Columns {
                 tensor: weights.name.clone(),
                 quant,

@@ -58,7 +58,9 @@ impl RopeParams {
 
     pub(crate) fn check(&self) {
         assert!(
-            self.rope_dims > 0 && self.rope_dims % 2 == 0 && self.rope_dims <= self.head_dim,
+            self.rope_dims > 0
+                && self.rope_dims.is_multiple_of(2)
+                && self.rope_dims <= self.head_dim,
             "rope_dims {} must be even, positive and at most head_dim {}",
             self.rope_dims,
             self.head_dim

@@ -41,7 +41,7 @@ impl Activations {
         d_model: u32,
         encoding: Encoding,
     ) -> Result<Activations, FrameError> {
-        if d_model == 0 || values.len() % d_model as usize != 0 {
+        if d_model == 0 || !values.len().is_multiple_of(d_model as usize) {
             return Err(FrameError::RaggedActivations {
                 values: values.len(),
                 d_model,

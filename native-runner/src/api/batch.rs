@@ -126,6 +126,7 @@ impl Scheduler {
 
     /// Takes `job` in: into a slot now if one is free, else back to the caller (`Err`) to
     /// wait in the queue.
+    #[allow(clippy::result_large_err)] // the refused job itself goes back, not an error
     pub fn admit(&mut self, job: Job) -> Result<(), Job> {
         if !self.pool.has_free_slot() {
             return Err(job);

@@ -37,7 +37,7 @@ impl BigModel {
             matrices: Some(GgmlType::F32),
             seed: 11,
         };
-        let source = FileSource::open(&model_path(SMOLLM2)).expect("SmolLM2 for its tokenizer");
+        let source = FileSource::open(model_path(SMOLLM2)).expect("SmolLM2 for its tokenizer");
         let header = pollster::block_on(read_header(&source)).expect("SmolLM2 header");
         let dir = tempfile::Builder::new()
             .prefix("webshard-fleet-big")

@@ -39,7 +39,7 @@ pub(super) fn supported_with(gpu: &Gpu, p: &AttentionParams, entry_bytes: u32) -
     let shared_bytes = hd4 * 16 + MAX_KEYS_PER_SPLIT * 4 + WG * 16 + WG * 4 + 2 * hd4 * 16;
     hd4 > 0
         && hd4 <= WG
-        && hd4 % 4 == 0
+        && hd4.is_multiple_of(4)
         && shared_bytes + entry_bytes <= gpu.caps.max_workgroup_storage
 }
 

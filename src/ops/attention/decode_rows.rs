@@ -133,7 +133,7 @@ fn check_rows(
         cache.head_dim
     );
     assert!(
-        p.heads > 0 && p.heads % p.kv_heads == 0 && p.window != Some(0),
+        p.heads > 0 && p.heads.is_multiple_of(p.kv_heads) && p.window != Some(0),
         "{} query heads on {} kv heads, window {:?}",
         p.heads,
         p.kv_heads,

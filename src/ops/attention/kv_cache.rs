@@ -85,7 +85,7 @@ impl KvCache {
         slots: u32,
     ) -> Result<Vec<Self>, GpuError> {
         let sizes = [layers, max_ctx, kv_heads, head_dim, slots];
-        if sizes.contains(&0) || head_dim % 16 != 0 {
+        if sizes.contains(&0) || !head_dim.is_multiple_of(16) {
             return Err(shape_error(format!(
                 "layers {layers}, max_ctx {max_ctx}, kv_heads {kv_heads}, head_dim {head_dim}, \
                  slots {slots}: every size must be positive and head_dim a multiple of 16"

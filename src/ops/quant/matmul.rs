@@ -51,7 +51,11 @@ impl MatmulTile {
             return Err("outputs per lane must be 4 or 8 each way".into());
         }
         let lane = self.lane;
-        if self.rows == 0 || self.tokens == 0 || self.rows % lane != 0 || self.tokens % lane != 0 {
+        if self.rows == 0
+            || self.tokens == 0
+            || !self.rows.is_multiple_of(lane)
+            || !self.tokens.is_multiple_of(lane)
+        {
             return Err(format!(
                 "rows and tokens must be non-zero multiples of {lane}"
             ));
