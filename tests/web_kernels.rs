@@ -468,3 +468,38 @@ async fn packed_sequences_match_reference() {
         testing::assert_close(&got, &want_attention, tolerance, &what);
     }
 }
+
+/// wgpu's WebGPU backend never asks for subgroups (`gpu/browser.rs`), so the device asks
+/// beside it: an adapter that has them gives a device whose caps and variants use them, with
+/// the adapter's subgroup sizes. (SwiftShader has them, size 4, so in CI the kernels above run
+/// their subgroup variants too.)
+#[wasm_bindgen_test]
+async fn an_adapter_with_subgroups_gives_a_device_that_uses_them() {
+    let navigator = js_sys::Reflect::get(&js_sys::global(), &"navigator".into()).unwrap();
+    let gpu_api = js_sys::Reflect::get(&navigator, &"gpu".into()).unwrap();
+    let request: js_sys::Function = js_sys::Reflect::get(&gpu_api, &"requestAdapter".into())
+        .unwrap()
+        .into();
+    let promise: js_sys::Promise = request.call0(&gpu_api).unwrap().into();
+    let adapter = wasm_bindgen_futures::JsFuture::from(promise).await.unwrap();
+    let features = js_sys::Reflect::get(&adapter, &"features".into()).unwrap();
+    let has: js_sys::Function = js_sys::Reflect::get(&features, &"has".into())
+        .unwrap()
+        .into();
+    let adapter_has = has
+        .call1(&features, &"subgroups".into())
+        .unwrap()
+        .is_truthy();
+
+    let (gpu, _) = variants().await.remove(0);
+    assert_eq!(gpu.caps.subgroups, adapter_has, "{:?}", gpu.caps);
+    let with_subgroups = gpu.caps.all_variants().iter().any(|v| v.subgroups);
+    assert_eq!(with_subgroups, adapter_has, "{:?}", gpu.caps.all_variants());
+    if adapter_has {
+        assert!(
+            gpu.caps.subgroup_min >= 1 && gpu.caps.subgroup_min <= gpu.caps.subgroup_max,
+            "{:?}",
+            gpu.caps
+        );
+    }
+}

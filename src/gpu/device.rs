@@ -209,6 +209,8 @@ impl Gpu {
         let mut instance_desc = wgpu::InstanceDescriptor::new_without_display_handle();
         instance_desc.backends = options.backend.backends();
         let instance = wgpu::Instance::new(instance_desc);
+        // In a browser, adapters must learn to ask for subgroups before wgpu requests one.
+        super::browser::ask_for_subgroups();
         let adapter = instance
             .request_adapter(&wgpu::RequestAdapterOptions {
                 power_preference: wgpu::PowerPreference::HighPerformance,
@@ -258,6 +260,11 @@ impl Gpu {
                 adapter: info.name.clone(),
                 source,
             })?;
+        // Browsers: what the adapter was asked for beside wgpu (`browser`), with its sizes.
+        let browser_subgroups = super::browser::granted_subgroups();
+        let (subgroup_min, subgroup_max) =
+            browser_subgroups.unwrap_or((info.subgroup_min_size, info.subgroup_max_size));
+        let subgroups = subgroups || (browser_subgroups.is_some() && !options.disable_subgroups);
         let granted = device.limits();
         let hardware_binding = granted.max_storage_buffer_binding_size;
         let caps = Caps {
@@ -265,8 +272,8 @@ impl Gpu {
             backend: format!("{:?}", info.backend),
             f16,
             subgroups,
-            subgroup_min: info.subgroup_min_size,
-            subgroup_max: info.subgroup_max_size,
+            subgroup_min,
+            subgroup_max,
             coop_matrix,
             timestamps: required_features.contains(wgpu::Features::TIMESTAMP_QUERY),
             cpu_work_split: info.device_type == wgpu::DeviceType::Cpu && !options.gpu_work_split,

@@ -4,6 +4,7 @@
 //! platform difference (blocking `poll` natively, event-loop callbacks on the web) is hidden in
 //! `buffer::read_back`.
 
+mod browser;
 mod buffer;
 mod device;
 mod graph;
