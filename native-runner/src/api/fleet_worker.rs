@@ -42,6 +42,8 @@ pub struct FleetTarget {
     pub ctx: u32,
     /// Requests in the chain at once.
     pub kv_slots: u32,
+    /// STUN/TURN servers for links beyond the LAN; none: host candidates only.
+    pub ice_urls: Vec<String>,
 }
 
 /// Starts the thread that coordinates the fleet and runs the model's jobs on it.
@@ -96,9 +98,8 @@ async fn read_text_front(model_url: &str) -> anyhow::Result<TextFront> {
 
 /// Joins the room, waits for the donors, plans and loads the chain.
 async fn connect(target: &FleetTarget) -> anyhow::Result<Coordinator<WebRtcTransport>> {
-    // Host candidates only, as `runner coordinate` without `--ice`: the donors are on the LAN.
     let webrtc = WebRtcConfig {
-        ice_urls: Vec::new(),
+        ice_urls: target.ice_urls.clone(),
         ..WebRtcConfig::default()
     };
     let transport = WebRtcTransport::join_fleet(&target.signal, &target.token, webrtc)

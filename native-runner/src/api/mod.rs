@@ -89,6 +89,10 @@ pub struct ApiArgs {
     /// 503 until the donors have joined and loaded their layers.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=webshard::shard::plan::MAX_DONORS as u64))]
     pub donors: Option<u64>,
+    /// STUN/TURN server URL the fleet's links may use beyond the LAN (repeatable; none: host
+    /// addresses only), as `runner coordinate --ice`.
+    #[arg(long, value_name = "URL")]
+    pub ice: Vec<String>,
     /// Matvec work split of batched steps `LANES,LANES_PER_ROW,ROWS_PER_LANE,TOKENS` (for
     /// measuring it; see `runner bench --matvec-batch-split`).
     #[arg(long, value_parser = crate::model_args::parse_matvec_batch_split, hide = true)]
@@ -128,6 +132,9 @@ impl ApiArgs {
     /// PORT/`); `None` without `--donors`.
     fn fleet_target(&self, opts: &ServeOptions, base: &str) -> anyhow::Result<Option<FleetTarget>> {
         let Some(donors) = self.donors else {
+            if !self.ice.is_empty() {
+                bail!("--ice applies to the fleet's links: give --donors N too");
+            }
             return Ok(None);
         };
         let Some(token) = opts.fleet_token.clone() else {
@@ -144,6 +151,7 @@ impl ApiArgs {
             donors: donors as usize,
             ctx: self.ctx,
             kv_slots: self.parallel.unwrap_or(fleet_worker::DEFAULT_KV_SLOTS),
+            ice_urls: self.ice.clone(),
         }))
     }
 
@@ -322,6 +330,7 @@ mod tests {
             no_subgroups: false,
             embeddings: false,
             donors: None,
+            ice: vec![],
             matvec_batch_split: None,
         };
         assert!(args.names().unwrap_err().to_string().contains("`one`"));
