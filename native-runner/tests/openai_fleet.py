@@ -4,12 +4,14 @@ fleet (run by tests/api_fleet.rs).
 Usage: openai_fleet.py BASE_URL MODEL REFERENCE_JSON WAIT_SECONDS
 Waits up to WAIT_SECONDS for /health (the donors join and load their layers), then checks that
 greedy answers equal REFERENCE_JSON (`runner generate --chat --temp 0 --json` of PROMPT with
-MAX_TOKENS), whole, streamed and two at once, that structured output holds on the fleet, and
-that log-probabilities are refused with a clear 400.
+MAX_TOKENS), whole, streamed and two at once, that a request arriving during a long one is
+answered before it, that structured output holds on the fleet, and that log-probabilities are
+refused with a clear 400.
 """
 
 import json
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -80,6 +82,30 @@ def main():
         both = list(pool.map(lambda _: greedy_chat(client, model, messages), range(2)))
     for answer in both:
         assert answer.choices[0].message.content == want_text, answer
+
+    # A request that arrives while a long one runs joins the chain at once and is answered when
+    # it ends, not when the long one does.
+    first_chunk, long_done = threading.Event(), threading.Event()
+
+    def long_stream():
+        stream = client.chat.completions.create(
+            model=model,
+            messages=[{"role": "user", "content": "Count from one to fifty in words."}],
+            temperature=0,
+            max_tokens=48,
+            stream=True,
+        )
+        for _ in stream:
+            first_chunk.set()
+        long_done.set()
+
+    runner = threading.Thread(target=long_stream)
+    runner.start()
+    assert first_chunk.wait(300), "the long request never streamed"
+    short = greedy_chat(client, model, messages)
+    assert short.choices[0].message.content == want_text, short
+    assert not long_done.is_set(), "the short request was held until the long one ended"
+    runner.join()
 
     done = client.completions.create(
         model=model, prompt=reference["prompt_ids"], temperature=0, max_tokens=MAX_TOKENS

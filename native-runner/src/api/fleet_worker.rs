@@ -2,12 +2,13 @@
 //! (`runner donor`, browser tabs) that meet in this server's own signaling room, through the
 //! same front door (`Generator`) as on this machine's GPU.
 //!
-//! The coordinator keeps its own micro-batching: the jobs waiting when a run starts, up to
-//! `--parallel` (the chain's KV slots), go through the chain together; jobs that arrive during
-//! a run wait for the next one. Log-probabilities need the whole vocabulary's logits, and the
+//! The coordinator keeps its own micro-batching: up to `--parallel` jobs (the chain's KV slots)
+//! go through the chain together, a waiting job joins as soon as a slot frees, and each job is
+//! answered as soon as its request ends (`Coordinator::generate_fed`). Log-probabilities need the whole vocabulary's logits, and the
 //! last donor sends back only its best candidates, so a request for them gets a 400
 //! (`PromptFront::check_logprobs`).
 
+use std::cell::RefCell;
 use std::ops::ControlFlow;
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use webshard::front::{GenerateRequest, Generated, Generator, TextFront};
-use webshard::shard::roles::{Coordinator, CoordinatorConfig, RoleError};
+use webshard::shard::roles::{Coordinator, CoordinatorConfig, Feed, RoleError};
 use webshard::shard::{WebRtcConfig, WebRtcTransport};
 
 use super::errors::ApiError;
@@ -68,21 +69,98 @@ fn run(target: &FleetTarget, started: &Started, queued: &Receiver<Job>) -> anyho
     let text = runtime.block_on(read_text_front(&target.model_url))?;
     let mut coordinator = runtime.block_on(connect(target))?;
     started.ready(text, coordinator.vocab(), coordinator.max_context(), false);
-    let metrics = &started.metrics;
-    while let Some(jobs) = next_jobs(queued, started, target.kv_slots as usize) {
-        metrics.running.store(jobs.len() as u64, Ordering::SeqCst);
-        let requests: Vec<GenerateRequest> = jobs.iter().map(|job| job.request.clone()).collect();
+    while let Some(first) = next_job(queued, started, true) {
+        let jobs = RefCell::new(vec![]);
+        let mut feed = QueueFeed {
+            queued,
+            started,
+            first: Some(first),
+            jobs: &jobs,
+        };
         let outcome = guarded(|| {
-            runtime.block_on(coordinator.generate(&requests, &mut |event| {
-                jobs.get(event.request)
-                    .map_or(ControlFlow::Break(()), |job| stream_event(job, event))
+            runtime.block_on(coordinator.generate_fed(&mut feed, &mut |event| {
+                match jobs.borrow().get(event.request) {
+                    Some(Some(job)) => stream_event(job, event),
+                    _ => ControlFlow::Break(()),
+                }
             }))
         });
-        answer(jobs, outcome);
-        metrics.running.store(0, Ordering::SeqCst);
+        let error = match outcome {
+            Ok(Ok(())) => ApiError::internal("The fleet ended a request without its result"),
+            Ok(Err(err)) => {
+                ApiError::unavailable("fleet_failed", format!("The fleet failed: {err}"))
+            }
+            Err(panic) => panic,
+        };
+        // Whatever the run did not answer (nothing, when it ended well).
+        for job in jobs.into_inner().into_iter().flatten() {
+            let _ = job.events.send(Event::Failed(error.clone()));
+        }
+        started.metrics.running.store(0, Ordering::SeqCst);
     }
     runtime.block_on(coordinator.shutdown("the server stopped"));
     Ok(())
+}
+
+/// The API's queue as the chain's feed: jobs join the run whenever it has a free slot, and
+/// each gets its answer as soon as its request ends.
+struct QueueFeed<'a> {
+    queued: &'a Receiver<Job>,
+    started: &'a Started,
+    /// The job that started the run.
+    first: Option<Job>,
+    /// The run's jobs by feed index; `None` once answered.
+    jobs: &'a RefCell<Vec<Option<Job>>>,
+}
+
+impl QueueFeed<'_> {
+    fn publish_running(&self) {
+        let running = self.jobs.borrow().iter().flatten().count();
+        (self.started.metrics.running).store(running as u64, Ordering::SeqCst);
+    }
+}
+
+impl Feed for QueueFeed<'_> {
+    fn next(&mut self) -> Option<GenerateRequest> {
+        let job = self
+            .first
+            .take()
+            .or_else(|| next_job(self.queued, self.started, false))?;
+        let request = job.request.clone();
+        self.jobs.borrow_mut().push(Some(job));
+        self.publish_running();
+        Some(request)
+    }
+
+    fn done(&mut self, index: usize, result: Result<Generated, RoleError>) {
+        let Some(job) = self.jobs.borrow_mut().get_mut(index).and_then(Option::take) else {
+            return;
+        };
+        let event = match result {
+            Ok(output) => Event::Done(finished(output, None)),
+            Err(err) => Event::Failed(ApiError::internal(format!("Generation failed: {err}"))),
+        };
+        let _ = job.events.send(event);
+        self.publish_running();
+    }
+}
+
+/// The next job whose client is still there: waits for one when `block`, else only takes
+/// one already queued. `None` once the queue is closed (or, not blocking, empty).
+fn next_job(queued: &Receiver<Job>, started: &Started, block: bool) -> Option<Job> {
+    loop {
+        let job = match block {
+            true => queued.recv().ok()?,
+            false => match queued.try_recv() {
+                Ok(job) => job,
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => return None,
+            },
+        };
+        started.metrics.queued.fetch_sub(1, Ordering::SeqCst);
+        if !job.events.is_closed() {
+            return Some(job);
+        }
+    }
 }
 
 /// The tokenizer and chat template, read from the model's header as the donors will see it.
@@ -111,42 +189,4 @@ async fn connect(target: &FleetTarget) -> anyhow::Result<Coordinator<WebRtcTrans
     config.join_timeout = JOIN_WAIT;
     tracing::info!("waiting for {} donor(s)", target.donors);
     Ok(Coordinator::connect(transport, config).await?)
-}
-
-/// The jobs for the next run: blocks for the first, then takes those already waiting, up to
-/// `most`; jobs whose client left are dropped. `None` once the queue is closed.
-fn next_jobs(queued: &Receiver<Job>, started: &Started, most: usize) -> Option<Vec<Job>> {
-    let mut jobs = Vec::new();
-    while jobs.len() < most {
-        let job = match jobs.is_empty() {
-            true => queued.recv().ok()?,
-            false => match queued.try_recv() {
-                Ok(job) => job,
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            },
-        };
-        started.metrics.queued.fetch_sub(1, Ordering::SeqCst);
-        if job.events.is_closed() {
-            continue;
-        }
-        jobs.push(job);
-    }
-    Some(jobs)
-}
-
-/// Sends each job its result, or the run's error.
-fn answer(jobs: Vec<Job>, outcome: Result<Result<Vec<Generated>, RoleError>, ApiError>) {
-    let error = match outcome {
-        Ok(Ok(outputs)) => {
-            for (job, output) in jobs.into_iter().zip(outputs) {
-                let _ = job.events.send(Event::Done(finished(output, None)));
-            }
-            return;
-        }
-        Ok(Err(err)) => ApiError::unavailable("fleet_failed", format!("The fleet failed: {err}")),
-        Err(panic) => panic,
-    };
-    for job in jobs {
-        let _ = job.events.send(Event::Failed(error.clone()));
-    }
 }

@@ -10,6 +10,7 @@
 mod constrain;
 pub mod coordinator;
 pub mod donor;
+mod feed;
 mod host;
 mod lanes;
 mod link;
@@ -25,6 +26,7 @@ pub mod verify;
 
 pub use coordinator::{Coordinator, CoordinatorConfig, HopReport};
 pub use donor::{Donor, DonorConfig, DonorExit, DonorPhase, DonorStatus};
+pub use feed::Feed;
 pub use probe::probe_ms_per_layer;
 pub use replicas::{ChainCount, ReplicaReport, Replicas};
 pub use stage_bench::{time_stage_steps, StageBench, StageStepTimes};

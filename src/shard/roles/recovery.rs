@@ -77,7 +77,7 @@ impl<T: Transport> Coordinator<T> {
     /// Re-plans without `lost`, reloads, and replays every request in flight.
     pub(super) async fn recover(
         &mut self,
-        session: &mut Session<'_>,
+        session: &mut Session,
         lost: &[PeerId],
     ) -> Result<(), RoleError> {
         let started = Instant::now();
@@ -104,10 +104,7 @@ impl<T: Transport> Coordinator<T> {
 
     /// Plans the standby donors in once no step is in the chain: a new epoch and a replay of
     /// every request if the stages change, otherwise the requests simply go on.
-    pub(super) async fn admit_joiners(
-        &mut self,
-        session: &mut Session<'_>,
-    ) -> Result<(), RoleError> {
+    pub(super) async fn admit_joiners(&mut self, session: &mut Session) -> Result<(), RoleError> {
         let started = Instant::now();
         let plan = self.join_standby(self.plan.clone())?;
         if plan.stages == self.plan.stages {
@@ -128,7 +125,7 @@ impl<T: Transport> Coordinator<T> {
     }
 
     /// Sends the next span of every request that has none in the chain.
-    pub(super) async fn resume(&mut self, session: &mut Session<'_>) -> Result<(), RoleError> {
+    pub(super) async fn resume(&mut self, session: &mut Session) -> Result<(), RoleError> {
         for position in 0..session.active.len() {
             if !session.in_chain(position) {
                 self.send_next(session, position).await?;
@@ -186,7 +183,7 @@ impl<T: Transport> Coordinator<T> {
     /// The transport closed under a run (matchbox ends a whole socket when one peer's
     /// handshake panics): joins the room again and recovers as if every donor were lost.
     /// The donors stay in the room, greet the new id and keep the layers they hold.
-    pub(super) async fn reconnect(&mut self, session: &mut Session<'_>) -> Result<(), RoleError> {
+    pub(super) async fn reconnect(&mut self, session: &mut Session) -> Result<(), RoleError> {
         if self.report.reconnects >= MAX_RECONNECTS {
             return Err(TransportError::Closed.into());
         }

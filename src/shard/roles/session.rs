@@ -19,12 +19,14 @@ use super::super::frame::{
 use super::super::transport::{send_message, PeerId, Transport, TransportError};
 use super::constrain::Constrained;
 use super::coordinator::Coordinator;
+use super::feed::{report_finished, Feed};
 use super::recovery::Incoming;
 use super::timer::{sleep, unix_ms};
 use super::verify::PendingCheck;
 use super::RoleError;
 use crate::front::{
-    Decoding, GenerateRequest, Generated, Generator, OnEvent, RequestError, TextFront, Timings,
+    Decoding, GenerateOptions, GenerateRequest, Generated, Generator, OnEvent, RequestError,
+    TextFront, Timings,
 };
 use crate::sample::SamplerConfig;
 
@@ -46,14 +48,17 @@ pub(super) struct Active {
     first_token_at: Option<Instant>,
 }
 
-pub(super) struct Session<'r> {
-    requests: &'r [GenerateRequest],
+pub(super) struct Session {
+    /// Each request's options, by index (the order requests came in).
+    options: Vec<GenerateOptions>,
     /// Each request's checked prompt ids and compiled constraint, taken when it starts.
     prompts: Vec<(Vec<u32>, Option<Constrained>)>,
     queued: VecDeque<usize>,
     pub(super) active: Vec<Active>,
     free_slots: Vec<usize>,
     outputs: Vec<Option<Generated>>,
+    /// Requests ended since a feed last heard of them (`feed.rs`).
+    pub(super) finished: Vec<usize>,
     pub(super) checks: HashMap<(u64, u32), PendingCheck>,
     first_token_at: Option<Instant>,
     decode_tokens: u64,
@@ -62,19 +67,16 @@ pub(super) struct Session<'r> {
     steps: u64,
 }
 
-impl<'r> Session<'r> {
-    fn new(
-        requests: &'r [GenerateRequest],
-        prompts: Vec<(Vec<u32>, Option<Constrained>)>,
-        kv_slots: u32,
-    ) -> Session<'r> {
+impl Session {
+    pub(super) fn new(kv_slots: u32) -> Session {
         Session {
-            requests,
-            prompts,
-            queued: (0..requests.len()).collect(),
+            options: Vec::new(),
+            prompts: Vec::new(),
+            queued: VecDeque::new(),
             active: Vec::new(),
             free_slots: (0..kv_slots as usize).rev().collect(),
-            outputs: vec![None; requests.len()],
+            outputs: Vec::new(),
+            finished: Vec::new(),
             checks: HashMap::new(),
             first_token_at: None,
             decode_tokens: 0,
@@ -82,6 +84,38 @@ impl<'r> Session<'r> {
             transfer_ms_total: 0.0,
             steps: 0,
         }
+    }
+
+    /// Queues a checked request; returns its index.
+    pub(super) fn push(
+        &mut self,
+        options: GenerateOptions,
+        prompt: (Vec<u32>, Option<Constrained>),
+    ) -> usize {
+        let index = self.options.len();
+        self.options.push(options);
+        self.prompts.push(prompt);
+        self.outputs.push(None);
+        self.queued.push_back(index);
+        index
+    }
+
+    /// Counts a request that could not start, so that the feed's indices stay in step.
+    pub(super) fn push_refused(&mut self) -> usize {
+        self.options.push(GenerateOptions::default());
+        self.prompts.push((Vec::new(), None));
+        self.outputs.push(None);
+        self.options.len() - 1
+    }
+
+    /// Slots no request in flight or queued will take.
+    pub(super) fn open_slots(&self) -> usize {
+        self.free_slots.len().saturating_sub(self.queued.len())
+    }
+
+    /// Takes request `index`'s result once it has ended.
+    pub(super) fn take_output(&mut self, index: usize) -> Generated {
+        self.outputs[index].take().unwrap_or_default()
     }
 
     /// Whether the request at `position` has a span in the chain.
@@ -126,23 +160,23 @@ impl<T: Transport> Generator for Coordinator<T> {
         requests: &[GenerateRequest],
         on_event: &mut OnEvent<'_>,
     ) -> Result<Vec<Generated>, RoleError> {
-        let mut prompts = Vec::with_capacity(requests.len());
+        let mut session = Session::new(self.config.runtime.kv_slots);
         for request in requests {
             let ids = self.check_request(request)?;
-            prompts.push((ids, self.compile_constraint(request)?));
+            let constrained = self.compile_constraint(request)?;
+            session.push(request.options.clone(), (ids, constrained));
         }
-        self.run_session(
-            Session::new(requests, prompts, self.config.runtime.kv_slots),
-            on_event,
-        )
-        .await
+        self.run_session(session, None, on_event).await
     }
 }
 
 impl<T: Transport> Coordinator<T> {
-    async fn run_session(
+    /// Runs the session's requests, and with a `feed`, the feed's too as slots free up, until
+    /// none is left.
+    pub(super) async fn run_session(
         &mut self,
-        mut session: Session<'_>,
+        mut session: Session,
+        mut feed: Option<&mut dyn Feed>,
         on_event: &mut OnEvent<'_>,
     ) -> Result<Vec<Generated>, RoleError> {
         let started = Instant::now();
@@ -154,7 +188,13 @@ impl<T: Transport> Coordinator<T> {
             if !self.standby.is_empty() && session.drained() {
                 self.admit_joiners(&mut session).await?;
             }
+            if let Some(feed) = feed.as_deref_mut() {
+                self.take_fed(&mut session, feed);
+            }
             self.start_queued(&mut session).await?;
+            if let Some(feed) = feed.as_deref_mut() {
+                report_finished(&mut session, feed);
+            }
             if session.active.is_empty() && session.queued.is_empty() {
                 break;
             }
@@ -210,14 +250,14 @@ impl<T: Transport> Coordinator<T> {
         Ok(ids)
     }
 
-    async fn start_queued(&mut self, session: &mut Session<'_>) -> Result<(), RoleError> {
+    async fn start_queued(&mut self, session: &mut Session) -> Result<(), RoleError> {
         while let Some(slot) = session.free_slots.last().copied() {
             let Some(index) = session.queued.pop_front() else {
                 break;
             };
             session.free_slots.pop();
             let (prompt, constrained) = std::mem::take(&mut session.prompts[index]);
-            let options = &session.requests[index].options;
+            let options = &session.options[index];
             let kv_slots = u64::from(self.config.runtime.kv_slots);
             let request_id = self.next_request_round * kv_slots + slot as u64;
             self.next_request_round += 1;
@@ -254,7 +294,7 @@ impl<T: Transport> Coordinator<T> {
     /// then drains first (`admit_joiners` resumes the request).
     pub(super) async fn send_next(
         &mut self,
-        session: &mut Session<'_>,
+        session: &mut Session,
         position: usize,
     ) -> Result<(), RoleError> {
         if !self.standby.is_empty() {
@@ -312,7 +352,7 @@ impl<T: Transport> Coordinator<T> {
 
     async fn on_message(
         &mut self,
-        session: &mut Session<'_>,
+        session: &mut Session,
         from: PeerId,
         message: Message,
         on_event: &mut OnEvent<'_>,
@@ -344,7 +384,7 @@ impl<T: Transport> Coordinator<T> {
 
     async fn on_result(
         &mut self,
-        session: &mut Session<'_>,
+        session: &mut Session,
         from: PeerId,
         result: StageResult,
         on_event: &mut OnEvent<'_>,
@@ -400,7 +440,7 @@ impl<T: Transport> Coordinator<T> {
     /// The next token from the last stage's reply (sampled here from its top-k).
     async fn token_from(
         &mut self,
-        session: &mut Session<'_>,
+        session: &mut Session,
         position: usize,
         result: &StageResult,
     ) -> Result<u32, RoleError> {
@@ -436,7 +476,7 @@ impl<T: Transport> Coordinator<T> {
     /// request.
     async fn accept(
         &mut self,
-        session: &mut Session<'_>,
+        session: &mut Session,
         position: usize,
         id: u32,
         on_event: &mut OnEvent<'_>,
@@ -470,7 +510,7 @@ impl<T: Transport> Coordinator<T> {
         self.send_next(session, position).await
     }
 
-    fn finish(&mut self, session: &mut Session<'_>, active: Active) {
+    fn finish(&mut self, session: &mut Session, active: Active) {
         self.validator.forget_request(active.request_id);
         session.checks.retain(|&(id, _), _| id != active.request_id);
         session.free_slots.push(active.slot);
@@ -483,6 +523,7 @@ impl<T: Transport> Coordinator<T> {
         };
         let index = active.decoding.request();
         session.outputs[index] = Some(active.decoding.into_generated(0, timings));
+        session.finished.push(index);
     }
 
     async fn broadcast_token(&mut self, request_id: u64, index: u32, id: u32) {
@@ -499,7 +540,7 @@ impl<T: Transport> Coordinator<T> {
 
     /// Sends heartbeats; returns stage donors silent for longer than the timeout, which are
     /// kept as absent: their next frame admits them again.
-    async fn heartbeat(&mut self, session: &Session<'_>) -> Result<Vec<PeerId>, RoleError> {
+    async fn heartbeat(&mut self, session: &Session) -> Result<Vec<PeerId>, RoleError> {
         let timeout = self.config.heartbeat_timeout;
         let now = Instant::now();
         let lost: Vec<PeerId> = self
@@ -535,7 +576,7 @@ impl<T: Transport> Coordinator<T> {
         Ok(lost)
     }
 
-    fn record_step(&mut self, session: &mut Session<'_>, position: usize, result: &StageResult) {
+    fn record_step(&mut self, session: &mut Session, position: usize, result: &StageResult) {
         let active = &mut session.active[position];
         let Some(sent_at) = active.sent_at.take() else {
             return;
@@ -554,7 +595,7 @@ impl<T: Transport> Coordinator<T> {
         self.record_hops(&result.trace);
     }
 
-    fn finish_report(&mut self, session: &Session<'_>, started: Instant) {
+    fn finish_report(&mut self, session: &Session, started: Instant) {
         let report = &mut self.report;
         if session.steps > 0 {
             report.step_ms_mean = session.step_ms_total / session.steps as f64;

@@ -260,7 +260,7 @@ pub fn relative_error(found: &[f32], reference: &[f32]) -> f32 {
 
 impl<T: Transport> Coordinator<T> {
     /// A non-last stage's tapped output of a verified step.
-    pub(super) async fn on_tap(&mut self, session: &mut Session<'_>, result: StageResult) {
+    pub(super) async fn on_tap(&mut self, session: &mut Session, result: StageResult) {
         if result.epoch != self.epoch {
             return;
         }
