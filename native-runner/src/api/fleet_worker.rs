@@ -165,13 +165,9 @@ fn next_job(queued: &Receiver<Job>, started: &Started, block: bool) -> Option<Jo
 
 /// The tokenizer and chat template, read from the model's header as the donors will see it.
 async fn read_text_front(model_url: &str) -> anyhow::Result<TextFront> {
-    let file = webshard::gguf::open_source(model_url)
-        .await
-        .with_context(|| format!("opening {model_url}"))?;
-    let header = webshard::gguf::read_header(file.as_ref())
-        .await
-        .with_context(|| format!("reading the header of {model_url}"))?;
-    Ok(TextFront::from_header(&header)?)
+    Ok(TextFront::from_header(
+        &super::read_model_header(model_url).await?,
+    )?)
 }
 
 /// Joins the room, waits for the donors, plans and loads the chain.

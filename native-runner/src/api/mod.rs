@@ -295,13 +295,19 @@ pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
 
 /// Whether the model at `source` is an encoder (embeddings only), from its header.
 async fn is_encoder(source: &str) -> anyhow::Result<bool> {
+    Ok(webshard::embed::is_encoder(
+        &read_model_header(source).await?,
+    ))
+}
+
+/// The GGUF header of the model at `source` (a path or URL), read alone.
+async fn read_model_header(source: &str) -> anyhow::Result<webshard::gguf::Header> {
     let file = webshard::gguf::open_source(source)
         .await
         .with_context(|| format!("opening {source}"))?;
-    let header = webshard::gguf::read_header(file.as_ref())
+    webshard::gguf::read_header(file.as_ref())
         .await
-        .with_context(|| format!("reading the header of {source}"))?;
-    Ok(webshard::embed::is_encoder(&header))
+        .with_context(|| format!("reading the header of {source}"))
 }
 
 fn unix_seconds() -> u64 {
