@@ -7,8 +7,10 @@
 //
 // Workgroup (split, head, token) owns one query head and a contiguous share of at most KPS of
 // its token's visible keys:
-//   1. scores: lane i scores keys i, i + WG, ... of the share: q·k over head_dim from
-//      contiguous vec4 loads, independent across lanes; the scores stay in workgroup memory;
+//   1. scores: LPK lanes share a key, each summing q·k over every LPK-th vec4 of head_dim
+//      (LPK = 1 below head_dim 128, so lane i scores keys i, i + WG, ... alone); with LPK > 1
+//      the parts meet in workgroup memory, KPP = WG / LPK keys a pass. The scores stay in
+//      workgroup memory;
 //   2. softmax: a workgroup max reduction, exp(score - max) in place, a sum reduction
 //      (`reduce_max`/`reduce_sum` of Lib::Reduce: subgroups where the variant has them);
 //   3. values: lanes form (key group g, vec4 d4 of head_dim), GROUPS = WG / HD4 groups; lane
@@ -32,7 +34,7 @@
 // back-edges.
 //
 // Constants: WG (lanes, a power of two), HD (head_dim, HD / 4 <= WG), KPS (keys per split at
-// most).
+// most), LPK (lanes per key, a power of two dividing HD / 16).
 
 @group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> partial_acc: array<vec4<f32>>;
@@ -40,6 +42,7 @@
 
 const HD4: u32 = HD / 4u;
 const GROUPS: u32 = WG / HD4;
+const KPP: u32 = WG / LPK;
 
 // The query row, already multiplied by the attention scale.
 var<workgroup> q_row: array<vec4<f32>, HD4>;
@@ -47,17 +50,46 @@ var<workgroup> probs: array<f32, KPS>;
 var<workgroup> group_acc: array<vec4<f32>, WG>;
 var<workgroup> fresh_k: array<vec4<f32>, HD4>;
 var<workgroup> fresh_v: array<vec4<f32>, HD4>;
+// Each lane's part of a key's q·k (LPK > 1).
+var<workgroup> key_parts: array<f32, WG>;
 
-// q·k for the cached key whose vec4s begin at `base`.
-fn cached_score(base: u32) -> f32 {
+// Part `part` of q·k for the cached key whose vec4s begin at `base`: vec4s part, part + LPK, ...
+fn key_part(base: u32, part: u32) -> f32 {
     var d = vec4<f32>(0.0);
-    for (var c = 0u; c < HD4; c = c + 4u) {
+    for (var c = part; c < HD4; c = c + 4u * LPK) {
         d = d + q_row[c] * k_cache[base + c];
-        d = d + q_row[c + 1u] * k_cache[base + c + 1u];
-        d = d + q_row[c + 2u] * k_cache[base + c + 2u];
-        d = d + q_row[c + 3u] * k_cache[base + c + 3u];
+        d = d + q_row[c + LPK] * k_cache[base + c + LPK];
+        d = d + q_row[c + 2u * LPK] * k_cache[base + c + 2u * LPK];
+        d = d + q_row[c + 3u * LPK] * k_cache[base + c + 3u * LPK];
     }
-    return capped(d.x + d.y + d.z + d.w, params.softcap);
+    return d.x + d.y + d.z + d.w;
+}
+
+// Scores of the first `cached` keys into probs, LPK lanes a key; returns this lane's maximum.
+// Uniform control flow (barriers in the pass loop).
+fn shared_scores(first: u32, row_stride: u32, cached: u32, lane: u32) -> f32 {
+    let part = lane % LPK;
+    let slot = lane / LPK;
+    var local_max = NEG;
+    for (var done = 0u; done < cached; done = done + KPP) {
+        var d = 0.0;
+        if (done + slot < cached) {
+            d = key_part(first + (done + slot) * row_stride, part);
+        }
+        key_parts[lane] = d;
+        workgroupBarrier();
+        if (lane < KPP && done + lane < cached) {
+            var sum = 0.0;
+            for (var p = 0u; p < LPK; p = p + 1u) {
+                sum = sum + key_parts[lane * LPK + p];
+            }
+            let score = capped(sum, params.softcap);
+            probs[done + lane] = score;
+            local_max = max(local_max, score);
+        }
+        workgroupBarrier();
+    }
+    return local_max;
 }
 
 fn fresh_score() -> f32 {
@@ -100,12 +132,16 @@ fn attend(split: u32, head: u32, token: u32, pos: u32, base: u32, lane: u32, fre
     let row_stride = params.kv_heads * HD4;
     let first = base + begin * row_stride + kv_group * HD4;
 
-    // Phase 1: scores of keys lane, lane + WG, ...
+    // Phase 1: scores, one lane a key (keys lane, lane + WG, ...) or LPK.
     var local_max = NEG;
-    for (var i = lane; i < cached; i = i + WG) {
-        let score = cached_score(first + i * row_stride);
-        probs[i] = score;
-        local_max = max(local_max, score);
+    if (LPK == 1u) {
+        for (var i = lane; i < cached; i = i + WG) {
+            let score = capped(key_part(first + i * row_stride, 0u), params.softcap);
+            probs[i] = score;
+            local_max = max(local_max, score);
+        }
+    } else {
+        local_max = shared_scores(first, row_stride, cached, lane);
     }
     if (fresh && lane == cached % WG) {
         let score = fresh_score();

@@ -4,7 +4,7 @@
 //! decode step has one dependent dispatch fewer per layer. Only on the GPU work split, where
 //! `attention_decode_gpu` would run.
 
-use super::decode_gpu::{self, MAX_KEYS_PER_SPLIT, WG};
+use super::decode_gpu;
 use super::{dispatch_split_with, first_visible, AttentionParams, KernelParams, SplitCall};
 use crate::gpu::{Gpu, Kernel, Lib, Recorder};
 use crate::ops::rope::{HeadNorms, RopeParams, StoreTarget};
@@ -73,10 +73,7 @@ pub fn rope_attention_decode(
     super::check_call(cache, target.cache_layer, qkv, out, start_pos, 1, p);
     let visible = start_pos - first_visible(start_pos, p.window) + 1;
     let splits = decode_gpu::splits(rec.gpu(), p, 1, visible);
-    let pipeline = rec.pipeline(
-        &DECODE_ROPE,
-        &[("WG", WG), ("HD", p.head_dim), ("KPS", MAX_KEYS_PER_SPLIT)],
-    );
+    let pipeline = rec.pipeline(&DECODE_ROPE, &decode_gpu::constants(p.head_dim));
     let uniform = RopeAttentionParams {
         attention: KernelParams::new(p, start_pos, 1, splits),
         rope_dims: rope.rope_dims,

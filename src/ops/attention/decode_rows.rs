@@ -10,7 +10,7 @@
 
 use super::{combine, first_visible, partials, AttentionParams, KernelParams};
 use crate::gpu::{Kernel, Lib, Recorder};
-use crate::ops::attention::decode_gpu::{self, MAX_KEYS_PER_SPLIT, WG};
+use crate::ops::attention::decode_gpu;
 use crate::ops::attention::{attention_reference, KvCache};
 
 const DECODE_ROWS: Kernel = Kernel {
@@ -95,10 +95,7 @@ pub fn attention_decode_rows(
         .unwrap_or(1);
     let splits = decode_gpu::splits(rec.gpu(), p, count, visible);
     let params = KernelParams::new(p, 0, count, splits);
-    let pipeline = rec.pipeline(
-        &DECODE_ROWS,
-        &[("WG", WG), ("HD", p.head_dim), ("KPS", MAX_KEYS_PER_SPLIT)],
-    );
+    let pipeline = rec.pipeline(&DECODE_ROWS, &decode_gpu::constants(p.head_dim));
     let partial_rows = if splits > 1 { count } else { 1 };
     let (acc, stats) = partials(rec, rows.cache, partial_rows, p, splits);
     let bindings = [
