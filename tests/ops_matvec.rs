@@ -114,6 +114,7 @@ fn run_gpu(
         gpu::poison_f32(gpu, &out);
     }
     let fusion = Fusion {
+        residual: None,
         norm: norm.then_some((&norm_weight, 1e-5)),
         epilogue: match epilogue {
             ReferenceEpilogue::Store => Epilogue::Store,
@@ -234,6 +235,7 @@ fn run_view(
     let out = gpu::upload_f32(gpu, "out", &inputs.previous);
     gpu::poison_f32(gpu, &out);
     let fusion = Fusion {
+        residual: None,
         norm: Some((&norm_weight, 1e-5)),
         epilogue: match glu {
             Some((up, act)) => Epilogue::Glu(all.rows(up), act),
@@ -399,6 +401,7 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
                 gpu.caps.adapter, gpu.caps.cpu_work_split, gpu.caps.matvec_batch_split
             );
             let fusion = Fusion {
+                residual: None,
                 norm: Some((&norm_buf, 1e-5)),
                 epilogue: Epilogue::Bias(&aux_buf),
                 out_offset: 0,
@@ -412,6 +415,7 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
             });
             testing::assert_close(&got, &want_plain, 2e-4, &format!("matmul {what}"));
             let glu = Fusion {
+                residual: None,
                 norm: Some((&norm_buf, 1e-5)),
                 epilogue: Epilogue::Glu(w.rows(GLU_ROWS as u32..2 * GLU_ROWS as u32), act),
                 out_offset: 0,

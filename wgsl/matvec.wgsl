@@ -15,6 +15,10 @@
 // neighbouring threads read neighbouring bytes. A workgroup holds WG / TPR such groups, and
 // the partial sums meet once at the end: one barrier per workgroup, or none with subgroups.
 //
+// The one-token staging reads its input through `staging_scale` and `staged_input`: from x as it
+// is (matvec_input.wgsl), or (matvec_residual.wgsl) as x plus a sub-block's output through its
+// own RMS norm, a post-norm joining the residual stream inside the next product.
+//
 // Fusions, chosen by constants, spare a decode step whole dispatches:
 // - NORM = 1: x is RMS-normalised on the fly, as rms_norm computes it. Since 1 / rms(x) is one
 //   factor of the whole row, W · ((x / rms(x)) * norm_w) = (W · (x * norm_w)) / rms(x): the
@@ -50,6 +54,8 @@ struct Params {
     x_stride: u32,
     out_stride: u32,
     tokens: u32,
+    // The residual fold's post-norm epsilon (matvec_residual.wgsl).
+    post_eps: f32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -76,6 +82,8 @@ var<workgroup> staged_w: array<vec4<f32>, STAGED>;
 var<private> squares: array<f32, TPW>;
 // The workgroup's first token.
 var<private> first_token: u32;
+// Whether this is the dispatch's first workgroup (the residual fold's writer).
+var<private> first_group: bool;
 
 // Where the workgroup's token t starts in x (vec4s); past the last token, the last again.
 fn x_base(t: u32) -> u32 {
@@ -183,11 +191,12 @@ fn staged_index(c: u32, i: u32) -> u32 {
 // stages only rows that short), into workgroup memory, neighbouring lanes loading
 // neighbouring vec4s of a unit. Every lane of the workgroup calls it (uniform control flow).
 fn stage_units(units: u32, lane: u32) {
+    let scale = staging_scale(lane);
     for (var index = lane; index < units * 8u; index = index + WG) {
         let c = index / 8u;
         let i = index % 8u;
         let at = (c / UNITS) * (BLOCK / 4u) + block_element(c % UNITS, i) / 4u;
-        staged_x[staged_index(c, i)] = x[x_base(0u) + at];
+        staged_x[staged_index(c, i)] = staged_input(at, scale);
         if (NORM == 1u) {
             staged_w[staged_index(c, i)] = norm_w[at];
         }
@@ -323,6 +332,7 @@ fn write_shares(first: u32, shares: Shares) {
 @compute @workgroup_size(WG)
 fn matvec(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     first_token = group.x * TPW;
+    first_group = all(group == vec3<u32>(0u));
     let first = first_thread_row(group, lane);
     let thread = lane % TPR;
     let sums = thread_partials(first, lane);

@@ -5,6 +5,7 @@
 @compute @workgroup_size(WG)
 fn matvec_subgroup(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
     first_token = group.x * TPW;
+    first_group = all(group == vec3<u32>(0u));
     let first = first_thread_row(group, lane);
     if (REGISTER_SHARES) {
         // One vec4 of dot products and one sum of squares: two shuffles a step, no array.

@@ -156,6 +156,8 @@ impl Stage {
                 tokens: rows.len() as u32,
                 rows: (!single).then_some(rows),
                 rope_scaling: self.rope_scaling(),
+                previous: index.checked_sub(1).map(|i| &self.layers[i]),
+                next: self.layers.get(index + 1),
             };
             (self.cfg.arch.forward_layer)(rec, &step);
         }

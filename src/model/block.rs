@@ -8,12 +8,62 @@
 use crate::gpu::Recorder;
 use crate::ops::attention::{self, AttentionParams};
 use crate::ops::elementwise::{self, Activation};
-use crate::ops::quant::{Epilogue, Fusion, QuantMatrix};
+use crate::ops::quant::{Epilogue, Fusion, QuantMatrix, Residual};
 use crate::ops::rope::{HeadNorms, RopeParams, Section, StoreTarget};
 use crate::ops::{norm, quant, rope};
 
 use super::loader::{Matrix, Vector};
+use super::weights::LayerWeights;
 use super::LayerStep;
+
+/// Where a block's products read the residual stream: `base` as it is (`hidden`, usually), or,
+/// for one token, with a post-norm folded in (`fold`: the products read `base + rms_norm(delta)
+/// · weight` and write it into `fold.out`), which spares Gemma 3 the post-norms' own
+/// dispatches, two a layer (see `quant::Residual`).
+#[derive(Clone, Copy)]
+pub(super) struct Stream<'a> {
+    pub base: &'a wgpu::Buffer,
+    pub fold: Option<Residual<'a>>,
+}
+
+impl<'a> Stream<'a> {
+    pub fn hidden(step: &LayerStep<'a>) -> Stream<'a> {
+        Stream {
+            base: &step.scratch.hidden,
+            fold: None,
+        }
+    }
+
+    /// Plain streams are `hidden` itself: only one token's fused products take a fold.
+    fn check(&self, step: &LayerStep) {
+        assert!(
+            self.fold.is_none() || step.tokens == 1,
+            "a folded residual stream is for one token's products"
+        );
+    }
+}
+
+/// Whether one token's products can fold `upper`'s feed-forward post-norm into `lower`'s q/k/v
+/// products and `upper`'s attention post-norm into its own gate and up products (`Stream`):
+/// the device stages every one of those products' rows. One answer for both blocks of a pair,
+/// so that the block leaving a norm behind and the one taking it up agree.
+pub(super) fn post_norms_fold(rec: &Recorder, upper: &LayerWeights, lower: &LayerWeights) -> bool {
+    let a = lower.attention();
+    let qkv = runs(&[&a.wq, &a.wk, &a.wv])
+        .iter()
+        .all(|run| quant::residual_fold_supported(rec, run, &Epilogue::Store));
+    let (gate, up) = (upper.w_gate.view(), upper.w_up.view());
+    let glu = match quant::shares_part(&gate, &up) {
+        true => {
+            let epilogue = Epilogue::Glu(up, Activation::GeluTanh);
+            quant::residual_fold_supported(rec, &gate, &epilogue)
+        }
+        false => [gate, up]
+            .iter()
+            .all(|m| quant::residual_fold_supported(rec, m, &Epilogue::Store)),
+    };
+    qkv && glu
+}
 
 /// Whether the step's products take the fused matrix-vector path: one token, or as many as
 /// the device multiplies one product per token (a batched step's rows, a speculative step's
@@ -28,7 +78,13 @@ fn fused(rec: &Recorder, step: &LayerStep) -> bool {
 /// `v` (where its attention reads them); more normalise once into `normed` for the tiled
 /// products into `q`, `k` and `v`.
 pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
+    qkv_projections_from(rec, step, Stream::hidden(step));
+}
+
+/// `qkv_projections` reading the residual stream from `stream`.
+pub(super) fn qkv_projections_from(rec: &mut Recorder, step: &LayerStep, stream: Stream) {
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
+    stream.check(step);
     if tokens > 1 && fused(rec, step) {
         for (matrix, bias, out) in separate_projections(step) {
             let fusion = Fusion {
@@ -36,7 +92,7 @@ pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
                 epilogue: bias
                     .as_ref()
                     .map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer)),
-                out_offset: 0,
+                ..Fusion::default()
             };
             quant::matvec_tokens(rec, &matrix.view(), &s.hidden, out, &fusion, tokens);
         }
@@ -51,11 +107,12 @@ pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
         let a = w.attention();
         for run in runs(&[&a.wq, &a.wk, &a.wv]) {
             let fusion = Fusion {
+                residual: stream.fold,
                 norm: Some((&w.attn_norm.buffer, cfg.rms_eps)),
                 epilogue,
                 out_offset,
             };
-            quant::matvec(rec, &run, &s.hidden, &s.qkv, &fusion);
+            quant::matvec(rec, &run, stream.base, &s.qkv, &fusion);
             out_offset += run.rows;
         }
         return;
@@ -387,29 +444,45 @@ pub(super) fn feed_forward(
     activation: Activation,
     out: FeedForwardOut,
 ) {
+    feed_forward_from(rec, step, activation, out, Stream::hidden(step));
+}
+
+/// `feed_forward` reading the residual stream from `stream`.
+pub(super) fn feed_forward_from(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    activation: Activation,
+    out: FeedForwardOut,
+    stream: Stream,
+) {
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
+    stream.check(step);
     if fused(rec, step) {
         let norm = Some((&w.ffn_norm.buffer, cfg.rms_eps));
         let (gate, up) = (w.w_gate.view(), w.w_up.view());
+        let x = stream.base;
         if quant::shares_part(&gate, &up) {
             let glu = Fusion {
+                residual: stream.fold,
                 norm,
                 epilogue: Epilogue::Glu(up, activation),
                 out_offset: 0,
             };
-            quant::matvec_tokens(rec, &gate, &s.hidden, &s.act, &glu, tokens);
+            quant::matvec_tokens(rec, &gate, x, &s.act, &glu, tokens);
         } else {
             let gate_fusion = Fusion {
+                residual: stream.fold,
                 norm,
                 ..Fusion::default()
             };
-            quant::matvec_tokens(rec, &gate, &s.hidden, &s.gate, &gate_fusion, tokens);
+            quant::matvec_tokens(rec, &gate, x, &s.gate, &gate_fusion, tokens);
             let up_fusion = Fusion {
+                residual: stream.fold,
                 norm,
                 epilogue: Epilogue::Gated(&s.gate, activation),
                 out_offset: 0,
             };
-            quant::matvec_tokens(rec, &up, &s.hidden, &s.act, &up_fusion, tokens);
+            quant::matvec_tokens(rec, &up, x, &s.act, &up_fusion, tokens);
         }
         let (target, epilogue) = match out {
             FeedForwardOut::Residual => (&s.hidden, Epilogue::Accumulate),

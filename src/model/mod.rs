@@ -108,4 +108,8 @@ pub struct LayerStep<'a> {
     pub rows: Option<&'a [batch::BatchRow<'a>]>,
     /// The model's RoPE frequency factors and magnitude, where it has them (Llama 3, Phi-3).
     pub rope_scaling: Option<crate::ops::rope::RopeScaling<'a>>,
+    /// The blocks before and after this one in this stage, if any: a block may leave work to
+    /// the next one's products (Gemma 3's post-norm, see `block::Stream`).
+    pub previous: Option<&'a weights::LayerWeights>,
+    pub next: Option<&'a weights::LayerWeights>,
 }

@@ -21,6 +21,9 @@ pub struct Scratch {
     pub attn: wgpu::Buffer,
     /// A block's output before it joins the residual stream.
     pub delta: wgpu::Buffer,
+    /// One token's residual stream between the two halves of a Gemma 3 block, where its
+    /// products fold the post-norms in (`block::Stream`): they read one copy and write the other.
+    pub hidden_alt: wgpu::Buffer,
     pub gate: wgpu::Buffer,
     pub up: wgpu::Buffer,
     pub act: wgpu::Buffer,
@@ -47,7 +50,8 @@ impl Scratch {
     pub fn bytes(cfg: &ModelConfig, max_batch: u32) -> u64 {
         // ids and the row table, then hidden..act as listed in `new`.
         let per_row = 3 + 3 * cfg.d_model + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 3 * cfg.ff_dim;
-        let one_token = cfg.q_dim() + 2 * cfg.kv_dim();
+        // qkv and hidden_alt.
+        let one_token = cfg.q_dim() + 2 * cfg.kv_dim() + cfg.d_model;
         let head = 2 * cfg.d_model + cfg.vocab;
         // argmax (one per head row), the allowed set, top-k ids (with room for the values)
         // and values.
@@ -74,6 +78,7 @@ impl Scratch {
             qkv: storage_buffer(gpu, "qkv", u64::from(cfg.q_dim() + 2 * cfg.kv_dim()) * 4),
             attn: f32s("attn", cfg.q_dim()),
             delta: f32s("delta", cfg.d_model),
+            hidden_alt: storage_buffer(gpu, "hidden alt", u64::from(cfg.d_model) * 4),
             gate: f32s("gate", cfg.ff_dim),
             up: f32s("up", cfg.ff_dim),
             act: f32s("act", cfg.ff_dim),

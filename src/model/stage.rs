@@ -304,6 +304,8 @@ impl Stage {
                 tokens,
                 rows: None,
                 rope_scaling: self.rope_scaling(),
+                previous: index.checked_sub(1).map(|i| &self.layers[i]),
+                next: self.layers.get(index + 1),
             };
             (self.cfg.arch.forward_layer)(rec, &step);
         }

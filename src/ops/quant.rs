@@ -15,7 +15,8 @@ pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
 pub use matmul::matmul_product;
 pub use matmul::{uses_coop_matrix, MatmulTile};
 pub use matvec::{
-    matvec, matvec_reference, matvec_tokens, shares_part, Epilogue, Fusion, ReferenceEpilogue,
+    matvec, matvec_reference, matvec_tokens, residual_fold_supported, shares_part, Epilogue,
+    Fusion, ReferenceEpilogue, Residual,
 };
 use table::KERNEL_CODES;
 pub use table::{QuantType, ENGINE_SUPPORTED};

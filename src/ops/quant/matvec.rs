@@ -9,32 +9,68 @@ use crate::ops::norm::rms_norm_reference;
 
 use super::{fold_groups, matmul_reference, QuantMatrix};
 
+const LIBS: &[Lib] = &[
+    Lib::Activation,
+    Lib::Constants(super::KERNEL_CODES),
+    Lib::Constants(super::IQ4_NL_CODEBOOK_CONSTS),
+    Lib::Dequant,
+];
+
+/// The residual fold's kernels also reduce the post-norm's squares over the workgroup.
+const RESIDUAL_LIBS: &[Lib] = &[
+    Lib::Activation,
+    Lib::Constants(super::KERNEL_CODES),
+    Lib::Constants(super::IQ4_NL_CODEBOOK_CONSTS),
+    Lib::Dequant,
+    Lib::Reduce,
+];
+
 const MATVEC: Kernel = Kernel {
     name: "matvec",
-    source: include_str!("../../../wgsl/matvec.wgsl"),
+    source: concat!(
+        include_str!("../../../wgsl/matvec.wgsl"),
+        include_str!("../../../wgsl/matvec_input.wgsl")
+    ),
     entry: "matvec",
-    libs: &[
-        Lib::Activation,
-        Lib::Constants(super::KERNEL_CODES),
-        Lib::Constants(super::IQ4_NL_CODEBOOK_CONSTS),
-        Lib::Dequant,
-    ],
+    libs: LIBS,
 };
 
 const MATVEC_SUBGROUP: Kernel = Kernel {
     name: "matvec_subgroup",
     source: concat!(
         include_str!("../../../wgsl/matvec.wgsl"),
+        include_str!("../../../wgsl/matvec_input.wgsl"),
         include_str!("../../../wgsl/matvec_subgroup.wgsl")
     ),
     entry: "matvec_subgroup",
-    libs: &[
-        Lib::Activation,
-        Lib::Constants(super::KERNEL_CODES),
-        Lib::Constants(super::IQ4_NL_CODEBOOK_CONSTS),
-        Lib::Dequant,
-    ],
+    libs: LIBS,
 };
+
+/// The residual fold has three bindings more, so it is a kernel of its own: WebGPU's default
+/// limit of 8 storage bindings holds the others.
+const MATVEC_RESIDUAL: Kernel = Kernel {
+    name: "matvec_residual",
+    source: concat!(
+        include_str!("../../../wgsl/matvec.wgsl"),
+        include_str!("../../../wgsl/matvec_residual.wgsl")
+    ),
+    entry: "matvec",
+    libs: RESIDUAL_LIBS,
+};
+
+const MATVEC_RESIDUAL_SUBGROUP: Kernel = Kernel {
+    name: "matvec_residual_subgroup",
+    source: concat!(
+        include_str!("../../../wgsl/matvec.wgsl"),
+        include_str!("../../../wgsl/matvec_residual.wgsl"),
+        include_str!("../../../wgsl/matvec_subgroup.wgsl")
+    ),
+    entry: "matvec_subgroup",
+    libs: RESIDUAL_LIBS,
+};
+
+/// Storage bindings of the residual fold's kernels.
+const RESIDUAL_STORAGE_BINDINGS: u32 = 9;
 
 /// Work split of one matvec: threads per workgroup, threads sharing a row group along K, and
 /// rows per thread.
@@ -137,10 +173,23 @@ impl Epilogue<'_> {
     }
 }
 
+/// A post-norm joining the residual stream inside the product that reads the stream next: the
+/// product's input is `x + rms_norm(delta) * weight` (x is the stream before), which its first
+/// workgroup also writes into `out` (a buffer other than x) for the dispatches after it.
+#[derive(Clone, Copy)]
+pub struct Residual<'a> {
+    pub delta: &'a wgpu::Buffer,
+    pub weight: &'a wgpu::Buffer,
+    pub eps: f32,
+    pub out: &'a wgpu::Buffer,
+}
+
 /// Operations fused into one matvec.
 #[derive(Clone, Copy, Default)]
 pub struct Fusion<'a> {
-    /// RMS-normalise x first, with this weight and epsilon.
+    /// Fold a post-norm into the input first (one token, see `residual_fold_supported`).
+    pub residual: Option<Residual<'a>>,
+    /// RMS-normalise x (after the residual fold, if any), with this weight and epsilon.
     pub norm: Option<(&'a wgpu::Buffer, f32)>,
     pub epilogue: Epilogue<'a>,
     /// Where in `out` row 0 goes: row r is `out[out_offset + r]` (and reads `aux` there too).
@@ -171,6 +220,7 @@ struct MatvecParams {
     x_stride: u32,
     out_stride: u32,
     tokens: u32,
+    post_eps: f32,
 }
 
 /// The work split of one product: `shape`, and tokens per workgroup (`TPW` in the kernel).
@@ -218,6 +268,41 @@ fn tokens_per_group(most: u32, tokens: u32) -> u32 {
     1 << (31 - most.leading_zeros())
 }
 
+/// Whether one token's product of `w` can take `Fusion::residual` here: a GPU work split that
+/// stages its rows (one unit per thread) in the one-token loop, and room for its bindings.
+pub fn residual_fold_supported(rec: &Recorder, w: &QuantMatrix, epilogue: &Epilogue) -> bool {
+    let caps = &rec.gpu().caps;
+    let fusion = Fusion {
+        epilogue: *epilogue,
+        ..Fusion::default()
+    };
+    let (shape, _) = work_split(caps, w, &fusion, 1);
+    let halves = if matches!(epilogue, Epilogue::Glu(..)) {
+        2
+    } else {
+        1
+    };
+    !caps.cpu_work_split
+        && caps.max_storage_bindings >= RESIDUAL_STORAGE_BINDINGS
+        && w.units_per_row() <= row_threads(rec, &shape)
+        && shape.rows_per_thread * halves <= 4
+}
+
+/// Threads sharing a row group: the shuffle reduction needs all of them in one subgroup.
+fn row_threads(rec: &Recorder, shape: &Shape) -> u32 {
+    let caps = &rec.gpu().caps;
+    if subgroup_kernel(rec) {
+        let fitting = shape.threads_per_row.min(caps.subgroup_min);
+        1 << (31 - fitting.leading_zeros())
+    } else {
+        shape.threads_per_row.min(shape.wg)
+    }
+}
+
+fn subgroup_kernel(rec: &Recorder) -> bool {
+    rec.variant().subgroups && rec.gpu().caps.subgroup_min >= 1
+}
+
 /// `out = epilogue(W · fused_norm(x))` for one token; `x` holds `cols` f32 values.
 pub fn matvec(
     rec: &mut Recorder,
@@ -242,13 +327,14 @@ pub fn matvec_tokens(
 ) {
     let gpu = rec.gpu();
     let (shape, per_group) = work_split(&gpu.caps, w, fusion, tokens);
-    // The shuffle reduction needs all of a row group's threads in one subgroup.
-    let (kernel, threads_per_row) = if rec.variant().subgroups && gpu.caps.subgroup_min >= 1 {
-        let fitting = shape.threads_per_row.min(gpu.caps.subgroup_min);
-        (&MATVEC_SUBGROUP, 1 << (31 - fitting.leading_zeros()))
-    } else {
-        (&MATVEC, shape.threads_per_row.min(shape.wg))
+    let residual = fusion.residual.is_some();
+    let kernel = match (subgroup_kernel(rec), residual) {
+        (true, false) => &MATVEC_SUBGROUP,
+        (true, true) => &MATVEC_RESIDUAL_SUBGROUP,
+        (false, false) => &MATVEC,
+        (false, true) => &MATVEC_RESIDUAL,
     };
+    let threads_per_row = row_threads(rec, &shape);
     // The GLU epilogue's up rows, as a row offset from the gate rows in the same buffer.
     let up_rows = match fusion.epilogue {
         Epilogue::Glu(up, _) => {
@@ -263,6 +349,10 @@ pub fn matvec_tokens(
     // went 10.8 -> 11.4 µs so on the H200 (docs/perf.md, session 21). On CPU adapters a barrier
     // costs more than it saves.
     let stage = !gpu.caps.cpu_work_split && w.units_per_row() <= threads_per_row;
+    assert!(
+        !residual || (stage && tokens == 1 && per_group == 1),
+        "the residual fold needs one token and staged rows (see residual_fold_supported)"
+    );
     let rows_per_group = shape.wg / threads_per_row * shape.rows_per_thread;
     let mut consts = vec![
         ("WG", shape.wg),
@@ -297,18 +387,27 @@ pub fn matvec_tokens(
             x_stride: w.cols / 4,
             out_stride: w.rows,
             tokens,
+            post_eps: fusion.residual.map_or(0.0, |r| r.eps),
         };
+        let mut bindings = vec![
+            part.buffer.as_entire_binding(),
+            x.as_entire_binding(),
+            out.as_entire_binding(),
+            part.buffer.as_entire_binding(),
+            aux.as_entire_binding(),
+            norm_weight.as_entire_binding(),
+        ];
+        if let Some(r) = fusion.residual {
+            bindings.extend([
+                r.delta.as_entire_binding(),
+                r.weight.as_entire_binding(),
+                r.out.as_entire_binding(),
+            ]);
+        }
         rec.dispatch(
             &pipeline,
             &params,
-            &[
-                part.buffer.as_entire_binding(),
-                x.as_entire_binding(),
-                out.as_entire_binding(),
-                part.buffer.as_entire_binding(),
-                aux.as_entire_binding(),
-                norm_weight.as_entire_binding(),
-            ],
+            &bindings,
             [tokens.div_ceil(per_group), groups_x, groups_y],
         );
     }
