@@ -17,23 +17,9 @@ fn reduce_angle(angle: f32) -> f32 {
 // not by pow; the same f32 products give bit-identical angles. `factor` is the pair's frequency
 // factor (ggml's freq_factors: Llama 3's rope_freqs, Phi-3's long/short factors; 1 without),
 // dividing theta before the linear scale as ggml does (x / 1 is exact, so 1 changes nothing).
-// The chain is unrolled by eight: the multiplications stay the same and in the same order, but
-// the loop's own work per step had made the last pair of a 256-wide head (127 steps) cost ~3 µs
-// of Gemma 3's decode attention on an H200.
 fn pair_theta(pos: u32, pair: u32, theta_scale: f32, freq_scale: f32, factor: f32) -> f32 {
     var theta = f32(pos);
-    var i = 0u;
-    for (; i + 8u <= pair; i = i + 8u) {
-        theta = theta * theta_scale;
-        theta = theta * theta_scale;
-        theta = theta * theta_scale;
-        theta = theta * theta_scale;
-        theta = theta * theta_scale;
-        theta = theta * theta_scale;
-        theta = theta * theta_scale;
-        theta = theta * theta_scale;
-    }
-    for (; i < pair; i = i + 1u) {
+    for (var i = 0u; i < pair; i = i + 1u) {
         theta = theta * theta_scale;
     }
     return freq_scale * (theta / factor);
