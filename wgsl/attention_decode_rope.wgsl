@@ -20,8 +20,6 @@ struct Params {
     softcap: f32,
     rope_dims: u32,
     neox: u32,
-    // base^(-2 / rope_dims), computed on the host with the same powf as ggml.
-    theta_scale: f32,
     freq_scale: f32,
     norm: u32,
     eps: f32,
@@ -31,6 +29,12 @@ struct Params {
     pad0: u32,
     pad1: u32,
     pad2: u32,
+    pad3: u32,
+    // Pair p's theta at this position, pos * theta_scale^p as ggml builds it (repeated f32
+    // products), from the host: the chain of up to 127 dependent products per lane cost Gemma
+    // 3's decode attention ~2.5 µs a dispatch on the H200, and an unrolled chain was
+    // reassociated by its compiler (docs/perf.md, session 24). PAIRS4 = ceil(pairs / 4).
+    thetas: array<vec4<f32>, PAIRS4>,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -104,7 +108,8 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let rotate = pair < pairs;
         var turn = vec2<f32>(1.0, 0.0);
         if (rotate) {
-            turn = pair_turn(pos, pair, params.theta_scale, params.freq_scale, 1.0, 1.0);
+            let theta = params.thetas[pair / 4u][pair % 4u];
+            turn = angle_turn(params.freq_scale * theta, 1.0);
         }
         let q = turned_if(normed_pair(q_base, dims, q_scale, true), turn, rotate);
         rotated_q[dims.x] = q.x;

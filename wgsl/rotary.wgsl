@@ -48,8 +48,13 @@ fn pair_slots(pair: u32, rope_dims: u32, neox: bool) -> vec2<u32> {
 // (cos, sin) of `pair`'s angle at position `pos`, times `mscale` (ggml's attn_factor; 1 is exact).
 fn pair_turn(pos: u32, pair: u32, theta_scale: f32, freq_scale: f32, factor: f32,
              mscale: f32) -> vec2<f32> {
-    let angle = reduce_angle(pair_theta(pos, pair, theta_scale, freq_scale, factor));
-    return vec2<f32>(cos(angle) * mscale, sin(angle) * mscale);
+    return angle_turn(pair_theta(pos, pair, theta_scale, freq_scale, factor), mscale);
+}
+
+// (cos, sin) of `angle` (as pair_theta gives it), times `mscale`.
+fn angle_turn(angle: f32, mscale: f32) -> vec2<f32> {
+    let reduced = reduce_angle(angle);
+    return vec2<f32>(cos(reduced) * mscale, sin(reduced) * mscale);
 }
 
 // (x0, x1) turned by (cos, sin), in ggml's order of operations.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the device machine (from the repository root there). Subcommands:
 #   setup            unpack the carried Vulkan loader (.gl/*.deb) and point at NVIDIA's ICD
-#   stash            keep every carried .device/parts/NAME.partNN under /root/parts (any order)
+#   stash            keep every carried .device/parts/NAME.partNN (or .device/pNN/NAME.partNN, one
+#                    folder a call) under /root/parts (any order)
 #   assemble         join each model's parts in order into /root/models/NAME, check sha256
 #   synth            for speed runs: each model as its real first MiBs (the whole GGUF header)
 #                    followed by random bytes up to its real size, every byte below 0x40 so
@@ -79,7 +80,7 @@ case "${1:-}" in
     ;;
   stash)
     mkdir -p /root/parts
-    cp -v .device/parts/*.part[0-9][0-9] /root/parts/ 2>/dev/null
+    cp -v .device/parts/*.part[0-9][0-9] .device/p[0-9][0-9]/*.part[0-9][0-9] /root/parts/ 2>/dev/null
     ls /root/parts | wc -l
     ;;
   assemble)

@@ -81,7 +81,19 @@ impl<'g> Recorder<'g> {
         storage: &[wgpu::BindingResource<'_>],
         workgroups: [u32; 3],
     ) {
-        let mut bytes = bytemuck::bytes_of(params).to_vec();
+        self.dispatch_bytes(pipeline, bytemuck::bytes_of(params), storage, workgroups);
+    }
+
+    /// `dispatch` with parameters given as bytes: a struct followed by an array whose length
+    /// the kernel's constants give.
+    pub fn dispatch_bytes(
+        &mut self,
+        pipeline: &wgpu::ComputePipeline,
+        params: &[u8],
+        storage: &[wgpu::BindingResource<'_>],
+        workgroups: [u32; 3],
+    ) {
+        let mut bytes = params.to_vec();
         bytes.resize(bytes.len().next_multiple_of(16), 0);
         let bound = match self.graph.as_deref_mut() {
             Some(graph) => graph.bind(self.gpu, pipeline, &bytes, storage),

@@ -395,7 +395,15 @@ fn prefill_masked(
     let table = table.unwrap_or(rec.gpu().placeholder());
     let grid = [row_blocks, p.kv_heads, splits];
     let extra = [table.as_entire_binding()];
-    dispatch_split_with(rec, &pipeline, &call, p, grid, &params, &extra);
+    dispatch_split_with(
+        rec,
+        &pipeline,
+        &call,
+        p,
+        grid,
+        bytemuck::bytes_of(&params),
+        &extra,
+    );
 }
 
 /// One attention call of a kernel that splits the keys, as its dispatch sees it.
@@ -420,18 +428,26 @@ pub(super) fn dispatch_split(
     grid: [u32; 3],
 ) {
     let params = KernelParams::new(p, call.start_pos, call.tokens, call.splits);
-    dispatch_split_with(rec, pipeline, call, p, grid, &params, &[]);
+    dispatch_split_with(
+        rec,
+        pipeline,
+        call,
+        p,
+        grid,
+        bytemuck::bytes_of(&params),
+        &[],
+    );
 }
 
 /// `dispatch_split` for kernels with a larger uniform (beginning with `KernelParams`) and
 /// `extra` bindings after the partials.
-pub(super) fn dispatch_split_with<P: bytemuck::Pod>(
+pub(super) fn dispatch_split_with(
     rec: &mut Recorder,
     pipeline: &wgpu::ComputePipeline,
     call: &SplitCall,
     p: &AttentionParams,
     grid: [u32; 3],
-    uniform: &P,
+    uniform: &[u8],
     extra: &[wgpu::BindingResource<'_>],
 ) {
     let partial_tokens = if call.splits > 1 { call.tokens } else { 1 };
@@ -445,7 +461,7 @@ pub(super) fn dispatch_split_with<P: bytemuck::Pod>(
         partial_stats.as_entire_binding(),
     ];
     bindings.extend(extra.iter().cloned());
-    rec.dispatch(pipeline, uniform, &bindings, grid);
+    rec.dispatch_bytes(pipeline, uniform, &bindings, grid);
     if call.splits > 1 {
         let params = KernelParams::new(p, call.start_pos, call.tokens, call.splits);
         combine(

@@ -28,14 +28,31 @@ struct RopeAttentionParams {
     attention: KernelParams,
     rope_dims: u32,
     neox: u32,
-    theta_scale: f32,
     freq_scale: f32,
     norm: u32,
     eps: f32,
     q_offset: u32,
     k_offset: u32,
     v_offset: u32,
-    pad: [u32; 3],
+    pad: [u32; 4],
+}
+
+/// Each rotated pair's theta at `pos` (the kernel's `thetas`, four to a vec4): `pos ·
+/// theta_scale^p` as ggml builds it and `rotary.wgsl`'s `pair_theta` too, by repeated f32
+/// products, so the angles are the same bits as `rope_store`'s. On the host because a lane's
+/// chain of up to 127 dependent products was ~2.5 µs of Gemma 3's attention dispatch on the
+/// H200, and unrolled on the GPU its compiler reassociated them.
+fn pair_thetas(rope: &RopeParams, pos: u32) -> Vec<f32> {
+    let scale = rope.theta_scale();
+    let pairs = (rope.rope_dims / 2) as usize;
+    let mut thetas = Vec::with_capacity(pairs.next_multiple_of(4));
+    let mut theta = pos as f32;
+    for _ in 0..pairs {
+        thetas.push(theta);
+        theta *= scale;
+    }
+    thetas.resize(pairs.next_multiple_of(4), 0.0);
+    thetas
 }
 
 /// Whether the fused kernel runs this shape on this device: a GPU work split, the GPU decode
@@ -73,20 +90,24 @@ pub fn rope_attention_decode(
     super::check_call(cache, target.cache_layer, qkv, out, start_pos, 1, p);
     let visible = start_pos - first_visible(start_pos, p.window) + 1;
     let splits = decode_gpu::splits(rec.gpu(), p, 1, visible);
-    let pipeline = rec.pipeline(&DECODE_ROPE, &decode_gpu::constants(p.head_dim));
+    let thetas = pair_thetas(rope, start_pos);
+    let [wg, hd, kps, lpk] = decode_gpu::constants(p.head_dim);
+    let pairs4 = ("PAIRS4", thetas.len() as u32 / 4);
+    let pipeline = rec.pipeline(&DECODE_ROPE, &[wg, hd, kps, lpk, pairs4]);
     let uniform = RopeAttentionParams {
         attention: KernelParams::new(p, start_pos, 1, splits),
         rope_dims: rope.rope_dims,
         neox: u32::from(rope.neox),
-        theta_scale: rope.theta_scale(),
         freq_scale: rope.freq_scale,
         norm: u32::from(norms.is_some()),
         eps: norms.map_or(0.0, |n| n.eps),
         q_offset: target.q.offset,
         k_offset: target.k.offset,
         v_offset: target.v.offset,
-        pad: [0; 3],
+        pad: [0; 4],
     };
+    let mut uniform = bytemuck::bytes_of(&uniform).to_vec();
+    uniform.extend_from_slice(bytemuck::cast_slice(&thetas));
     let call = SplitCall {
         q: qkv,
         cache,
