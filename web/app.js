@@ -439,10 +439,11 @@ function fleetParams() {
   return overrides;
 }
 
-/** The engine's load settings the URL asks for (cache=0, warmup). */
+/** The engine's load settings the URL asks for (cache=0, warmup, subgroups=0). */
 function loadSettings() {
   const settings = {};
   if (params.get('cache') === '0') settings.cache = false;
+  if (params.get('subgroups') === '0') settings.disableSubgroups = true;
   if (params.has('warmup')) settings.warmUp = params.get('warmup') === '1';
   return settings;
 }

@@ -285,7 +285,7 @@ def run_page(args):
     browser = Browser(args, args.label)
     query = urllib.parse.urlencode({
         "model": args.model, "prompt": PROMPT, "n": str(args.n), "temp": "0", "seed": "0",
-        "autorun": "1", "cache": "0",
+        "autorun": "1", "cache": "0", **dict(q.split("=", 1) for q in args.query),
     })
     url = args.base.rstrip("/") + "/?" + query
     result = {"label": args.label, "flags": args.flags, "url": url, "n": args.n}
@@ -378,6 +378,8 @@ def main():
     parser.add_argument("--n", type=int, default=128)
     parser.add_argument("--warm", type=int, default=5)
     parser.add_argument("--reloads", type=int, default=0)
+    parser.add_argument("--query", action="append", default=[],
+                        help="KEY=VALUE added to the page's URL (e.g. subgroups=0)")
     parser.add_argument("--timeout", type=float, default=30)
     args = parser.parse_args()
     run = {"probe": run_probe, "page": run_page}[args.mode]

@@ -190,6 +190,13 @@ if [ -n "$chosen" ]; then
     --label page --logs "$logs" --port 9400 --n "$n" --warm "$warm" --reloads "$reloads" \
     --timeout 120 > "$stage/page.json" < /dev/null
   cat "$stage/page.json"
+  # The same page without subgroup operations (the URL's subgroups=0): an A/B of the kernels
+  # the browser picks, in the same browser flags and call.
+  step "the page again without subgroups (subgroups=0)"
+  timeout 200 python3 .ci/device/cdp.py page --chrome "$chrome" --flags "$common $chosen" \
+    --label page-nosub --logs "$logs" --port 9402 --n "$n" --warm "$warm" --timeout 120 \
+    --query subgroups=0 > "$stage/page-nosub.json" < /dev/null
+  cat "$stage/page-nosub.json"
   # A hardware adapter with shader-f16 under other flags than the chosen ones: the page again.
   f16_flags=$(python3 -c 'import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

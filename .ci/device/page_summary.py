@@ -101,6 +101,15 @@ if page_f16:
                            "error": page_f16.get("error_driver") or page_f16.get("error_autorun")}
     if native_tg and page_f16.get("warm_decode_tok_s_median"):
         ratios["page_f16_warm_median/native_bench"] = round(page_f16["warm_decode_tok_s_median"] / native_tg, 3)
+page_nosub = load("page-nosub.json")
+if page_nosub:
+    summary["page_nosub"] = {"variant": (page_nosub.get("last") or {}).get("variant"),
+                             "warm_decode_tok_s": [w.get("decode_tok_s") for w in page_nosub.get("warm", [])],
+                             "warm_median": page_nosub.get("warm_decode_tok_s_median"),
+                             "error": page_nosub.get("error_driver") or page_nosub.get("error_autorun")}
+    if summary["page"]["warm_median"] and page_nosub.get("warm_decode_tok_s_median"):
+        ratios["page_warm_median/page_nosub_warm_median"] = round(
+            summary["page"]["warm_median"] / page_nosub["warm_decode_tok_s_median"], 3)
 summary["ratios"] = ratios
 with open(os.path.join(stage, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)

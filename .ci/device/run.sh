@@ -29,6 +29,7 @@
 #                    source tarball .device/llama.tgz (pack.sh LLAMA_SRC=...) into /root/llama,
 #                    in its own process session on cores 2.. so that it survives between calls
 #                    and leaves cores 0-1 to a benchmark; log in /root/llama/build.log
+#                    (LLAMA_TARGETS: fewer targets, e.g. llama-bench alone, ~2 min less)
 #   llama-wait       wait for that build (at most 540 s), then say whether both targets exist
 #   llama-bench [ARGS]
 #                    llama-bench -ngl 99 beside runner bench on every model, one after the
@@ -209,7 +210,7 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
       cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF \
-        && cmake --build build --target llama-bench llama-server; echo "build exit $?"' \
+        && cmake --build build --target '"${LLAMA_TARGETS:-llama-bench llama-server}"'; echo "build exit $?"' \
       > /root/llama/build.log 2>&1 < /dev/null &
     echo "llama.cpp build started (log /root/llama/build.log)"
     ;;
