@@ -54,9 +54,10 @@ fn scaled_rope_matches_reference() {
                 let x = scaled_input(n, case_seed);
                 let f = factors(&params, case_seed ^ 5);
                 let buffer = gpu::upload_f32(&gpu, "x", &x);
-                let factor_buffer = gpu::upload_f32(&gpu, "factors", &f);
+                let inverse: Vec<f32> = f.iter().map(|v| 1.0 / v).collect();
+                let factor_buffer = gpu::upload_f32(&gpu, "inverse factors", &inverse);
                 let scaling = RopeScaling {
-                    factors: &factor_buffer,
+                    inverse_factors: &factor_buffer,
                     mscale,
                 };
                 let mut rec = Recorder::with_variant(&gpu, variant);
@@ -113,7 +114,8 @@ fn scaled_rope_store_matches_reference() {
             let qkv = scaled_input(q_len + 2 * kv_len, case_seed);
             let f = factors(&params, case_seed ^ 5);
             let qkv_buffer = gpu::upload_f32(&gpu, "qkv", &qkv);
-            let factor_buffer = gpu::upload_f32(&gpu, "factors", &f);
+            let inverse: Vec<f32> = f.iter().map(|v| 1.0 / v).collect();
+            let factor_buffer = gpu::upload_f32(&gpu, "inverse factors", &inverse);
             let cache = KvCache::new(&gpu, 1, max_ctx, kv_heads, params.head_dim).unwrap();
             cache
                 .k
@@ -134,7 +136,7 @@ fn scaled_rope_store_matches_reference() {
                 kv_heads,
             };
             let scaling = RopeScaling {
-                factors: &factor_buffer,
+                inverse_factors: &factor_buffer,
                 mscale,
             };
             let mut rec = Recorder::with_variant(&gpu, variant);

@@ -25,8 +25,8 @@ struct Params {
     q_offset: u32,
     k_offset: u32,
     v_offset: u32,
-    // 1: pair i's angle is divided by freq_factors[i] (Llama 3's rope_freqs, Phi-3's long or
-    // short factors), as ggml's freq_factors; 0: factor 1, freq_factors unread.
+    // 1: pair i's angle is multiplied by inverse_factors[i], 1 / ggml's freq_factors[i]
+    // (Llama 3's rope_freqs, Phi-3's long or short factors; see RopeScaling); 0: by 1, unread.
     scaled: u32,
     // Magnitude of cos and sin (ggml's attn_factor, Phi-3's long-context factor); 1 without.
     mscale: f32,
@@ -36,15 +36,15 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
-@group(0) @binding(2) var<storage, read> freq_factors: array<f32>;
+@group(0) @binding(2) var<storage, read> inverse_factors: array<f32>;
 
 // (cos, sin) of `pair` at `pos` with this dispatch's frequency factor and magnitude.
 fn scaled_turn(pos: u32, pair: u32) -> vec2<f32> {
-    var factor = 1.0;
+    var inverse = 1.0;
     if (params.scaled == 1u) {
-        factor = freq_factors[pair];
+        inverse = inverse_factors[pair];
     }
-    return pair_turn(pos, pair, params.theta_scale, params.freq_scale, factor, params.mscale);
+    return pair_turn(pos, pair, params.theta_scale, params.freq_scale, inverse, params.mscale);
 }
 
 @compute @workgroup_size(WG)

@@ -14,15 +14,16 @@ fn reduce_angle(angle: f32) -> f32 {
 }
 
 // ggml builds theta by repeated multiplication (theta_0 = pos, theta_{i+1} = theta_i * scale),
-// not by pow; the same f32 products give bit-identical angles. `factor` is the pair's frequency
-// factor (ggml's freq_factors: Llama 3's rope_freqs, Phi-3's long/short factors; 1 without),
-// dividing theta before the linear scale as ggml does (x / 1 is exact, so 1 changes nothing).
-fn pair_theta(pos: u32, pair: u32, theta_scale: f32, freq_scale: f32, factor: f32) -> f32 {
+// not by pow; the same f32 products give bit-identical angles. `inverse` is 1 / the pair's
+// frequency factor (ggml's freq_factors: Llama 3's rope_freqs, Phi-3's long/short factors; 1
+// without), multiplying theta before the linear scale where ggml divides: WGSL's division may
+// be 2.5 ulp off, a product is exact (and x * 1 changes nothing).
+fn pair_theta(pos: u32, pair: u32, theta_scale: f32, freq_scale: f32, inverse: f32) -> f32 {
     var theta = f32(pos);
     for (var i = 0u; i < pair; i = i + 1u) {
         theta = theta * theta_scale;
     }
-    return freq_scale * (theta / factor);
+    return freq_scale * (theta * inverse);
 }
 
 // The two dims of `pair` in a head: (2i, 2i + 1) in the normal layout (llama), (i, i + pairs)
@@ -46,9 +47,9 @@ fn pair_slots(pair: u32, rope_dims: u32, neox: bool) -> vec2<u32> {
 }
 
 // (cos, sin) of `pair`'s angle at position `pos`, times `mscale` (ggml's attn_factor; 1 is exact).
-fn pair_turn(pos: u32, pair: u32, theta_scale: f32, freq_scale: f32, factor: f32,
+fn pair_turn(pos: u32, pair: u32, theta_scale: f32, freq_scale: f32, inverse: f32,
              mscale: f32) -> vec2<f32> {
-    return angle_turn(pair_theta(pos, pair, theta_scale, freq_scale, factor), mscale);
+    return angle_turn(pair_theta(pos, pair, theta_scale, freq_scale, inverse), mscale);
 }
 
 // (cos, sin) of `angle` (as pair_theta gives it), times `mscale`.

@@ -314,7 +314,7 @@ impl Stage {
     /// The RoPE frequency factors and magnitude every block of this stage rotates by, if any.
     pub(super) fn rope_scaling(&self) -> Option<RopeScaling<'_>> {
         self.rope_factors.as_ref().map(|f| RopeScaling {
-            factors: &f.buffer,
+            inverse_factors: &f.buffer,
             mscale: self.cfg.rope_attn_factor,
         })
     }

@@ -380,7 +380,8 @@ pub async fn load_rope_factors(
         None if cfg.rope_attn_factor != 1.0 => vec![1.0; pairs as usize],
         None => return Ok(None),
     };
-    Ok(Some(loader.upload_vector("rope factors", &values)))
+    let inverse: Vec<f32> = values.iter().map(|f| 1.0 / f).collect();
+    Ok(Some(loader.upload_vector("rope inverse factors", &inverse)))
 }
 
 /// Names of every tensor a stage over `layers` needs, to size progress and downloads.

@@ -69,11 +69,15 @@ impl RopeParams {
 }
 
 /// What ggml's `rope_ext` adds to `RopeParams` where a model asks for it: pair i's angle is
-/// divided by `factors[i]` (`freq_factors`, rope_dims / 2 f32 values), and cos and sin are
-/// multiplied by `mscale` (`attn_factor`).
+/// divided by ggml's `freq_factors[i]`, and cos and sin are multiplied by `mscale`
+/// (`attn_factor`). `inverse_factors` holds `1 / freq_factors[i]` (rope_dims / 2 f32 values,
+/// divided on the host) and the kernels multiply by it: WGSL lets a division be 2.5 ulp off,
+/// and the H200's is, which at angles of thousands of radians turned a pair ~1e-4 away from
+/// the reference (`ops_rope_scaled`, docs/perf.md session 24). θ · (1 / f) is within an ulp of
+/// ggml's θ / f and the same on every device.
 #[derive(Clone, Copy)]
 pub struct RopeScaling<'a> {
-    pub factors: &'a wgpu::Buffer,
+    pub inverse_factors: &'a wgpu::Buffer,
     pub mscale: f32,
 }
 
@@ -107,7 +111,7 @@ fn scaling_fields<'a>(
     placeholder: &'a wgpu::Buffer,
 ) -> (u32, f32, &'a wgpu::Buffer) {
     match scaling {
-        Some(s) => (1, s.mscale, s.factors),
+        Some(s) => (1, s.mscale, s.inverse_factors),
         None => (0, 1.0, placeholder),
     }
 }
@@ -427,8 +431,9 @@ pub fn rope_reference(x: &mut [f32], tokens: u32, heads: u32, start_pos: u32, p:
     rope_reference_scaled(x, tokens, heads, start_pos, p, None, 1.0);
 }
 
-/// `rope_reference` with ggml's freq_factors (one per pair; theta / factor before the linear
-/// scale) and attn_factor (`mscale`, multiplying cos and sin).
+/// `rope_reference` with ggml's freq_factors (one per pair; theta · (1 / factor) before the
+/// linear scale, as the kernels compute ggml's theta / factor: see `RopeScaling`) and
+/// attn_factor (`mscale`, multiplying cos and sin).
 pub fn rope_reference_scaled(
     x: &mut [f32],
     tokens: u32,
@@ -482,8 +487,8 @@ impl Angles<'_> {
         let mut theta = position as f32;
         (0..pairs)
             .map(|pair| {
-                let factor = self.factors.map_or(1.0, |f| f[pair]);
-                let angle = self.freq_scale * (theta / factor);
+                let inverse = self.factors.map_or(1.0, |f| 1.0 / f[pair]);
+                let angle = self.freq_scale * (theta * inverse);
                 theta *= self.theta_scale;
                 (angle.cos() * self.mscale, angle.sin() * self.mscale)
             })
