@@ -282,10 +282,18 @@ pub fn residual_fold_supported(rec: &Recorder, w: &QuantMatrix, epilogue: &Epilo
     } else {
         1
     };
-    !caps.cpu_work_split
-        && caps.max_storage_bindings >= RESIDUAL_STORAGE_BINDINGS
-        && w.units_per_row() <= row_threads(rec, &shape)
+    caps.max_storage_bindings >= RESIDUAL_STORAGE_BINDINGS
+        && stages_x(rec, w, &shape)
         && shape.rows_per_thread * halves <= 4
+}
+
+/// Whether the one-token loop stages x in workgroup memory: on GPUs, where a row is one unit
+/// per thread (each workgroup reads x once, coalesced, instead of once per row group). Longer
+/// rows would stage in chunks, a barrier pair each: Qwen2.5's 4,864-column down projection
+/// went 10.8 -> 11.4 µs so on the H200 (docs/perf.md, session 21). On CPU adapters a barrier
+/// costs more than it saves.
+fn stages_x(rec: &Recorder, w: &QuantMatrix, shape: &Shape) -> bool {
+    !rec.gpu().caps.cpu_work_split && w.units_per_row() <= row_threads(rec, shape)
 }
 
 /// Threads sharing a row group: the shuffle reduction needs all of them in one subgroup.
@@ -343,12 +351,7 @@ pub fn matvec_tokens(
         }
         _ => None,
     };
-    // GPUs stage x in workgroup memory for the one-token loop where a row is one unit per
-    // thread (each workgroup reads x once, coalesced, instead of once per row group). Longer
-    // rows would stage in chunks, a barrier pair each: Qwen2.5's 4,864-column down projection
-    // went 10.8 -> 11.4 µs so on the H200 (docs/perf.md, session 21). On CPU adapters a barrier
-    // costs more than it saves.
-    let stage = !gpu.caps.cpu_work_split && w.units_per_row() <= threads_per_row;
+    let stage = stages_x(rec, w, &shape);
     assert!(
         !residual || (stage && tokens == 1 && per_group == 1),
         "the residual fold needs one token and staged rows (see residual_fold_supported)"
