@@ -20,7 +20,8 @@ use crate::fleet_support;
 use common::SMOLLM2;
 use fleet_support::*;
 use serde_json::Value;
-use std::time::Instant;
+use std::thread;
+use std::time::{Duration, Instant};
 
 /// Runs `prompts` through `donors` donor processes and checks every output against the
 /// single-device reference.
@@ -249,6 +250,25 @@ fn a_constrained_generation_on_two_donor_processes_matches_single_device() {
     }
 }
 
+/// The donors' stages in chain order, as (first layer, index in `fleet`), from what each says
+/// it serves; waits a little for `at_least` of them, since each donor's status line is read
+/// by a thread of its own and may trail the coordinator's tokens.
+fn serving_stages(fleet: &[Donor], at_least: usize) -> Vec<(u32, usize)> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut serving: Vec<(u32, usize)> = fleet
+            .iter()
+            .enumerate()
+            .filter_map(|(i, d)| d.serving().map(|(start, _)| (start, i)))
+            .collect();
+        serving.sort();
+        if serving.len() >= at_least || Instant::now() >= deadline {
+            return serving;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Which stage's donor a kill loop iteration kills.
 #[derive(Clone, Copy, Debug)]
 enum Victim {
@@ -289,15 +309,13 @@ fn killing_a_donor_process_mid_generation_keeps_the_ids() {
             |l| l.starts_with(&progress),
             &procs,
         );
-        // The stages, in chain order, from what each donor says it serves.
-        let mut serving: Vec<(u32, usize)> = fleet
-            .iter()
-            .enumerate()
-            .filter_map(|(i, d)| d.serving().map(|(start, _)| (start, i)))
-            .collect();
-        serving.sort();
         // The planner may leave a slow donor on standby; the victim is one that serves.
-        assert!(serving.len() >= 2, "[{label}] a chain of 2 stages or more");
+        let serving = serving_stages(&fleet, 2);
+        assert!(
+            serving.len() >= 2,
+            "[{label}] a chain of 2 stages or more:\n{}",
+            coordinator.stderr()
+        );
         let index = match victim {
             Victim::First => serving[0].1,
             Victim::Middle => serving[serving.len() / 2].1,

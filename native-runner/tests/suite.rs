@@ -26,4 +26,5 @@ mod hostile_signal;
 mod info;
 mod serve;
 mod shard_webrtc;
+mod signal_rooms;
 mod terminal;

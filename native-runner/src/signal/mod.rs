@@ -1,8 +1,9 @@
 //! `/signal`: WebRTC signaling for the shard fleet, as routes of `runner serve`.
 //!
-//! The server is matchbox_signaling's full mesh: a WebSocket at `/signal/<room>` (or `/signal`,
-//! room "world") puts the peer in that room, and every pair of peers in a room exchanges its
-//! offers, answers and ICE candidates through it. matchbox_signaling builds an axum 0.8 router
+//! The server is matchbox_signaling's, with our full mesh (`mesh`: a newcomer is reachable
+//! before it is announced): a WebSocket at `/signal/<room>` (or `/signal`, room "world") puts
+//! the peer in that room, and every pair of peers in a room exchanges its offers, answers and
+//! ICE candidates through it. matchbox_signaling builds an axum 0.8 router
 //! (the same axum as ours) and normally serves it itself; `build_with` hands us that router,
 //! routes and state included, and we nest it under `/signal` so that one server and one port
 //! serve the models, the pages and signaling.
@@ -15,8 +16,12 @@ use std::net::{Ipv4Addr, SocketAddr};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Router;
-use matchbox_signaling::SignalingServer;
+use matchbox_signaling::SignalingServerBuilder;
 use webshard::shard::fleet_room;
+
+mod mesh;
+
+use mesh::{OrderedMesh, Rooms};
 
 /// Where the signaling routes are nested.
 pub const SIGNAL_PATH: &str = "/signal";
@@ -32,7 +37,7 @@ pub fn signal_routes(fleet_token: Option<&str>) -> Router {
     let unbound = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     let mut routes = Router::new();
     // Dropping the `SignalingServer` drops only its shutdown switch; the handlers run on.
-    let _server = SignalingServer::full_mesh_builder(unbound)
+    let _server = SignalingServerBuilder::new(unbound, OrderedMesh, Rooms::default())
         .on_connection_request(move |request| {
             if admit(fleet.as_deref(), request.path.as_deref()) {
                 Ok(true)
