@@ -473,6 +473,10 @@ impl Generator for Engine {
     ) -> Result<Vec<Generated>, EngineError> {
         let mut decodings = Vec::with_capacity(requests.len());
         for (index, request) in requests.iter().enumerate() {
+            if request.options.logprobs.is_some() {
+                // The API's batch scheduler reads the logits and gives them; this loop does not.
+                return Err(RequestError::Unsupported("log-probabilities").into());
+            }
             let prompt_ids = self.prompt_ids(&request.prompt)?;
             decodings.push(Decoding::new(index, prompt_ids, &request.options));
         }

@@ -74,6 +74,7 @@ async fn greedy_ids(location: &str) -> Vec<u32> {
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: None,
+        logprobs: None,
     };
     let request = GenerateRequest::new(Prompt::Ids(prompt), generate);
     let out = engine

@@ -3,13 +3,15 @@
 //! or joins midway, when several requests share the chain, and a wrong donor is refused or
 //! flagged; donors answer heartbeats while they compute; constrained requests give the single
 //! device's constrained ids (`constrained.rs`); several chains serve requests side by side
-//! (`replicas.rs`).
+//! (`replicas.rs`); log-probabilities are one device's (`logprobs.rs`).
 
 use crate::roles_support;
 use crate::support;
 
 #[path = "shard_roles/constrained.rs"]
 mod constrained;
+#[path = "shard_roles/logprobs.rs"]
+mod logprobs;
 #[path = "shard_roles/loss.rs"]
 mod loss;
 #[path = "shard_roles/models.rs"]

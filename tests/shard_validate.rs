@@ -297,9 +297,33 @@ fn non_finite_activations_are_rejected_in_both_encodings() {
 
 #[test]
 fn result_and_token_rejections() {
-    let top = |ids: Vec<u32>, logits: Vec<f32>| {
-        Message::Result(result(0, 0, StageOutput::TopK { ids, logits }))
+    let top_normed = |ids: Vec<u32>, logits: Vec<f32>, log_norm: f32| {
+        Message::Result(result(
+            0,
+            0,
+            StageOutput::TopK {
+                ids,
+                logits,
+                log_norm,
+            },
+        ))
     };
+    let top = |ids: Vec<u32>, logits: Vec<f32>| top_normed(ids, logits, 2.0);
+    // A log-sum-exp below the largest logit would make a log-probability positive.
+    assert_rejects(
+        top_normed(vec![1, 2], vec![1.0, 0.5], 0.75),
+        FrameError::BadLogNorm {
+            log_norm: 0.75,
+            largest: 1.0,
+        },
+    );
+    assert_rejects(
+        top_normed(vec![1, 2], vec![1.0, 0.5], f32::INFINITY),
+        FrameError::BadLogNorm {
+            log_norm: f32::INFINITY,
+            largest: 1.0,
+        },
+    );
     assert_rejects(
         top(vec![1, 2], vec![1.0]),
         FrameError::Count {

@@ -216,6 +216,7 @@ async fn reply(
         sampler: turn.sampler.clone(),
         stop: Vec::new(),
         constraint: turn.constraint.clone(),
+        logprobs: None,
     };
     let request = GenerateRequest::new(Prompt::Ids(prompt_ids), options.clone());
     let out = engine

@@ -66,6 +66,7 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         sampler: args.sampler.config(),
         stop: args.stop.clone(),
         constraint,
+        logprobs: None,
     };
     let stream = !args.json;
     let request = GenerateRequest::new(Prompt::Ids(prompt_ids), options.clone());

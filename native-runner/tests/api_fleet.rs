@@ -1,8 +1,7 @@
 //! The OpenAI-compatible API on a fleet: `runner serve -m SmolLM2 --fleet TOKEN --donors 2`
 //! with two `runner donor` processes over WebRTC on loopback, driven by the official `openai`
 //! Python client. Greedy answers, whole and streamed and two at once, must equal single-device
-//! `runner generate --chat --temp 0`; log-probabilities (which a fleet cannot give) are a
-//! clear 400.
+//! `runner generate --chat --temp 0`, also when log-probabilities are asked for.
 
 use crate::api_support::greedy_reference;
 use crate::common;

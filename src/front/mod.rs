@@ -16,7 +16,7 @@ mod text;
 
 pub use request::{
     FinishReason, GenerateOptions, GenerateRequest, Generated, OnEvent, Prompt, RequestError,
-    Timings, TokenEvent, Usage,
+    Timings, TokenEvent, TokenLogprobs, Usage,
 };
 pub use text::{check_ids, Decoding, TextFront};
 

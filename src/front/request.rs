@@ -38,6 +38,20 @@ pub struct GenerateOptions {
     /// What the output must be (JSON, a JSON Schema, a regex, a Lark grammar); `None` is
     /// free text. The API maps `response_format` and forced tool calls onto it.
     pub constraint: Option<ConstraintSpec>,
+    /// `Some(n)`: each completion token's log-probability and the `n` most likely tokens at
+    /// its position (`Generated::logprobs`). A generator that cannot give them refuses the
+    /// request (`RequestError::Unsupported`).
+    pub logprobs: Option<u32>,
+}
+
+/// A completion token's log-probability under the model (its logits before any penalty,
+/// temperature or constraint) and the most likely tokens at its position, best first.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct TokenLogprobs {
+    pub id: u32,
+    pub logprob: f32,
+    /// (id, log-probability), best first.
+    pub top: Vec<(u32, f32)>,
 }
 
 /// One generation to run.
@@ -116,6 +130,8 @@ pub struct Generated {
     /// Leading prompt tokens already in the cache (prefix reuse).
     pub cached_tokens: u32,
     pub timings: Timings,
+    /// One entry per completion token when the options asked for them.
+    pub logprobs: Option<Vec<TokenLogprobs>>,
 }
 
 impl Generated {

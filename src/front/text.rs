@@ -190,6 +190,7 @@ impl Decoding {
             finish_reason,
             cached_tokens,
             timings,
+            logprobs: None,
         }
     }
 }

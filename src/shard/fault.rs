@@ -41,7 +41,13 @@ fn perturb_frame(frame: &[u8], scale: f32) -> Option<Vec<u8>> {
         },
         Message::Result(result) => match &mut result.output {
             StageOutput::Hidden(hidden) => perturb_activations(hidden, scale),
-            StageOutput::TopK { logits, .. } => perturb(logits, scale),
+            StageOutput::TopK {
+                logits, log_norm, ..
+            } => {
+                perturb(logits, scale);
+                // As a faulty GPU would: its own sum over its own (wrong) logits.
+                *log_norm = logits.iter().fold(*log_norm, |norm, &l| norm.max(l));
+            }
             StageOutput::Sampled(_) => return None,
         },
         _ => return None,

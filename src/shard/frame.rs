@@ -193,10 +193,13 @@ pub struct StageResult {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub enum StageOutput {
     Hidden(Activations),
-    /// `ids[i]` has logit `logits[i]`, highest first.
+    /// `ids[i]` has logit `logits[i]`, highest first. `log_norm` is the log of the sum of
+    /// every logit's exponential over the whole vocabulary (allowed or not), so that
+    /// `logits[i] - log_norm` is `ids[i]`'s log-probability (the API's `logprobs`).
     TopK {
         ids: Vec<u32>,
         logits: Vec<f32>,
+        log_norm: f32,
     },
     Sampled(u32),
 }
@@ -393,6 +396,8 @@ pub enum FrameError {
     TooManyRuns { found: usize, vocab_size: u32 },
     #[error("top-k of {found} is out of range (1..={max})")]
     BadTopK { found: u32, max: u32 },
+    #[error("top-k log-sum-exp {log_norm} is not finite or is below its largest logit {largest}")]
+    BadLogNorm { log_norm: f32, largest: f32 },
     #[error("{kind:?} from epoch {found}, expected epoch {expected}")]
     StaleEpoch {
         kind: Kind,

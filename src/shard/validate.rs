@@ -301,20 +301,33 @@ fn check_result(
         StageOutput::Hidden(hidden) => {
             check_hidden("output activations", hidden, result.n_tokens, limits, model)
         }
-        StageOutput::TopK { ids, logits } => {
+        StageOutput::TopK {
+            ids,
+            logits,
+            log_norm,
+        } => {
             check_top_k(ids.len().min(u32::MAX as usize) as u32, limits, model)?;
             check_count("top-k logits", ids.len(), logits.len())?;
             check_ids("top-k ids", ids, model)?;
-            match logits.iter().position(|v| !v.is_finite()) {
-                Some(index) => Err(FrameError::NonFinite {
+            if let Some(index) = logits.iter().position(|v| !v.is_finite()) {
+                return Err(FrameError::NonFinite {
                     field: "top-k logits",
                     index,
-                }),
-                None => Ok(()),
+                });
             }
+            check_log_norm(*log_norm, logits)
         }
         StageOutput::Sampled(id) => check_id("sampled id", 0, *id, model),
     }
+}
+
+/// A log-sum-exp is finite and at least every logit it sums (else a log-probability > 0).
+fn check_log_norm(log_norm: f32, logits: &[f32]) -> Result<(), FrameError> {
+    let largest = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    if !log_norm.is_finite() || log_norm < largest {
+        return Err(FrameError::BadLogNorm { log_norm, largest });
+    }
+    Ok(())
 }
 
 /// A trace has at most one entry per stage, and stages are bounded by the planner.

@@ -167,6 +167,7 @@ impl GenerateSettings {
             },
             stop: self.stop.clone(),
             constraint: self.checked_constraint()?,
+            logprobs: None,
         })
     }
 

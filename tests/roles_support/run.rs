@@ -32,6 +32,7 @@ pub fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerateRequest {
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: None,
+        logprobs: None,
     };
     GenerateRequest::new(Prompt::Ids(prompt_ids.to_vec()), options)
 }
@@ -43,6 +44,7 @@ pub fn constrained(prompt: &str, max_tokens: u32, constraint: ConstraintSpec) ->
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: Some(constraint),
+        logprobs: None,
     };
     GenerateRequest::new(Prompt::Text(prompt.to_string()), options)
 }

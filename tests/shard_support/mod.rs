@@ -137,6 +137,7 @@ pub fn every_kind() -> Vec<Message> {
             StageOutput::TopK {
                 ids: vec![3, 1],
                 logits: vec![12.5, -0.25],
+                log_norm: 12.75,
             },
         )),
         Message::Result(result(0, 9, StageOutput::Hidden(hidden(1, Encoding::F16)))),

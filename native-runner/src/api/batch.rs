@@ -148,7 +148,7 @@ impl Scheduler {
             return Err(job);
         };
         let decoding = Decoding::new(0, ids, &job.request.options);
-        let choices = job.logprobs.map(|_| Vec::new());
+        let choices = job.request.options.logprobs.map(|_| Vec::new());
         self.next_id += 1;
         self.running.push(Sequence {
             id: self.next_id,
@@ -526,7 +526,8 @@ async fn accept_next(
         seq.decoding.stop();
     }
     seq.first_token.get_or_insert_with(now_seconds);
-    let (Some(choices), Some(top), Some(logits)) = (seq.choices.as_mut(), job.logprobs, logits)
+    let (Some(choices), Some(top), Some(logits)) =
+        (seq.choices.as_mut(), job.request.options.logprobs, logits)
     else {
         return Ok(());
     };

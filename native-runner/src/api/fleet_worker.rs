@@ -4,9 +4,9 @@
 //!
 //! The coordinator keeps its own micro-batching: up to `--parallel` jobs (the chain's KV slots)
 //! go through the chain together, a waiting job joins as soon as a slot frees, and each job is
-//! answered as soon as its request ends (`Coordinator::generate_fed`). Log-probabilities need the whole vocabulary's logits, and the
-//! last donor sends back only its best candidates, so a request for them gets a 400
-//! (`PromptFront::check_logprobs`).
+//! answered as soon as its request ends (`Coordinator::generate_fed`). Log-probabilities come
+//! from the last donor's candidates and its log-sum-exp over the whole vocabulary
+//! (`StageOutput::TopK`), so they are the same as on one GPU.
 
 use std::cell::RefCell;
 use std::ops::ControlFlow;
@@ -20,7 +20,9 @@ use webshard::shard::roles::{Coordinator, CoordinatorConfig, Feed, RoleError};
 use webshard::shard::{WebRtcConfig, WebRtcTransport};
 
 use super::errors::ApiError;
-use super::worker::{finished, guarded, stream_event, Event, Job, ModelHandle, Started};
+use super::worker::{
+    choices_of, finished, guarded, stream_event, Event, Job, ModelHandle, Started,
+};
 
 /// How long the server waits for `--donors` donors before it gives up (and exits, saying how
 /// many came): a server is started before its donors, so the wait is long.
@@ -68,7 +70,7 @@ fn run(target: &FleetTarget, started: &Started, queued: &Receiver<Job>) -> anyho
         .build()?;
     let text = runtime.block_on(read_text_front(&target.model_url))?;
     let mut coordinator = runtime.block_on(connect(target))?;
-    started.ready(text, coordinator.vocab(), coordinator.max_context(), false);
+    started.ready(text, coordinator.vocab(), coordinator.max_context());
     while let Some(first) = next_job(queued, started, true) {
         let jobs = RefCell::new(vec![]);
         let mut feed = QueueFeed {
@@ -137,7 +139,12 @@ impl Feed for QueueFeed<'_> {
             return;
         };
         let event = match result {
-            Ok(output) => Event::Done(finished(output, None)),
+            Ok(output) => {
+                let choices = (output.logprobs.as_deref())
+                    .zip(self.started.tokenizer())
+                    .map(|(logprobs, tokenizer)| choices_of(tokenizer, logprobs));
+                Event::Done(finished(output, choices))
+            }
             Err(err) => Event::Failed(ApiError::internal(format!("Generation failed: {err}"))),
         };
         let _ = job.events.send(event);

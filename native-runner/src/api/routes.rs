@@ -163,7 +163,6 @@ async fn run(model: &ModelHandle, endpoint: Endpoint, plan: Plan) -> Result<Resp
     let reply = Reply::new(endpoint, &model.name, plan.include_usage, plan.tool_calls);
     model.submit(Job {
         request: plan.request,
-        logprobs: plan.logprobs,
         events,
     })?;
     model

@@ -25,7 +25,6 @@ const COMPLETION_DEFAULT_MAX_TOKENS: u32 = 16;
 #[derive(Debug, Clone)]
 pub struct Plan {
     pub request: GenerateRequest,
-    pub logprobs: Option<u32>,
     pub stream: bool,
     pub include_usage: bool,
     /// The answer may be a tool call, to be read back from the text.
@@ -59,8 +58,7 @@ pub fn chat_plan(req: &ChatRequest, front: &PromptFront) -> Result<Plan, ApiErro
             "`response_format` and a possible tool call cannot be combined; send `tool_choice: \"none\"` or no `response_format`",
         ));
     }
-    let logprobs =
-        front.check_logprobs(chat_logprobs(req.logprobs, req.top_logprobs)?, "logprobs")?;
+    let logprobs = chat_logprobs(req.logprobs, req.top_logprobs)?;
     let max_tokens = match (req.max_completion_tokens, req.max_tokens) {
         (Some(n), _) => Some(positive("max_completion_tokens", n)?),
         (None, Some(n)) => Some(positive("max_tokens", n)?),
@@ -82,8 +80,7 @@ pub fn chat_plan(req: &ChatRequest, front: &PromptFront) -> Result<Plan, ApiErro
         .map_err(|err| prompt_error("messages", err))?;
     let max_tokens = fit_context(prompt_ids.len(), max_tokens, front.max_context, "messages")?;
     Ok(Plan {
-        request: generate_request(prompt, max_tokens, sampler, stop, constraint),
-        logprobs,
+        request: generate_request(prompt, max_tokens, sampler, stop, constraint, logprobs),
         stream: req.stream.unwrap_or(false),
         include_usage: include_usage(req.stream, req.stream_options.as_ref())?,
         tool_calls,
@@ -152,7 +149,7 @@ pub fn completion_plan(req: &CompletionRequest, front: &PromptFront) -> Result<P
                 format!("`logprobs` must be at most {MAX_LEGACY_LOGPROBS}"),
             ))
         }
-        other => front.check_logprobs(other, "logprobs")?,
+        other => other,
     };
     let max_tokens = positive(
         "max_tokens",
@@ -169,8 +166,7 @@ pub fn completion_plan(req: &CompletionRequest, front: &PromptFront) -> Result<P
         "prompt",
     )?;
     Ok(Plan {
-        request: generate_request(prompt, max_tokens, sampler, stop, constraint),
-        logprobs,
+        request: generate_request(prompt, max_tokens, sampler, stop, constraint, logprobs),
         stream: req.stream.unwrap_or(false),
         include_usage: include_usage(req.stream, req.stream_options.as_ref())?,
         tool_calls: false,
@@ -222,12 +218,14 @@ fn generate_request(
     sampler: SamplerConfig,
     stop: Vec<String>,
     constraint: Option<ConstraintSpec>,
+    logprobs: Option<u32>,
 ) -> GenerateRequest {
     let options = GenerateOptions {
         max_tokens,
         sampler,
         stop,
         constraint,
+        logprobs,
     };
     GenerateRequest::new(prompt, options)
 }

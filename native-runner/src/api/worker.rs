@@ -19,7 +19,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use webshard::engine::Engine;
 use webshard::front::{
     FinishReason, GenerateRequest, Generated, Generator, Prompt, RequestError, TextFront,
-    TokenEvent, Usage,
+    TokenEvent, TokenLogprobs, Usage,
 };
 use webshard::tokenizer::{Tokenizer, ToolSupport};
 
@@ -58,10 +58,9 @@ pub enum Event {
 
 /// A validated request, ready to run.
 pub struct Job {
-    /// Prompt and options, checked against the context before queueing.
+    /// Prompt and options (`options.logprobs` among them), checked against the context before
+    /// queueing.
     pub request: GenerateRequest,
-    /// `Some(n)`: report each token's log-probability and its `n` best alternatives.
-    pub logprobs: Option<u32>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -71,28 +70,12 @@ pub struct PromptFront {
     vocab: u32,
     /// Positions one request can use: prompt plus completion must fit.
     pub max_context: u32,
-    /// Whether the generator reports log-probabilities (a fleet's last donor sends back only
-    /// its best candidates).
-    logprobs: bool,
 }
 
 impl PromptFront {
     /// The checked ids of `prompt`, as the generator will see them (`Generator::prompt_ids`).
     pub fn prompt_ids(&self, prompt: &Prompt) -> Result<Vec<u32>, RequestError> {
         self.text.prompt_ids(prompt, self.vocab)
-    }
-
-    /// `asked` log-probabilities (`param` asked for them), or a 400 where the generator has
-    /// none to give.
-    pub fn check_logprobs(&self, asked: Option<u32>, param: &str) -> Result<Option<u32>, ApiError> {
-        match (asked, self.logprobs) {
-            (Some(_), false) => Err(ApiError::bad_field(
-                param,
-                "log-probabilities are not available for a model served by a fleet: its last \
-                 donor sends back only the best candidates, not every logit",
-            )),
-            _ => Ok(asked),
-        }
     }
 
     /// Whether (and how) the model's chat template shows tools.
@@ -200,14 +183,18 @@ pub(super) struct Started {
 
 impl Started {
     /// The model is loaded: prompts can be checked and `/health` turns 200.
-    pub(super) fn ready(&self, text: TextFront, vocab: u32, max_context: u32, logprobs: bool) {
+    pub(super) fn ready(&self, text: TextFront, vocab: u32, max_context: u32) {
         let _ = self.front.set(PromptFront {
             text,
             vocab,
             max_context,
-            logprobs,
         });
         self.metrics.ready.store(1, Ordering::SeqCst);
+    }
+
+    /// The model's tokenizer, once `ready`.
+    pub(super) fn tokenizer(&self) -> Option<&Tokenizer> {
+        self.front.get().map(|front| &front.text.tokenizer)
     }
 }
 
@@ -231,7 +218,7 @@ impl Worker {
         let slots = slots.min(engine.stage.spec.max_batch as usize);
         let metrics = Arc::clone(&self.started.metrics);
         let mut scheduler = Scheduler::new(engine, slots, metrics)?;
-        self.started.ready(text, vocab, max_context, true);
+        self.started.ready(text, vocab, max_context);
         let mut held = None;
         while scheduler.admit_from(&queued, &mut held) {
             match guarded(|| runtime.block_on(scheduler.step())) {
@@ -314,6 +301,19 @@ pub(super) fn finished(out: Generated, logprobs: Option<Vec<TokenChoice>>) -> Fi
         finish: out.finish_reason,
         logprobs,
     }
+}
+
+/// A generator's log-probabilities as the API reports them: each token's bytes.
+pub(super) fn choices_of(tokenizer: &Tokenizer, logprobs: &[TokenLogprobs]) -> Vec<TokenChoice> {
+    let bytes = |id: u32| tokenizer.token_bytes(id);
+    logprobs
+        .iter()
+        .map(|token| TokenChoice {
+            bytes: bytes(token.id),
+            logprob: token.logprob,
+            top: token.top.iter().map(|&(id, l)| (bytes(id), l)).collect(),
+        })
+        .collect()
 }
 
 pub(super) fn choice_of(tokenizer: &Tokenizer, logits: &[f32], id: u32, top: usize) -> TokenChoice {

@@ -21,10 +21,11 @@ pub(super) enum StepOutput {
     /// The residual stream after the stage, `[tokens, d_model]`.
     Hidden(Vec<f32>),
     Sampled(u32),
-    /// Highest logits of the last position, highest first.
+    /// Highest logits of the last position, highest first, and the log-sum-exp of all.
     TopK {
         ids: Vec<u32>,
         logits: Vec<f32>,
+        log_norm: f32,
     },
 }
 
@@ -242,20 +243,29 @@ impl StageHost {
                 StepOutput::Sampled(stage.forward_argmax(&input, start).await?)
             }
             (Reply::Greedy, Some(allowed)) => {
-                let (logits, _) = self.masked_logits(&input, start, allowed).await?;
+                let (logits, ..) = self.masked_logits(&input, start, allowed).await?;
                 StepOutput::Sampled(top_k(&logits, 1).0.first().copied().unwrap_or_default())
             }
             (Reply::TopK { k }, None) => {
                 let logits = stage.forward_logits(&input, start, 1).await?;
                 let last = logits.into_iter().next().unwrap_or_default();
+                let log_norm = log_sum_exp(&last);
                 let (ids, logits) = top_k(&last, k as usize);
-                StepOutput::TopK { ids, logits }
+                StepOutput::TopK {
+                    ids,
+                    logits,
+                    log_norm,
+                }
             }
             (Reply::TopK { k }, Some(allowed)) => {
-                let (last, count) = self.masked_logits(&input, start, allowed).await?;
+                let (last, count, log_norm) = self.masked_logits(&input, start, allowed).await?;
                 // Only allowed ids: the disallowed ones are −∞, which no frame may carry.
                 let (ids, logits) = top_k(&last, (k as usize).min(count));
-                StepOutput::TopK { ids, logits }
+                StepOutput::TopK {
+                    ids,
+                    logits,
+                    log_norm,
+                }
             }
             (Reply::Hidden { .. }, _) => {
                 StepOutput::Hidden(stage.forward_hidden(&input, start).await?)
@@ -264,13 +274,14 @@ impl StageHost {
     }
 
     /// The last position's logits with every token outside `allowed` at −∞ (the engine's
-    /// mask, `TokenMask::apply`), and how many are allowed (validation made it at least one).
+    /// mask, `TokenMask::apply`), how many are allowed (validation made it at least one), and
+    /// the log-sum-exp of the logits before the mask (log-probabilities are the model's).
     async fn masked_logits(
         &self,
         input: &StageInput<'_>,
         start: u32,
         allowed: &AllowedTokens,
-    ) -> Result<(Vec<f32>, usize), ModelError> {
+    ) -> Result<(Vec<f32>, usize, f32), ModelError> {
         let rows = self.stage.forward_logits(input, start, 1).await?;
         let mut last = rows.into_iter().next().unwrap_or_default();
         // A NaN would outrank (or, negative, underrank) every allowed logit in the argmax.
@@ -279,9 +290,10 @@ impl StageHost {
                 "the stage produced non-finite logits".into(),
             ));
         }
+        let log_norm = log_sum_exp(&last);
         let mask = allowed.to_mask(self.stage.cfg.vocab);
         mask.apply(&mut last);
-        Ok((last, mask.count()))
+        Ok((last, mask.count(), log_norm))
     }
 }
 
@@ -319,6 +331,14 @@ fn empty_slots(count: u32) -> Vec<Slot> {
         .collect()
 }
 
+/// `ln Σ exp(logit)`, summed in f64 after the largest is taken out (no overflow); at least the
+/// largest logit. Non-finite logits give a non-finite result, which the frame check refuses.
+pub(super) fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    (f64::from(max) + sum.ln()) as f32
+}
+
 /// The `k` highest logits, highest first, ties by lower id (the sampler's order).
 pub(super) fn top_k(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
@@ -335,4 +355,25 @@ pub(super) fn top_k(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
     order.sort_unstable_by(descending);
     let values = order.iter().map(|&id| logits[id as usize]).collect();
     (order, values)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn log_sum_exp_is_exact_without_overflow_and_at_least_the_largest() {
+        assert!((log_sum_exp(&[0.0, 0.0]) - std::f32::consts::LN_2).abs() < 1e-7);
+        // exp(1000) overflows f32 and f64: the largest is taken out first.
+        let big = log_sum_exp(&[1000.0, 1000.0, -5.0]);
+        assert!(
+            (big - (1000.0 + std::f32::consts::LN_2)).abs() < 1e-3,
+            "{big}"
+        );
+        let logits = [3.5, -1.25, 0.0, 2.0, -30.0];
+        let want = logits.iter().map(|&l| f64::from(l).exp()).sum::<f64>().ln();
+        assert!((f64::from(log_sum_exp(&logits)) - want).abs() < 1e-6);
+        assert!(log_sum_exp(&[-3.0]) >= -3.0);
+        assert!(!log_sum_exp(&[1.0, f32::NAN]).is_finite());
+    }
 }

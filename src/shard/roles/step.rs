@@ -207,11 +207,19 @@ fn to_wire(output: StepOutput, assign: &Assign) -> Result<StageOutput, String> {
     Ok(match output {
         StepOutput::Hidden(values) => StageOutput::Hidden(encode_hidden(&values, assign)?),
         StepOutput::Sampled(id) => StageOutput::Sampled(id),
-        StepOutput::TopK { ids, logits } => {
-            if logits.iter().any(|v| !v.is_finite()) {
+        StepOutput::TopK {
+            ids,
+            logits,
+            log_norm,
+        } => {
+            if logits.iter().any(|v| !v.is_finite()) || !log_norm.is_finite() {
                 return Err("the stage produced non-finite logits".into());
             }
-            StageOutput::TopK { ids, logits }
+            StageOutput::TopK {
+                ids,
+                logits,
+                log_norm,
+            }
         }
     })
 }

@@ -83,7 +83,7 @@ impl PendingCheck {
     }
 
     pub fn set_final(&mut self, output: &StageOutput) {
-        if let StageOutput::TopK { ids, logits } = output {
+        if let StageOutput::TopK { ids, logits, .. } = output {
             self.top_k = Some((ids.clone(), logits.clone()));
         }
     }

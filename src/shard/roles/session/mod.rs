@@ -19,6 +19,7 @@ use super::super::frame::{
 use super::super::transport::{send_message, PeerId, Transport, TransportError};
 use super::constrain::Constrained;
 use super::coordinator::Coordinator;
+mod logprobs;
 mod stats;
 
 use super::feed::{report_finished, Feed};
@@ -28,9 +29,9 @@ use super::verify::PendingCheck;
 use super::RoleError;
 use crate::front::{
     Decoding, GenerateOptions, GenerateRequest, Generated, Generator, OnEvent, RequestError,
-    TextFront, Timings,
+    TextFront, Timings, TokenLogprobs,
 };
-use crate::sample::SamplerConfig;
+use logprobs::record_logprobs;
 
 pub(super) struct Active {
     request_id: u64,
@@ -39,6 +40,9 @@ pub(super) struct Active {
     decoding: Decoding,
     /// The request's constraint, if it has one.
     constrained: Option<Constrained>,
+    /// Alternatives per token and each completion token's log-probabilities so far, when
+    /// the request asked for them.
+    logprobs: Option<(u32, Vec<TokenLogprobs>)>,
     /// Positions fed, in the order fed; the last one is the step awaited.
     spans: Vec<Range<u32>>,
     /// The next span to send (spans before it are in the chain's caches or on their way).
@@ -273,6 +277,7 @@ impl<T: Transport> Coordinator<T> {
                 slot,
                 decoding: Decoding::new(index, prompt, options),
                 constrained,
+                logprobs: options.logprobs.map(|top| (top, Vec::new())),
                 spans,
                 next_span: 0,
                 seq: 0,
@@ -312,7 +317,7 @@ impl<T: Transport> Coordinator<T> {
             true if verify => Reply::TopK {
                 k: self.config.top_k,
             },
-            true => reply_for(active.decoding.sampler(), self.config.top_k),
+            true => reply_for(active, self.config.top_k),
         };
         let vocab_size = self.model.cfg.vocab;
         let allowed = match (&mut active.constrained, is_final) {
@@ -436,6 +441,7 @@ impl<T: Transport> Coordinator<T> {
             return self.send_next(session, position).await;
         }
         let id = self.token_from(session, position, &result).await?;
+        record_logprobs(&mut session.active[position], &result.output, id)?;
         self.accept(session, position, id, on_event).await
     }
 
@@ -460,7 +466,7 @@ impl<T: Transport> Coordinator<T> {
             StageOutput::TopK { ids, .. } if active.decoding.sampler().argmax_suffices() => {
                 Ok(ids[0])
             }
-            StageOutput::TopK { ids, logits } => {
+            StageOutput::TopK { ids, logits, .. } => {
                 let mut sparse = vec![f32::NEG_INFINITY; self.model.cfg.vocab as usize];
                 for (&id, &logit) in ids.iter().zip(logits) {
                     sparse[id as usize] = logit;
@@ -524,7 +530,13 @@ impl<T: Transport> Coordinator<T> {
             ..Timings::default()
         };
         let index = active.decoding.request();
-        session.outputs[index] = Some(active.decoding.into_generated(0, timings));
+        let mut generated = active.decoding.into_generated(0, timings);
+        // The token that stopped the request (end of generation) is not in the completion.
+        generated.logprobs = active.logprobs.map(|(_, mut choices)| {
+            choices.truncate(generated.ids.len());
+            choices
+        });
+        session.outputs[index] = Some(generated);
         session.finished.push(index);
     }
 
@@ -541,11 +553,14 @@ impl<T: Transport> Coordinator<T> {
     }
 }
 
-/// Greedy sampling without a penalty needs only the id; anything else samples from top-k.
-fn reply_for(sampler: &SamplerConfig, top_k: u32) -> Reply {
-    if sampler.argmax_suffices() {
-        Reply::Greedy
-    } else {
-        Reply::TopK { k: top_k }
+/// Greedy sampling without a penalty and without log-probabilities needs only the id;
+/// anything else samples from top-k (at least as many as the alternatives asked for).
+fn reply_for(active: &Active, top_k: u32) -> Reply {
+    match &active.logprobs {
+        Some((top, _)) => Reply::TopK {
+            k: top_k.max(*top).max(1),
+        },
+        None if active.decoding.sampler().argmax_suffices() => Reply::Greedy,
+        None => Reply::TopK { k: top_k },
     }
 }
