@@ -51,6 +51,11 @@ pub fn key(url: &str) -> String {
     format!("{:016x}", xxh3_64(url.as_bytes()))
 }
 
+/// Chromium writes a file through `<name>.crswap`, listed beside it until the write closes:
+/// another tab's write in progress (removing it would fail, and fail this load), or one cut
+/// short, which the browser reuses when that range is written again.
+const SWAP_SUFFIX: &str = ".crswap";
+
 fn range_name(offset: u64, entry: Entry) -> String {
     format!("{offset}-{}-{:016x}", entry.len, entry.hash)
 }
@@ -121,11 +126,12 @@ impl<R: RangeSource> CachedSource<R> {
         })
     }
 
-    /// Reads the directory listing into an index; stray names are deleted.
+    /// Reads the directory listing into an index; stray names are deleted, except the
+    /// browser's swap files (`SWAP_SUFFIX`).
     async fn scan(dir: &Dir, size: u64) -> Result<BTreeMap<u64, Entry>, WebError> {
         let mut index = BTreeMap::new();
         for name in dir.names().await? {
-            if name == IDENTITY {
+            if name == IDENTITY || name.ends_with(SWAP_SUFFIX) {
                 continue;
             }
             match parse_range_name(&name) {

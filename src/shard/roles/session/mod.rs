@@ -312,12 +312,13 @@ impl<T: Transport> Coordinator<T> {
         let span = active.spans[span_index].clone();
         let is_final = span_index + 1 == active.spans.len();
         let verify = is_final && self.verifier.as_mut().is_some_and(|v| v.pick());
+        let most = self.config.limits.max_top_k.min(self.model.cfg.vocab);
         let reply = match is_final {
             false => Reply::Greedy,
-            true if verify => Reply::TopK {
-                k: self.config.top_k,
+            true if verify || !greedy_suffices(active) => Reply::TopK {
+                k: candidates(active, self.config.top_k, most),
             },
-            true => reply_for(active, self.config.top_k),
+            true => Reply::Greedy,
         };
         let vocab_size = self.model.cfg.vocab;
         let allowed = match (&mut active.constrained, is_final) {
@@ -554,13 +555,14 @@ impl<T: Transport> Coordinator<T> {
 }
 
 /// Greedy sampling without a penalty and without log-probabilities needs only the id;
-/// anything else samples from top-k (at least as many as the alternatives asked for).
-fn reply_for(active: &Active, top_k: u32) -> Reply {
-    match &active.logprobs {
-        Some((top, _)) => Reply::TopK {
-            k: top_k.max(*top).max(1),
-        },
-        None if active.decoding.sampler().argmax_suffices() => Reply::Greedy,
-        None => Reply::TopK { k: top_k },
-    }
+/// anything else samples from the last stage's top-k.
+fn greedy_suffices(active: &Active) -> bool {
+    active.logprobs.is_none() && active.decoding.sampler().argmax_suffices()
+}
+
+/// How many candidates the last stage returns: the configured top-k, or as many alternatives
+/// as the request asks for if more, within what a frame may carry (`most`).
+fn candidates(active: &Active, top_k: u32, most: u32) -> u32 {
+    let asked = active.logprobs.as_ref().map_or(0, |(top, _)| *top);
+    top_k.max(asked).clamp(1, most.max(1))
 }
