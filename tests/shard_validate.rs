@@ -255,7 +255,10 @@ fn forward_rejections() {
     );
     assert_rejects(
         Message::Forward(Forward {
-            reply: Reply::TopK { k: VOCAB + 1 },
+            reply: Reply::TopK {
+                k: VOCAB + 1,
+                normalised: false,
+            },
             ..f.clone()
         }),
         FrameError::BadTopK {
@@ -265,7 +268,10 @@ fn forward_rejections() {
     );
     assert_rejects(
         Message::Forward(Forward {
-            reply: Reply::TopK { k: 0 },
+            reply: Reply::TopK {
+                k: 0,
+                normalised: true,
+            },
             ..f.clone()
         }),
         FrameError::BadTopK {
@@ -297,7 +303,7 @@ fn non_finite_activations_are_rejected_in_both_encodings() {
 
 #[test]
 fn result_and_token_rejections() {
-    let top_normed = |ids: Vec<u32>, logits: Vec<f32>, log_norm: f32| {
+    let top_normed = |ids: Vec<u32>, logits: Vec<f32>, log_norm: Option<f32>| {
         Message::Result(result(
             0,
             0,
@@ -308,17 +314,17 @@ fn result_and_token_rejections() {
             },
         ))
     };
-    let top = |ids: Vec<u32>, logits: Vec<f32>| top_normed(ids, logits, 2.0);
+    let top = |ids: Vec<u32>, logits: Vec<f32>| top_normed(ids, logits, None);
     // A log-sum-exp below the largest logit would make a log-probability positive.
     assert_rejects(
-        top_normed(vec![1, 2], vec![1.0, 0.5], 0.75),
+        top_normed(vec![1, 2], vec![1.0, 0.5], Some(0.75)),
         FrameError::BadLogNorm {
             log_norm: 0.75,
             largest: 1.0,
         },
     );
     assert_rejects(
-        top_normed(vec![1, 2], vec![1.0, 0.5], f32::INFINITY),
+        top_normed(vec![1, 2], vec![1.0, 0.5], Some(f32::INFINITY)),
         FrameError::BadLogNorm {
             log_norm: f32::INFINITY,
             largest: 1.0,

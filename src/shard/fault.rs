@@ -46,7 +46,9 @@ fn perturb_frame(frame: &[u8], scale: f32) -> Option<Vec<u8>> {
             } => {
                 perturb(logits, scale);
                 // As a faulty GPU would: its own sum over its own (wrong) logits.
-                *log_norm = logits.iter().fold(*log_norm, |norm, &l| norm.max(l));
+                if let Some(norm) = log_norm {
+                    *norm = logits.iter().fold(*norm, |norm, &l| norm.max(l));
+                }
             }
             StageOutput::Sampled(_) => return None,
         },

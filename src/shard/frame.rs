@@ -168,8 +168,10 @@ pub enum StageInput {
 pub enum Reply {
     /// The greedy (argmax) id of the last position.
     Greedy,
-    /// The `k` highest logits of the last position, for sampling on the coordinator.
-    TopK { k: u32 },
+    /// The `k` highest logits of the last position, for sampling on the coordinator; with
+    /// `normalised`, also the log-sum-exp over the vocabulary (a pass over every logit, so
+    /// only for requests that want log-probabilities).
+    TopK { k: u32, normalised: bool },
     /// The hidden state after the stage (spot checks compare these).
     Hidden { encoding: Encoding },
 }
@@ -193,13 +195,14 @@ pub struct StageResult {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
 pub enum StageOutput {
     Hidden(Activations),
-    /// `ids[i]` has logit `logits[i]`, highest first. `log_norm` is the log of the sum of
-    /// every logit's exponential over the whole vocabulary (allowed or not), so that
-    /// `logits[i] - log_norm` is `ids[i]`'s log-probability (the API's `logprobs`).
+    /// `ids[i]` has logit `logits[i]`, highest first. `log_norm`, when the Forward asked for it
+    /// (`normalised`), is the log of the sum of every logit's exponential over the whole
+    /// vocabulary (allowed or not), so that `logits[i] - log_norm` is `ids[i]`'s
+    /// log-probability (the API's `logprobs`).
     TopK {
         ids: Vec<u32>,
         logits: Vec<f32>,
-        log_norm: f32,
+        log_norm: Option<f32>,
     },
     Sampled(u32),
 }

@@ -216,7 +216,7 @@ fn check_forward(
         }
     }
     match forward.reply {
-        Reply::TopK { k } => check_top_k(k, limits, model)?,
+        Reply::TopK { k, .. } => check_top_k(k, limits, model)?,
         Reply::Greedy => {}
         Reply::Hidden { .. } if forward.allowed.is_some() => {
             return Err(FrameError::Unexpected {
@@ -315,7 +315,7 @@ fn check_result(
                     index,
                 });
             }
-            check_log_norm(*log_norm, logits)
+            log_norm.map_or(Ok(()), |norm| check_log_norm(norm, logits))
         }
         StageOutput::Sampled(id) => check_id("sampled id", 0, *id, model),
     }

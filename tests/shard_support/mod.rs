@@ -70,7 +70,10 @@ pub fn forward(seq: u64, start_pos: u32, n_tokens: u32) -> Forward {
         start_pos,
         n_tokens,
         input: StageInput::Hidden(hidden(n_tokens, Encoding::F16)),
-        reply: Reply::TopK { k: 3 },
+        reply: Reply::TopK {
+            k: 3,
+            normalised: true,
+        },
         tap: false,
         trace: Vec::new(),
         allowed: None,
@@ -137,7 +140,7 @@ pub fn every_kind() -> Vec<Message> {
             StageOutput::TopK {
                 ids: vec![3, 1],
                 logits: vec![12.5, -0.25],
-                log_norm: 12.75,
+                log_norm: Some(12.75),
             },
         )),
         Message::Result(result(0, 9, StageOutput::Hidden(hidden(1, Encoding::F16)))),

@@ -21,11 +21,12 @@ pub(super) enum StepOutput {
     /// The residual stream after the stage, `[tokens, d_model]`.
     Hidden(Vec<f32>),
     Sampled(u32),
-    /// Highest logits of the last position, highest first, and the log-sum-exp of all.
+    /// Highest logits of the last position, highest first, and the log-sum-exp of all when
+    /// asked for.
     TopK {
         ids: Vec<u32>,
         logits: Vec<f32>,
-        log_norm: f32,
+        log_norm: Option<f32>,
     },
 }
 
@@ -243,13 +244,13 @@ impl StageHost {
                 StepOutput::Sampled(stage.forward_argmax(&input, start).await?)
             }
             (Reply::Greedy, Some(allowed)) => {
-                let (logits, ..) = self.masked_logits(&input, start, allowed).await?;
+                let (logits, ..) = self.masked_logits(&input, start, allowed, false).await?;
                 StepOutput::Sampled(top_k(&logits, 1).0.first().copied().unwrap_or_default())
             }
-            (Reply::TopK { k }, None) => {
+            (Reply::TopK { k, normalised }, None) => {
                 let logits = stage.forward_logits(&input, start, 1).await?;
                 let last = logits.into_iter().next().unwrap_or_default();
-                let log_norm = log_sum_exp(&last);
+                let log_norm = normalised.then(|| log_sum_exp(&last));
                 let (ids, logits) = top_k(&last, k as usize);
                 StepOutput::TopK {
                     ids,
@@ -257,8 +258,9 @@ impl StageHost {
                     log_norm,
                 }
             }
-            (Reply::TopK { k }, Some(allowed)) => {
-                let (last, count, log_norm) = self.masked_logits(&input, start, allowed).await?;
+            (Reply::TopK { k, normalised }, Some(allowed)) => {
+                let (last, count, log_norm) =
+                    (self.masked_logits(&input, start, allowed, normalised)).await?;
                 // Only allowed ids: the disallowed ones are −∞, which no frame may carry.
                 let (ids, logits) = top_k(&last, (k as usize).min(count));
                 StepOutput::TopK {
@@ -275,13 +277,15 @@ impl StageHost {
 
     /// The last position's logits with every token outside `allowed` at −∞ (the engine's
     /// mask, `TokenMask::apply`), how many are allowed (validation made it at least one), and
-    /// the log-sum-exp of the logits before the mask (log-probabilities are the model's).
+    /// with `normalised` the log-sum-exp of the logits before the mask (log-probabilities are
+    /// the model's).
     async fn masked_logits(
         &self,
         input: &StageInput<'_>,
         start: u32,
         allowed: &AllowedTokens,
-    ) -> Result<(Vec<f32>, usize, f32), ModelError> {
+        normalised: bool,
+    ) -> Result<(Vec<f32>, usize, Option<f32>), ModelError> {
         let rows = self.stage.forward_logits(input, start, 1).await?;
         let mut last = rows.into_iter().next().unwrap_or_default();
         // A NaN would outrank (or, negative, underrank) every allowed logit in the argmax.
@@ -290,7 +294,7 @@ impl StageHost {
                 "the stage produced non-finite logits".into(),
             ));
         }
-        let log_norm = log_sum_exp(&last);
+        let log_norm = normalised.then(|| log_sum_exp(&last));
         let mask = allowed.to_mask(self.stage.cfg.vocab);
         mask.apply(&mut last);
         Ok((last, mask.count(), log_norm))

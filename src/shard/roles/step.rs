@@ -212,7 +212,7 @@ fn to_wire(output: StepOutput, assign: &Assign) -> Result<StageOutput, String> {
             logits,
             log_norm,
         } => {
-            if logits.iter().any(|v| !v.is_finite()) || !log_norm.is_finite() {
+            if logits.iter().any(|v| !v.is_finite()) || log_norm.is_some_and(|n| !n.is_finite()) {
                 return Err("the stage produced non-finite logits".into());
             }
             StageOutput::TopK {

@@ -21,11 +21,12 @@ pub(super) fn record_logprobs(
     let StageOutput::TopK {
         ids,
         logits,
-        log_norm,
+        log_norm: Some(log_norm),
     } = output
     else {
         return Err(RoleError::Invalid(
-            "the last stage sent no candidates for a request that asked for log-probabilities"
+            "the last stage sent no normalised candidates for a request that asked for \
+             log-probabilities"
                 .into(),
         ));
     };

@@ -317,6 +317,7 @@ impl<T: Transport> Coordinator<T> {
             false => Reply::Greedy,
             true if verify || !greedy_suffices(active) => Reply::TopK {
                 k: candidates(active, self.config.top_k, most),
+                normalised: active.logprobs.is_some(),
             },
             true => Reply::Greedy,
         };
