@@ -19,6 +19,6 @@ pub use constraint::{Constraint, ConstraintError, ConstraintSpec, TokenMask};
 pub use lookup::{DraftLength, SpecConfig};
 pub use mask_ahead::{MaskAhead, Masked};
 pub use rng::Rng;
-pub use sampler::{Sampler, SamplerConfig};
+pub use sampler::{log_sum_exp, Sampler, SamplerConfig};
 pub use stop::{StopChecker, StopReason, StopStep};
 pub use token_view::TokenView;

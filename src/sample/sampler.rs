@@ -359,6 +359,14 @@ fn draw(candidates: &[Candidate], u: f64) -> u32 {
         .map_or(candidates[0].id, |(c, _)| c.id)
 }
 
+/// `ln Σ exp(logit)`, summed in f64 after the largest is taken out (no overflow); at least the
+/// largest logit. Non-finite logits give a non-finite result, which the frame check refuses.
+pub fn log_sum_exp(logits: &[f32]) -> f32 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
+    (f64::from(max) + sum.ln()) as f32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -407,5 +415,21 @@ mod tests {
         assert_eq!(draw(&c, 0.999_999), 1);
         let c = cands(&[f32::NEG_INFINITY, 1.0]);
         assert_eq!(draw(&c, 0.0), 1);
+    }
+
+    #[test]
+    fn log_sum_exp_is_exact_without_overflow_and_at_least_the_largest() {
+        assert!((log_sum_exp(&[0.0, 0.0]) - std::f32::consts::LN_2).abs() < 1e-7);
+        // exp(1000) overflows f32 and f64: the largest is taken out first.
+        let big = log_sum_exp(&[1000.0, 1000.0, -5.0]);
+        assert!(
+            (big - (1000.0 + std::f32::consts::LN_2)).abs() < 1e-3,
+            "{big}"
+        );
+        let logits = [3.5, -1.25, 0.0, 2.0, -30.0];
+        let want = logits.iter().map(|&l| f64::from(l).exp()).sum::<f64>().ln();
+        assert!((f64::from(log_sum_exp(&logits)) - want).abs() < 1e-6);
+        assert!(log_sum_exp(&[-3.0]) >= -3.0);
+        assert!(!log_sum_exp(&[1.0, f32::NAN]).is_finite());
     }
 }

@@ -21,6 +21,7 @@ use webshard::front::{
     FinishReason, GenerateRequest, Generated, Generator, Prompt, RequestError, TextFront,
     TokenEvent, TokenLogprobs, Usage,
 };
+use webshard::sample::log_sum_exp;
 use webshard::tokenizer::{Tokenizer, ToolSupport};
 
 use super::batch::Scheduler;
@@ -317,13 +318,8 @@ pub(super) fn choices_of(tokenizer: &Tokenizer, logprobs: &[TokenLogprobs]) -> V
 }
 
 pub(super) fn choice_of(tokenizer: &Tokenizer, logits: &[f32], id: u32, top: usize) -> TokenChoice {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let log_total = logits
-        .iter()
-        .map(|&l| f64::from(l - max).exp())
-        .sum::<f64>()
-        .ln() as f32;
-    let logprob = |l: f32| l - max - log_total;
+    let log_norm = log_sum_exp(logits);
+    let logprob = |l: f32| l - log_norm;
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     let top = top.min(order.len());
     let by_logit = |a: &u32, b: &u32| logits[*b as usize].total_cmp(&logits[*a as usize]);

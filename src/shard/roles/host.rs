@@ -15,6 +15,7 @@ use crate::gguf::RangeSource;
 use crate::gpu::Gpu;
 use crate::model::{LoadOptions, ModelError, OpenModel, Stage, StageInput, StageSpec};
 use crate::ops::attention::KvCache;
+use crate::sample::log_sum_exp;
 
 /// What a step produced.
 pub(super) enum StepOutput {
@@ -335,14 +336,6 @@ fn empty_slots(count: u32) -> Vec<Slot> {
         .collect()
 }
 
-/// `ln Σ exp(logit)`, summed in f64 after the largest is taken out (no overflow); at least the
-/// largest logit. Non-finite logits give a non-finite result, which the frame check refuses.
-pub(super) fn log_sum_exp(logits: &[f32]) -> f32 {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = logits.iter().map(|&l| f64::from(l - max).exp()).sum();
-    (f64::from(max) + sum.ln()) as f32
-}
-
 /// The `k` highest logits, highest first, ties by lower id (the sampler's order).
 pub(super) fn top_k(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
@@ -359,25 +352,4 @@ pub(super) fn top_k(logits: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
     order.sort_unstable_by(descending);
     let values = order.iter().map(|&id| logits[id as usize]).collect();
     (order, values)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn log_sum_exp_is_exact_without_overflow_and_at_least_the_largest() {
-        assert!((log_sum_exp(&[0.0, 0.0]) - std::f32::consts::LN_2).abs() < 1e-7);
-        // exp(1000) overflows f32 and f64: the largest is taken out first.
-        let big = log_sum_exp(&[1000.0, 1000.0, -5.0]);
-        assert!(
-            (big - (1000.0 + std::f32::consts::LN_2)).abs() < 1e-3,
-            "{big}"
-        );
-        let logits = [3.5, -1.25, 0.0, 2.0, -30.0];
-        let want = logits.iter().map(|&l| f64::from(l).exp()).sum::<f64>().ln();
-        assert!((f64::from(log_sum_exp(&logits)) - want).abs() < 1e-6);
-        assert!(log_sum_exp(&[-3.0]) >= -3.0);
-        assert!(!log_sum_exp(&[1.0, f32::NAN]).is_finite());
-    }
 }
