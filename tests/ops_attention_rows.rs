@@ -174,7 +174,7 @@ fn a_row_table_refuses_caches_of_another_pool_and_positions_past_the_context() {
     let pool = KvCache::pooled(gpu, 1, 16, 1, 16, 2).unwrap();
     let other = KvCache::new(gpu, 1, 16, 1, 16).unwrap();
     let table = row_table(&[&pool[0], &pool[1]], &[3, 15]).unwrap();
-    assert_eq!(table, vec![3, 0, 15, pool[1].slot_base_vec4()]);
+    assert_eq!(table, vec![3, 0, 15, pool[1].row_region()]);
     let foreign = row_table(&[&pool[0], &other], &[0, 0]).unwrap_err();
     assert!(foreign.contains("row 1"), "{foreign}");
     let past = row_table(&[&pool[1]], &[16]).unwrap_err();

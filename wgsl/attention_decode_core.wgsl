@@ -2,8 +2,10 @@
 // a KV cache, split over the keys (flash-decoding), with every phase spread over the lanes of
 // the workgroup. The entries (attention_decode_gpu.wgsl: q from a buffer, every key cached;
 // attention_decode_rope.wgsl: q and the newest key rotated in the same dispatch;
-// attention_decode_rows.wgsl: a batched step's rows, each in its own slot of a pool) declare
-// `params`, `k_cache` and `v_cache` and fill `q_row` before calling `attend`.
+// attention_decode_rows.wgsl: a batched step's rows, each in its own slot of a pool or its own
+// pages) declare `params`, `k_cache` and `v_cache` and `cache_row(region, pos)`, the vec4
+// where position pos's row begins in a region (a slot, or a page table), and fill `q_row`
+// before calling `attend`.
 //
 // Workgroup (split, head, token) owns one query head and a contiguous share of at most KPS of
 // its token's visible keys:
@@ -65,16 +67,16 @@ fn key_part(base: u32, part: u32) -> f32 {
     return d.x + d.y + d.z + d.w;
 }
 
-// Scores of the first `cached` keys into probs, LPK lanes a key; returns this lane's maximum.
-// Uniform control flow (barriers in the pass loop).
-fn shared_scores(first: u32, row_stride: u32, cached: u32, lane: u32) -> f32 {
+// Scores of the first `cached` keys from `begin` into probs, LPK lanes a key; returns this
+// lane's maximum. Uniform control flow (barriers in the pass loop).
+fn shared_scores(region: u32, begin: u32, head: u32, cached: u32, lane: u32) -> f32 {
     let part = lane % LPK;
     let slot = lane / LPK;
     var local_max = NEG;
     for (var done = 0u; done < cached; done = done + KPP) {
         var d = 0.0;
         if (done + slot < cached) {
-            d = key_part(first + (done + slot) * row_stride, part);
+            d = key_part(cache_row(region, begin + done + slot) + head, part);
         }
         key_parts[lane] = d;
         workgroupBarrier();
@@ -100,48 +102,48 @@ fn fresh_score() -> f32 {
     return capped(d.x + d.y + d.z + d.w, params.softcap);
 }
 
-// Lane (g, d4)'s share of the probability-weighted values of the first `cached` keys.
-fn weighted_values(first: u32, row_stride: u32, cached: u32, g: u32, d4: u32) -> vec4<f32> {
+// Lane (g, d4)'s share of the probability-weighted values of the first `cached` keys from
+// `begin`, whose kv head begins `head` vec4s into each cache row.
+fn weighted_values(region: u32, begin: u32, head: u32, cached: u32, g: u32, d4: u32) -> vec4<f32> {
     var acc = vec4<f32>(0.0);
-    let base = first + d4;
+    let at = head + d4;
     var i = g;
     for (; i + 3u * GROUPS < cached; i = i + 4u * GROUPS) {
-        let v0 = v_cache[base + i * row_stride];
-        let v1 = v_cache[base + (i + GROUPS) * row_stride];
-        let v2 = v_cache[base + (i + 2u * GROUPS) * row_stride];
-        let v3 = v_cache[base + (i + 3u * GROUPS) * row_stride];
+        let v0 = v_cache[cache_row(region, begin + i) + at];
+        let v1 = v_cache[cache_row(region, begin + i + GROUPS) + at];
+        let v2 = v_cache[cache_row(region, begin + i + 2u * GROUPS) + at];
+        let v3 = v_cache[cache_row(region, begin + i + 3u * GROUPS) + at];
         acc = acc + probs[i] * v0 + probs[i + GROUPS] * v1;
         acc = acc + probs[i + 2u * GROUPS] * v2 + probs[i + 3u * GROUPS] * v3;
     }
     for (; i < cached; i = i + GROUPS) {
-        acc = acc + probs[i] * v_cache[base + i * row_stride];
+        acc = acc + probs[i] * v_cache[cache_row(region, begin + i) + at];
     }
     return acc;
 }
 
 // Attends query head `head` of `token` (q_row, visible to every lane) at position `pos` over
-// split `split` of its keys, whose cache region begins `base` vec4s into the bindings; with
-// `fresh`, the split's last key is fresh_k/fresh_v. Uniform control flow.
-fn attend(split: u32, head: u32, token: u32, pos: u32, base: u32, lane: u32, fresh: bool) {
+// split `split` of its keys, in cache region `region` (`cache_row`); with `fresh`, the split's
+// last key is fresh_k/fresh_v. Uniform control flow.
+fn attend(split: u32, head: u32, token: u32, pos: u32, region: u32, lane: u32, fresh: bool) {
     let kv_group = head / (params.heads / params.kv_heads);
     let lo = first_visible(pos, params.window);
     let visible = pos + 1u - lo;
     let begin = lo + split * visible / params.splits;
     let count = lo + (split + 1u) * visible / params.splits - begin;
     let cached = count - u32(fresh);
-    let row_stride = params.kv_heads * HD4;
-    let first = base + begin * row_stride + kv_group * HD4;
+    let kv_at = kv_group * HD4;
 
     // Phase 1: scores, one lane a key (keys lane, lane + WG, ...) or LPK.
     var local_max = NEG;
     if (LPK == 1u) {
         for (var i = lane; i < cached; i = i + WG) {
-            let score = capped(key_part(first + i * row_stride, 0u), params.softcap);
+            let score = capped(key_part(cache_row(region, begin + i) + kv_at, 0u), params.softcap);
             probs[i] = score;
             local_max = max(local_max, score);
         }
     } else {
-        local_max = shared_scores(first, row_stride, cached, lane);
+        local_max = shared_scores(region, begin, kv_at, cached, lane);
     }
     if (fresh && lane == cached % WG) {
         let score = fresh_score();
@@ -165,7 +167,7 @@ fn attend(split: u32, head: u32, token: u32, pos: u32, base: u32, lane: u32, fre
     let d4 = lane % HD4;
     var acc = vec4<f32>(0.0);
     if (g < GROUPS) {
-        acc = weighted_values(first, row_stride, cached, g, d4);
+        acc = weighted_values(region, begin, kv_at, cached, g, d4);
         if (fresh && g == cached % GROUPS) {
             acc = acc + probs[cached] * fresh_v[d4];
         }

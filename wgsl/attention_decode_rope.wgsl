@@ -44,6 +44,12 @@ struct Params {
 @group(0) @binding(7) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> k_norm: array<f32>;
 
+// The vec4 where position `pos`'s cache row begins: every key of this entry's cache is at
+// its own position of the bound layer.
+fn cache_row(region: u32, pos: u32) -> u32 {
+    return region + pos * params.kv_heads * HD4;
+}
+
 // The RMS scale of the head row at element `base`; every lane of the workgroup must call it.
 fn row_scale(base: u32, lane: u32) -> f32 {
     if (params.norm == 0u) {

@@ -1,7 +1,10 @@
 // Decode attention of a batched step (continuous batching): row r is one sequence's query at
-// its own position, attending over its own slot of a KV pool. The k and v bindings are one
-// layer of the whole pool; `rows[r]` gives row r's position and the vec4 where its slot's
-// region begins. The work is attention_decode_core.wgsl's `attend`, grid (split, head, row).
+// its own position, attending over its own slot of a KV pool or its own pages. The k and v
+// bindings are one layer of the whole pool; words 2r and 2r + 1 of `rows` give row r's
+// position and its region: with PAGED = 0 the vec4 where its slot begins, with PAGED = 1 the
+// word of `rows` where its page table begins (the pool's page tables follow the row words in
+// the same buffer), position p being in page table[p / PAGE]. The work is
+// attention_decode_core.wgsl's `attend`, grid (split, head, row).
 
 struct Params {
     kv_heads: u32,
@@ -21,16 +24,25 @@ struct Params {
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
-// (position, first vec4 of the row's slot region) per row.
-@group(0) @binding(7) var<storage, read> rows: array<vec2<u32>>;
+// (position, region) per row; with PAGED = 1, the page tables after them.
+@group(0) @binding(7) var<storage, read> rows: array<u32>;
+
+fn cache_row(region: u32, pos: u32) -> u32 {
+    let row_stride = params.kv_heads * HD4;
+    if (PAGED == 0u) {
+        return region + pos * row_stride;
+    }
+    return (rows[region + pos / PAGE] * PAGE + pos % PAGE) * row_stride;
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let entry = rows[wg.z];
+    let position = rows[2u * wg.z];
+    let region = rows[2u * wg.z + 1u];
     let row = wg.z * params.heads + wg.y;
     for (var i = lane; i < HD4; i = i + WG) {
         q_row[i] = q[row * HD4 + i] * params.scale;
     }
     workgroupBarrier();
-    attend(wg.x, wg.y, wg.z, entry.x, entry.y, lane, false);
+    attend(wg.x, wg.y, wg.z, position, region, lane, false);
 }

@@ -16,8 +16,11 @@
 // merged by attention_combine.wgsl. The head_dim loops take four vec4s per iteration for the
 // same reason (head_dim is a multiple of 16).
 //
+// With PAGED = 1 the cache is a pool of pages of PAGE positions, and key j lives in page
+// pages[j / PAGE] (the sequence's page table): only the tile loads change.
+//
 // Constants: WG (rows per workgroup), HD (head_dim), BK (keys per tile), CAUSAL (1 or 0),
-// SEGMENTS (1 or 0; 1 only with CAUSAL 0).
+// SEGMENTS (1 or 0; 1 only with CAUSAL 0), PAGED (1 or 0), PAGE (positions per page).
 
 struct Params {
     kv_heads: u32,
@@ -41,6 +44,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> partial_stats: array<vec2<f32>>;
 // SEGMENTS = 1: the first and last key of each token's sequence; a placeholder otherwise.
 @group(0) @binding(7) var<storage, read> segments: array<vec2<u32>>;
+// PAGED = 1: the sequence's pages; a placeholder otherwise.
+@group(0) @binding(8) var<storage, read> pages: array<u32>;
 
 const HD4: u32 = HD / 4u;
 
@@ -59,13 +64,21 @@ fn visible_keys(token: u32) -> vec2<u32> {
     return vec2<u32>(first_visible(pos, params.window), select(all_keys, pos, CAUSAL == 1u));
 }
 
+// The cache row of position `pos`.
+fn cache_row(pos: u32) -> u32 {
+    if (PAGED == 0u) {
+        return pos;
+    }
+    return pages[pos / PAGE] * PAGE + pos % PAGE;
+}
+
 // Loads keys tile_start..tile_start + BK (those <= last_key) of `kv_group` into the tiles.
 fn load_tile(tile_start: u32, last_key: u32, kv_group: u32, lane: u32) {
     let row_stride = params.kv_heads * HD4;
     for (var i = lane; i < BK * HD4; i = i + WG) {
         let key = tile_start + i / HD4;
         if (key <= last_key) {
-            let index = key * row_stride + kv_group * HD4 + i % HD4;
+            let index = cache_row(key) * row_stride + kv_group * HD4 + i % HD4;
             k_tile[i] = half4_t(k_cache[index]);
             v_tile[i] = half4_t(v_cache[index]);
         }

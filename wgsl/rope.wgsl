@@ -73,8 +73,9 @@ fn rope(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index
 // through x: WebGPU refuses a buffer bound twice in a dispatch when one binding is writable.
 // The rope_store_rows entry is the same for a batched decode step: token t is row t, at its own
 // position in its own slot of a KV pool (the caches bound are the pool's whole layers):
-// row_table[2t] is the position, row_table[2t + 1] the slot's first vec4 (`attention::row_table`);
-// start_pos and cache_offset are unused. Only that entry binds the table, so rope_store stays
+// row_table[2t] is the position, row_table[2t + 1] the slot's first vec4 (`attention::row_table`),
+// or with PAGED = 1 where the row's page table begins in row_table (position p in page
+// table[p / PAGE] of PAGE positions); start_pos and cache_offset are unused. Only that entry binds the table, so rope_store stays
 // within WebGPU's default of 8 storage buffers.
 @group(0) @binding(3) var<storage, read> k_new: array<f32>;
 @group(0) @binding(4) var<storage, read> v_new: array<f32>;
@@ -140,7 +141,12 @@ fn rope_store_rows(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invoc
     let token = group.y;
     let kv_row = params.kv_heads * params.head_dim;
     let pos = row_table[2u * token];
-    let place = vec2<u32>(pos, row_table[2u * token + 1u] * 4u + pos * kv_row);
+    let region = row_table[2u * token + 1u];
+    var row = region * 4u + pos * kv_row;
+    if (PAGED == 1u) {
+        row = (row_table[region + pos / PAGE] * PAGE + pos % PAGE) * kv_row;
+    }
+    let place = vec2<u32>(pos, row);
     store_head_row(group.x, token, place, lane);
 }
 

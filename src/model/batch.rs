@@ -129,9 +129,8 @@ impl Stage {
         }
         if let Some(table) = pooled_row_table(rows) {
             let words = bytemuck::cast_slice(&table);
-            self.gpu
-                .queue
-                .write_buffer(&self.scratch.row_table, 0, words);
+            let buffer = row_table_buffer(rows, &self.scratch.row_table);
+            self.gpu.queue.write_buffer(buffer, 0, words);
         }
         self.with_recorder(("batch", tokens), |mut rec| {
             self.record_embedding(&mut rec, tokens)?;
@@ -141,9 +140,10 @@ impl Stage {
         })
     }
 
-    /// The blocks over one row per sequence; one row is an ordinary decode step in its cache.
+    /// The blocks over one row per sequence; one row is an ordinary decode step in its cache,
+    /// except in a seat of a paged pool, which only the rows kernels read.
     fn record_row_blocks(&self, rec: &mut Recorder, rows: &[BatchRow<'_>]) {
-        let single = rows.len() == 1;
+        let single = rows.len() == 1 && rows[0].cache.pages().is_none();
         for (index, weights) in self.layers.iter().enumerate() {
             let step = LayerStep {
                 cfg: &self.cfg,
@@ -227,14 +227,28 @@ impl PendingArgmax {
     }
 }
 
-/// The row table of rows whose caches are slots of one pool (several rows), else `None`.
+/// The row table of rows whose caches are slots of one pool (several rows) or seats of one
+/// paged pool (any rows), else `None`.
 pub(super) fn pooled_row_table(rows: &[BatchRow<'_>]) -> Option<Vec<u32>> {
-    if rows.len() < 2 {
+    let paged = rows.first()?.cache.pages().is_some();
+    if rows.len() < 2 && !paged {
         return None;
     }
     let caches: Vec<&KvCache> = rows.iter().map(|row| row.cache).collect();
     let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
     attention::row_table(&caches, &positions).ok()
+}
+
+/// Where the row table of `rows` goes: a paged pool's own page table (the words in front of
+/// its seats' entries), else the scratch's table.
+pub(super) fn row_table_buffer<'a>(
+    rows: &[BatchRow<'a>],
+    scratch_table: &'a wgpu::Buffer,
+) -> &'a wgpu::Buffer {
+    match rows[0].cache.pages() {
+        Some(pages) => &pages.table,
+        None => scratch_table,
+    }
 }
 
 /// `0..tokens` in pieces of at most `HEAD_ROWS` rows.

@@ -209,7 +209,9 @@ pub(super) fn rotate_and_attend(
         attend_rows(rec, step, rows, rope_params, norms.as_ref(), &params);
         return;
     }
-    if tokens > 1 {
+    // A seat of a paged pool outside a batched step takes the prompt path for one token too:
+    // only it and the rows kernels read pages.
+    if tokens > 1 || step.cache.pages().is_some() {
         rotate_prompt(rec, step, rope_params, norms);
         attention::attention(
             rec,
@@ -282,12 +284,33 @@ fn attend_rows(
         eps: cfg.rms_eps,
     });
     let pooled = super::batch::pooled_row_table(rows).is_some();
+    let row_table = super::batch::row_table_buffer(rows, &s.row_table);
     let scaling = step.rope_scaling.as_ref();
+    // One row (a paged pool's seat alone in its step) has its q, k and v packed in `qkv`, as
+    // every one-token step does.
+    let (q, k, v) = match rows.len() {
+        1 => (
+            Section::from(&s.qkv),
+            Section {
+                buffer: &s.qkv,
+                offset: cfg.q_dim(),
+            },
+            Section {
+                buffer: &s.qkv,
+                offset: cfg.q_dim() + cfg.kv_dim(),
+            },
+        ),
+        _ => (
+            Section::from(&s.q),
+            Section::from(&s.k),
+            Section::from(&s.v),
+        ),
+    };
     if pooled && rope::rope_store_rows_supported(rec.gpu()) {
         let target = StoreTarget {
-            q: Section::from(&s.q),
-            k: Section::from(&s.k),
-            v: Section::from(&s.v),
+            q,
+            k,
+            v,
             cache: rows[0].cache,
             cache_layer: step.cache_layer,
             heads: cfg.n_heads,
@@ -295,15 +318,7 @@ fn attend_rows(
         };
         let count = rows.len() as u32;
         let norms = head_norms.as_ref();
-        rope::rope_store_rows(
-            rec,
-            &target,
-            norms,
-            scaling,
-            count,
-            &s.row_table,
-            rope_params,
-        );
+        rope::rope_store_rows(rec, &target, norms, scaling, count, row_table, rope_params);
     } else {
         store_rows_one_by_one(rec, step, rows, rope_params, head_norms.as_ref());
     }
@@ -311,11 +326,11 @@ fn attend_rows(
         let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
         let table = attention::DecodeRows {
             cache: rows[0].cache,
-            table: &s.row_table,
+            table: row_table,
             positions: &positions,
         };
         let layer = step.cache_layer;
-        attention::attention_decode_rows(rec, &s.q, &table, layer, &s.attn, params);
+        attention::attention_decode_rows(rec, q.buffer, &table, layer, &s.attn, params);
         return;
     }
     attend_rows_one_by_one(rec, step, rows, params);

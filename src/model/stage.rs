@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::gguf::RangeSource;
 use crate::gpu::{DispatchGraph, Gpu, Recorder};
-use crate::ops::attention::KvCache;
+use crate::ops::attention::{AttentionParams, KvCache};
 use crate::ops::rope::RopeScaling;
 use crate::ops::short_conv::ShortConvState;
 use crate::ops::{norm, quant, select};
@@ -511,6 +511,23 @@ impl Stage {
             slots,
         )
         .ok()
+    }
+
+    /// `seats` caches of this stage's context over one paged pool of `pages` pages (the sink
+    /// included; `KvCache::paged`), for the sequences of batched steps; `None` where the model
+    /// keeps state beside its keys and values, the device lacks the bindings of the rows
+    /// kernels (the only decode kernels that read pages), or the pool exceeds a binding.
+    pub fn new_paged_kv_caches(&self, seats: u32, pages: u32) -> Option<Vec<KvCache>> {
+        let cfg = &self.cfg;
+        let params = AttentionParams::standard(cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
+        let rows_kernels = crate::ops::rope::rope_store_rows_supported(&self.gpu)
+            && crate::ops::attention::decode_rows_supported(&self.gpu, &params);
+        if cfg.short_conv.is_some() || !rows_kernels {
+            return None;
+        }
+        let layers = self.spec.layers.len() as u32;
+        let shape = [layers, self.spec.max_context, cfg.n_kv_heads, cfg.head_dim];
+        KvCache::paged(&self.gpu, shape, seats, pages, self.spec.max_batch).ok()
     }
 
     /// `slots` caches for the sequences of batched steps: one pool where the stage allows it

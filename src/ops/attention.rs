@@ -18,6 +18,7 @@ mod decode_gpu;
 mod decode_rope;
 mod decode_rows;
 mod kv_cache;
+mod paged;
 mod reference;
 mod segments;
 mod softmax;
@@ -29,6 +30,7 @@ pub use decode_rows::{
     ReferenceRow,
 };
 pub use kv_cache::{kv_write, KvCache};
+pub use paged::{Pages, PAGE_TOKENS};
 pub use reference::{
     attention_reference, bidirectional_attention_reference, segmented_attention_reference,
 };
@@ -139,7 +141,9 @@ impl KernelParams {
 
 /// out[t, h*hd..] = softmax(q·K^T * scale, causal (+window)) V over keys 0..=start_pos+t of
 /// `layer`. `q` and `out` are [tokens, heads * head_dim] f32; the cache must already hold the
-/// keys and values of positions up to start_pos + tokens - 1 (kv_write them first).
+/// keys and values of positions up to start_pos + tokens - 1 (kv_write them first). A seat of
+/// a paged pool takes the prefill kernel for one token too: only it and the batched rows
+/// kernel read pages.
 ///
 /// Panics when shapes disagree with the cache or positions exceed it: the model code bounds them.
 #[allow(clippy::too_many_arguments)]
@@ -153,7 +157,7 @@ pub fn attention(
     tokens: u32,
     p: &AttentionParams,
 ) {
-    let decode_fits = decode_supported(rec.gpu(), p);
+    let decode_fits = decode_supported(rec.gpu(), p) && cache.pages().is_none();
     if tokens <= DECODE_MAX_TOKENS && decode_fits {
         attention_decode(rec, q, cache, layer, out, start_pos, tokens, p);
     } else {
@@ -379,6 +383,8 @@ fn prefill_masked(
             ("BK", tile),
             ("CAUSAL", u32::from(causal)),
             ("SEGMENTS", u32::from(table.is_some())),
+            ("PAGED", cache.paged_constant()),
+            ("PAGE", PAGE_TOKENS),
         ],
     );
     let call = SplitCall {
@@ -391,10 +397,15 @@ fn prefill_masked(
         splits,
     };
     let params = KernelParams::new(p, start_pos, tokens, splits);
-    // The kernel binds the segment table in every variant; unsegmented ones never read it.
-    let table = table.unwrap_or(rec.gpu().placeholder());
+    // The kernel binds the segment table and the pages in every variant; it reads them only
+    // where its constants say so.
+    let placeholder = rec.gpu().placeholder();
+    let table = table.unwrap_or(placeholder);
+    let pages = cache
+        .page_binding()
+        .unwrap_or(placeholder.as_entire_binding());
     let grid = [row_blocks, p.kv_heads, splits];
-    let extra = [table.as_entire_binding()];
+    let extra = [table.as_entire_binding(), pages];
     dispatch_split_with(
         rec,
         &pipeline,

@@ -5,7 +5,7 @@
 //! llama.cpp's mode by architecture: LLAMA uses the normal layout, QWEN2, GEMMA3 and PHI3 NeoX.
 
 use crate::gpu::{Kernel, Lib, Recorder};
-use crate::ops::attention::KvCache;
+use crate::ops::attention::{KvCache, PAGE_TOKENS};
 use crate::ops::elementwise::workgroup_grid;
 
 const ROPE: Kernel = Kernel {
@@ -147,7 +147,7 @@ pub fn rope_scaled(
     if invocations == 0 {
         return;
     }
-    let pipeline = rec.pipeline(&ROPE, &[("WG", WG), ("PACKED", 0)]);
+    let pipeline = rec.pipeline(&ROPE, &rope_constants(0, 0));
     let grid = workgroup_grid(rec.gpu(), invocations.div_ceil(WG));
     let (scaled, mscale, factors) = scaling_fields(scaling, rec.gpu().placeholder());
     let params = RopeUniform {
@@ -329,6 +329,16 @@ enum Place<'a> {
     Rows(&'a wgpu::Buffer),
 }
 
+/// The constants of every entry of `rope.wgsl`: `PAGED` matters to `rope_store_rows` alone.
+fn rope_constants(packed: u32, paged: u32) -> [(&'static str, u32); 4] {
+    [
+        ("WG", WG),
+        ("PACKED", packed),
+        ("PAGED", paged),
+        ("PAGE", PAGE_TOKENS),
+    ]
+}
+
 fn record_rope_store(
     rec: &mut Recorder,
     target: &StoreTarget,
@@ -366,7 +376,12 @@ fn record_rope_store(
     } else {
         &ROPE_STORE
     };
-    let pipeline = rec.pipeline(kernel, &[("WG", WG), ("PACKED", u32::from(packed))]);
+    let paged = u32::from(cache.pages().is_some());
+    assert!(
+        paged == 0 || table.is_some(),
+        "rope_store on a seat of a paged pool: only rope_store_rows reads pages"
+    );
+    let pipeline = rec.pipeline(kernel, &rope_constants(u32::from(packed), paged));
     let placeholder = rec.gpu().placeholder();
     let (k, v) = if packed {
         (placeholder, placeholder)

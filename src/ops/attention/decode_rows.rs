@@ -11,7 +11,7 @@
 use super::{combine, first_visible, partials, AttentionParams, KernelParams};
 use crate::gpu::{Kernel, Lib, Recorder};
 use crate::ops::attention::decode_gpu;
-use crate::ops::attention::{attention_reference, KvCache};
+use crate::ops::attention::{attention_reference, KvCache, PAGE_TOKENS};
 
 const DECODE_ROWS: Kernel = Kernel {
     name: "attention_decode_rows",
@@ -24,14 +24,17 @@ const DECODE_ROWS: Kernel = Kernel {
 };
 
 /// The rows of one batched step as the kernel reads them: one cache of the pool (any slot:
-/// they share the bindings), the GPU row table (`row_table`'s words) and the positions.
+/// they share the bindings), the GPU row table (`row_table`'s words; for seats of a paged
+/// pool, the pool's page table with those words in front) and the positions.
 pub struct DecodeRows<'a> {
     pub cache: &'a KvCache,
     pub table: &'a wgpu::Buffer,
     pub positions: &'a [u32],
 }
 
-/// The row table's words, (position, slot base) per row, for rows at `positions` in `caches`;
+/// The row table's words, (position, `KvCache::row_region`) per row, for rows at `positions`
+/// in `caches` (slots of one pool, or seats of one paged pool, whose page table then holds
+/// these words in front of the seats' entries);
 /// an error that says which row when a cache is not in the first one's pool or a position is
 /// outside its cache.
 pub fn row_table(caches: &[&KvCache], positions: &[u32]) -> Result<Vec<u32>, String> {
@@ -53,7 +56,7 @@ pub fn row_table(caches: &[&KvCache], positions: &[u32]) -> Result<Vec<u32>, Str
                 cache.max_ctx
             ));
         }
-        words.extend([position, cache.slot_base_vec4()]);
+        words.extend([position, cache.row_region()]);
     }
     Ok(words)
 }
@@ -95,7 +98,13 @@ pub fn attention_decode_rows(
         .unwrap_or(1);
     let splits = decode_gpu::splits(rec.gpu(), p, count, visible);
     let params = KernelParams::new(p, 0, count, splits);
-    let pipeline = rec.pipeline(&DECODE_ROWS, &decode_gpu::constants(p.head_dim));
+    let constants = decode_gpu::constants(p.head_dim);
+    let paged = [
+        ("PAGED", rows.cache.paged_constant()),
+        ("PAGE", PAGE_TOKENS),
+    ];
+    let all: Vec<(&str, u32)> = constants.into_iter().chain(paged).collect();
+    let pipeline = rec.pipeline(&DECODE_ROWS, &all);
     let partial_rows = if splits > 1 { count } else { 1 };
     let (acc, stats) = partials(rec, rows.cache, partial_rows, p, splits);
     let bindings = [

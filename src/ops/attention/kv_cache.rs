@@ -3,12 +3,16 @@
 //! Layout: [layer][pos][kv_head][head_dim] f32. Layers sit at `layer_stride` byte steps, the
 //! layer size rounded up to the storage offset alignment, so a kernel binds exactly one layer
 //! (buffer + offset) and never needs the whole cache in one binding. When the whole cache is
-//! larger than one binding allows, layers are spread over several buffers.
+//! larger than one binding allows, layers are spread over several buffers. A cache may also
+//! be a view of a pool: a slot (a region of each pooled layer, `pooled`) or a seat whose
+//! positions live in pages (`paged`).
 
 use std::sync::Mutex;
 
 use crate::gpu::{Gpu, GpuError, Kernel, Recorder};
 use crate::ops::short_conv::ShortConvState;
+
+use super::paged::{Pages, PAGE_TOKENS};
 
 const KV_WRITE: Kernel = Kernel {
     name: "kv_write",
@@ -38,6 +42,8 @@ pub struct KvCache {
     pub slot_offset: u64,
     /// Bytes of a layer's whole pool (`layer_bytes` alone): what a batched step binds.
     pub pooled_bytes: u64,
+    /// Where the positions live when this cache is a seat of a paged pool.
+    pub(super) pages: Option<Pages>,
     /// Partial results of split decode attention, reused by every call (grown on demand).
     pub(super) scratch: Mutex<Option<DecodeScratch>>,
     /// The sequence's short-convolution state where the model has such blocks (LFM2): kept
@@ -129,11 +135,27 @@ impl KvCache {
             layer_stride,
             slot_offset: u64::from(index) * region,
             pooled_bytes,
+            pages: None,
             scratch: Mutex::new(None),
             short_conv: None,
             id: NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         Ok((0..slots).map(slot).collect())
+    }
+
+    /// A seat of `max_ctx` positions over this cache's buffers, which hold the whole pool of
+    /// pages (`paged`).
+    pub(super) fn view(&self, max_ctx: u32, pages: Pages) -> KvCache {
+        KvCache {
+            k: self.k.clone(),
+            v: self.v.clone(),
+            max_ctx,
+            pages: Some(pages),
+            scratch: Mutex::new(None),
+            short_conv: None,
+            id: NEXT_CACHE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            ..*self
+        }
     }
 
     /// This cache's identity, unique in the process: slots of one pool differ.
@@ -146,9 +168,14 @@ impl KvCache {
         self.k[0] == other.k[0] && self.layer_stride == other.layer_stride
     }
 
-    /// Where this cache's region begins inside a pooled layer binding, in vec4s.
-    pub fn slot_base_vec4(&self) -> u32 {
-        (self.slot_offset / 16) as u32
+    /// The region word of this cache's rows in a batched step's row table: where its slot
+    /// begins inside a pooled layer binding, in vec4s, or for a seat of a paged pool, the
+    /// word of the page table where its entries begin.
+    pub fn row_region(&self) -> u32 {
+        match &self.pages {
+            Some(pages) => pages.first,
+            None => (self.slot_offset / 16) as u32,
+        }
     }
 
     /// The binding of `layer`'s keys of every slot of the pool.
@@ -176,8 +203,13 @@ impl KvCache {
 
     /// Queues a copy of positions `0..tokens` of every layer's keys and values from `source`
     /// (a cache of the same shape): a prompt prefix shared between
-    /// sequences. Panics when the shapes differ or `tokens` exceeds either cache.
+    /// sequences. Panics when the shapes differ, `tokens` exceeds either cache, or either is
+    /// paged (whose sequences share pages instead).
     pub fn copy_prefix_from(&self, gpu: &Gpu, source: &KvCache, tokens: u32) {
+        assert!(
+            self.pages.is_none() && source.pages.is_none(),
+            "copy_prefix_from: paged caches share pages, not copies"
+        );
         let same_shape = (self.layers, self.max_ctx, self.kv_heads, self.head_dim)
             == (
                 source.layers,
@@ -231,7 +263,8 @@ impl KvCache {
         (index as usize, offset)
     }
 
-    /// The binding of `layer`'s keys: exactly that layer's slice.
+    /// The binding of `layer`'s keys: exactly that layer's slice (for a seat of a paged pool,
+    /// the pool's whole layer, which its pages index).
     pub fn k_layer(&self, layer: u32) -> wgpu::BindingResource<'_> {
         self.layer_binding(&self.k, layer)
     }
@@ -250,7 +283,10 @@ impl KvCache {
         wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer: &buffers[index],
             offset,
-            size: std::num::NonZeroU64::new(self.layer_bytes()),
+            size: std::num::NonZeroU64::new(match self.pages {
+                Some(_) => self.pooled_bytes,
+                None => self.layer_bytes(),
+            }),
         })
     }
 
@@ -270,7 +306,7 @@ impl KvCache {
     }
 }
 
-fn cache_buffer(gpu: &Gpu, label: &str, bytes: u64) -> wgpu::Buffer {
+pub(super) fn cache_buffer(gpu: &Gpu, label: &str, bytes: u64) -> wgpu::Buffer {
     gpu.device.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
         size: bytes,
@@ -294,11 +330,12 @@ struct KvWriteParams {
     count: u32,
     dst_offset: u32,
     groups_x: u32,
-    pad0: u32,
+    row_vec4s: u32,
 }
 
 /// Copies `tokens` rows of `k` and `v` (each [tokens, kv_heads * head_dim] f32) into `layer`
-/// at positions `start_pos .. start_pos + tokens`.
+/// at positions `start_pos .. start_pos + tokens` (through its pages when the cache is a seat
+/// of a paged pool).
 ///
 /// Panics when the layer or positions are outside the cache: the model code bounds them.
 pub fn kv_write(
@@ -334,9 +371,15 @@ pub fn kv_write(
         count,
         dst_offset: start_pos * row_vec4s,
         groups_x,
-        pad0: 0,
+        row_vec4s,
     };
-    let pipeline = rec.pipeline(&KV_WRITE, &[("WG", KV_WRITE_WG)]);
+    let constants = [
+        ("WG", KV_WRITE_WG),
+        ("PAGED", cache.paged_constant()),
+        ("PAGE", PAGE_TOKENS),
+    ];
+    let pipeline = rec.pipeline(&KV_WRITE, &constants);
+    let placeholder = rec.gpu().placeholder().as_entire_binding();
     rec.dispatch(
         &pipeline,
         &params,
@@ -345,6 +388,7 @@ pub fn kv_write(
             v.as_entire_binding(),
             cache.k_layer(layer),
             cache.v_layer(layer),
+            cache.page_binding().unwrap_or(placeholder),
         ],
         [groups_x, groups_y, 1],
     );
