@@ -81,10 +81,10 @@ fn write(dir: &Path, name: &str, text: &str) -> String {
 }
 
 /// `schemas` generated schemas, each asked for greedily and then sampled through one `runner
-/// serve -m`, every answer checked by an independent validator. The server runs constrained
-/// requests one at a time on its engine, which keeps the last prompt's cache: the sampled
-/// request after its greedy twin computes none of the prompt (the schema, most of the work on
-/// a CPU adapter) again, and the model loads once.
+/// serve -m`, every answer checked by an independent validator. The server's KV pool keeps the
+/// last request's pages: the sampled request after its greedy twin computes none of the prompt
+/// but its last token (the schema is most of the work on a CPU adapter), and the model loads
+/// once.
 async fn schemas_validate_on(model: &str, schemas: u64, n: u32) {
     let path = common::model_path(model).display().to_string();
     let server = ApiServer::start(&path, model, &["--ctx", "1024"]).await;

@@ -144,7 +144,10 @@ impl Scheduler {
             }
         };
         let gpu = Arc::clone(&self.engine.stage.gpu);
-        let Some(claim) = self.pool.claim(&gpu, &ids) else {
+        // Room for the prompt and every token it may generate (the last needs no position;
+        // the step submitted ahead may write one past it).
+        let need = ids.len() + job.request.options.max_tokens as usize;
+        let Some(claim) = self.pool.claim(&gpu, &ids, need) else {
             return Err(job);
         };
         let decoding = Decoding::new(0, ids, &job.request.options);

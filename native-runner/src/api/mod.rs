@@ -17,6 +17,7 @@ pub mod embeddings;
 pub mod errors;
 pub mod fleet_worker;
 pub mod metrics;
+pub mod pages;
 pub mod pool;
 pub mod reply;
 pub mod routes;

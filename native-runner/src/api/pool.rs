@@ -1,39 +1,44 @@
-//! The KV pool of one served model: `--parallel` slots, each a KV cache of `--ctx` positions,
-//! counted in blocks of `BLOCK_TOKENS`; and the prefix cache over them.
+//! The KV pool of one served model: `--parallel` seats, each a KV cache of up to `--ctx`
+//! positions kept in pages of `BLOCK_TOKENS` positions (`KvCache::paged`), and the prefix
+//! cache over those pages (`pages::PageBook`).
 //!
-//! A slot's cache is one contiguous region of the pool's buffers (the attention kernels read
-//! a sequence's keys from its region's position 0), so blocks are the unit of accounting and
-//! of reuse rather than of placement.
-//! A freed slot keeps its keys and values: they are the prefix cache. A new request takes the
-//! free slot whose tokens share the longest prefix with its prompt (the least recently used
-//! one when none does, which evicts that slot's cached prefix), and when another slot, busy or
-//! free, holds more full blocks of the prompt, those blocks are copied into the taken slot on
-//! the GPU. The prompt's tokens so reused are not computed again (`cached_tokens`).
+//! A request reserves, when it is admitted, the pages its prompt and `max_tokens` can fill, so
+//! a running sequence never waits for memory, and a short request holds a few pages rather
+//! than a whole `--ctx`. Its prompt's full pages that an earlier sequence computed are shared,
+//! not copied: its seat's page table points at them, and the tokens so reused are not
+//! computed again (`cached_tokens`). Pages no sequence holds stay cached until a reservation
+//! needs them.
+//!
+//! Models that keep state beside the keys and values (LFM2's short convolutions), or whose
+//! pool a binding cannot hold, get a whole cache per seat and no prefix cache.
 
 use webshard::gpu::Gpu;
 use webshard::model::{ModelError, Stage};
-use webshard::ops::attention::KvCache;
+use webshard::ops::attention::{KvCache, PAGE_TOKENS};
 
-/// Tokens per block: the granularity at which prefixes are shared between slots.
-pub const BLOCK_TOKENS: usize = 16;
+use super::pages::PageBook;
 
-struct Slot {
-    /// `None` only while the slot's cache is lent to the stage for a prefill chunk.
+/// Tokens per page: the granularity at which prefixes are shared between sequences.
+pub const BLOCK_TOKENS: usize = PAGE_TOKENS as usize;
+
+struct Seat {
+    /// `None` only while the seat's cache is lent to the stage for a prefill chunk.
     cache: Option<KvCache>,
+    /// The pages the seat holds, in position order (paged pools).
+    pages: Vec<u32>,
     /// The tokens whose keys and values the cache holds at positions 0.., in order.
     tokens: Vec<u32>,
     busy: bool,
-    /// When the slot was last claimed or released (the pool's clock), for LRU eviction.
-    last_used: u64,
 }
 
 pub struct KvPool {
-    slots: Vec<Slot>,
+    seats: Vec<Seat>,
+    /// The pages and the prefix cache; `None` where each seat has a whole cache.
+    book: Option<PageBook>,
     positions: u32,
-    clock: u64,
 }
 
-/// A slot taken for a request, and how many of its prompt's tokens it already holds.
+/// A seat taken for a request, and how many of its prompt's tokens it already holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Claim {
     pub slot: usize,
@@ -41,140 +46,154 @@ pub struct Claim {
 }
 
 impl KvPool {
-    /// `slots` caches shaped like the stage's own (`Stage::new_slot_kv_caches`: one pool of
-    /// buffers where the stage allows it).
-    pub fn new(stage: &Stage, slots: usize) -> Result<KvPool, ModelError> {
-        let caches = stage.new_slot_kv_caches(slots as u32)?;
-        let slots = caches
+    /// `seats` seats of the stage's context over pages for `seats` whole contexts (the same
+    /// memory as a whole cache per seat), or whole caches where the stage cannot page.
+    pub fn new(stage: &Stage, seats: usize) -> Result<KvPool, ModelError> {
+        let positions = stage.spec.max_context;
+        let pages = seats as u32 * positions.div_ceil(PAGE_TOKENS) + 1;
+        let (caches, book) = match stage.new_paged_kv_caches(seats as u32, pages) {
+            Some(caches) => (caches, Some(PageBook::new(pages))),
+            None => (stage.new_slot_kv_caches(seats as u32)?, None),
+        };
+        let seats = caches
             .into_iter()
-            .map(|cache| Slot {
+            .map(|cache| Seat {
                 cache: Some(cache),
+                pages: Vec::new(),
                 tokens: Vec::new(),
                 busy: false,
-                last_used: 0,
             })
             .collect();
         Ok(KvPool {
-            slots,
-            positions: stage.spec.max_context,
-            clock: 0,
+            seats,
+            book,
+            positions,
         })
     }
 
     pub fn has_free_slot(&self) -> bool {
-        self.slots.iter().any(|slot| !slot.busy)
+        self.seats.iter().any(|seat| !seat.busy)
     }
 
-    /// Takes a free slot for `prompt` (not empty), reusing the longest cached prefix of it
-    /// that leaves at least its last token to compute; `None` when every slot is busy.
-    pub fn claim(&mut self, gpu: &Gpu, prompt: &[u32]) -> Option<Claim> {
-        let limit = prompt.len().saturating_sub(1);
-        let own = |slot: &Slot| common_prefix(&slot.tokens, prompt).min(limit);
-        let chosen = (0..self.slots.len())
-            .filter(|&index| !self.slots[index].busy)
-            .max_by_key(|&index| {
-                let slot = &self.slots[index];
-                (own(slot), std::cmp::Reverse(slot.last_used))
-            })?;
-        let mut reused = own(&self.slots[chosen]);
-        let donor = (0..self.slots.len())
-            .filter(|&index| index != chosen)
-            .map(|index| (index, full_blocks(own(&self.slots[index]))))
-            .max_by_key(|&(_, shared)| shared);
-        if let Some((donor, shared)) = donor.filter(|&(_, shared)| shared > reused) {
-            self.copy_prefix(gpu, donor, chosen, shared);
-            reused = shared;
+    /// Takes a free seat for `prompt` (not empty) with room for `need` positions, reusing the
+    /// longest prefix of it the pages hold (`PageBook::lookup`) that leaves at least its last
+    /// token to compute;
+    /// `None` while every seat is busy or the free pages are too few (a need within the
+    /// context always fits once the pool is idle).
+    pub fn claim(&mut self, gpu: &Gpu, prompt: &[u32], need: usize) -> Option<Claim> {
+        let slot = self.seats.iter().position(|seat| !seat.busy)?;
+        let need = need.clamp(prompt.len(), self.positions as usize);
+        let mut reused = 0;
+        if let Some(book) = &mut self.book {
+            let found = book.lookup(prompt, prompt.len().saturating_sub(1));
+            reused = found.tokens();
+            let pages = book.reserve(found, need.div_ceil(BLOCK_TOKENS))?;
+            let seat = &mut self.seats[slot];
+            let cache = seat.cache.as_ref().expect("a free seat's cache is home");
+            cache.set_pages(gpu, &pages);
+            seat.pages = pages;
         }
-        self.clock += 1;
-        let slot = &mut self.slots[chosen];
-        slot.tokens.clear();
-        slot.tokens.extend_from_slice(&prompt[..reused]);
-        slot.busy = true;
-        slot.last_used = self.clock;
-        Some(Claim {
-            slot: chosen,
-            reused,
-        })
+        let seat = &mut self.seats[slot];
+        seat.tokens.clear();
+        seat.tokens.extend_from_slice(&prompt[..reused]);
+        seat.busy = true;
+        Some(Claim { slot, reused })
     }
 
-    /// Frees `slot`; its tokens stay cached for later prompts until it is claimed again.
+    /// Frees `slot`; its pages stay cached for later prompts (the last one too, full or not).
     pub fn release(&mut self, slot: usize) {
-        self.clock += 1;
-        let slot = &mut self.slots[slot];
-        slot.busy = false;
-        slot.last_used = self.clock;
+        let seat = &mut self.seats[slot];
+        seat.busy = false;
+        if let Some(book) = &mut self.book {
+            let last = seat.tokens.len() / BLOCK_TOKENS;
+            if let Some(&page) = seat.pages.get(last) {
+                let parent = last.checked_sub(1).map(|i| seat.pages[i]);
+                book.register(page, parent, &seat.tokens[last * BLOCK_TOKENS..]);
+            }
+            book.release(&seat.pages);
+        }
+        seat.tokens.clear();
+        seat.pages.clear();
     }
 
-    /// Forgets every cached prefix and frees every slot (after a failed step, whose caches
-    /// may be half-written).
+    /// Forgets every cached prefix and frees every seat (after a failed step, whose pages may
+    /// be half-written).
     pub fn clear(&mut self) {
-        for slot in &mut self.slots {
-            slot.tokens.clear();
-            slot.busy = false;
+        for seat in &mut self.seats {
+            seat.tokens.clear();
+            seat.pages.clear();
+            seat.busy = false;
+        }
+        if let Some(book) = &mut self.book {
+            book.clear();
         }
     }
 
     /// The cache of `slot`.
     pub fn cache(&self, slot: usize) -> &KvCache {
-        self.slots[slot]
+        self.seats[slot]
             .cache
             .as_ref()
-            .expect("a slot's cache is back once its prefill chunk is recorded")
+            .expect("a seat's cache is back once its prefill chunk is recorded")
     }
 
     /// Lends `slot`'s cache out (to the stage, for a prefill chunk); `put_back` returns it.
     pub fn lend(&mut self, slot: usize) -> KvCache {
-        self.slots[slot]
+        self.seats[slot]
             .cache
             .take()
-            .expect("a slot's cache is lent once at a time")
+            .expect("a seat's cache is lent once at a time")
     }
 
     pub fn put_back(&mut self, slot: usize, cache: KvCache) {
-        self.slots[slot].cache = Some(cache);
+        self.seats[slot].cache = Some(cache);
     }
 
-    /// Records that `tokens` were fed into `slot` after what it held.
+    /// Records that `tokens` were fed into `slot` after what it held (their keys and values
+    /// are in steps already submitted); each page they fill joins the prefix cache.
     pub fn extend(&mut self, slot: usize, tokens: &[u32]) {
-        self.slots[slot].tokens.extend_from_slice(tokens);
+        let seat = &mut self.seats[slot];
+        let before = seat.tokens.len();
+        seat.tokens.extend_from_slice(tokens);
+        let Some(book) = &mut self.book else {
+            return;
+        };
+        for index in before / BLOCK_TOKENS..seat.tokens.len() / BLOCK_TOKENS {
+            let Some(&page) = seat.pages.get(index) else {
+                break;
+            };
+            let parent = index.checked_sub(1).map(|i| seat.pages[i]);
+            let block = &seat.tokens[index * BLOCK_TOKENS..][..BLOCK_TOKENS];
+            book.register(page, parent, block);
+        }
     }
 
     /// How many tokens `slot` holds.
     pub fn held(&self, slot: usize) -> usize {
-        self.slots[slot].tokens.len()
+        self.seats[slot].tokens.len()
     }
 
     pub fn usage(&self) -> PoolUsage {
-        let blocks = |slot: &Slot| slot.tokens.len().div_ceil(BLOCK_TOKENS) as u64;
-        let mut usage = PoolUsage {
-            slots: self.slots.len() as u64,
-            busy_slots: 0,
-            used_tokens: 0,
-            used_blocks: 0,
-            cached_blocks: 0,
-            total_blocks: (self.slots.len() * (self.positions as usize).div_ceil(BLOCK_TOKENS))
-                as u64,
-            total_tokens: self.slots.len() as u64 * u64::from(self.positions),
-        };
-        for slot in &self.slots {
-            if slot.busy {
-                usage.busy_slots += 1;
-                usage.used_tokens += slot.tokens.len() as u64;
-                usage.used_blocks += blocks(slot);
-            } else {
-                usage.cached_blocks += blocks(slot);
+        let busy = self.seats.iter().filter(|seat| seat.busy);
+        let used_tokens: u64 = busy.clone().map(|seat| seat.tokens.len() as u64).sum();
+        let seats = self.seats.len() as u64;
+        let (used_blocks, cached_blocks, total_blocks) = match &self.book {
+            Some(book) => (book.held(), book.cached(), book.total()),
+            None => {
+                let blocks = |seat: &Seat| seat.tokens.len().div_ceil(BLOCK_TOKENS) as u64;
+                let per_seat = u64::from(self.positions).div_ceil(BLOCK_TOKENS as u64);
+                (busy.clone().map(blocks).sum(), 0, seats * per_seat)
             }
+        };
+        PoolUsage {
+            slots: seats,
+            busy_slots: busy.count() as u64,
+            used_tokens,
+            used_blocks,
+            cached_blocks,
+            total_blocks,
+            total_tokens: total_blocks * BLOCK_TOKENS as u64,
         }
-        usage
-    }
-
-    /// Copies the keys and values of positions `0..tokens` of every layer from slot `from`
-    /// into slot `to` (same shapes, so the same offsets), queued before any later step.
-    fn copy_prefix(&mut self, gpu: &Gpu, from: usize, to: usize, tokens: usize) {
-        self.cache(to)
-            .copy_prefix_from(gpu, self.cache(from), tokens as u32);
-        let prefix = self.slots[from].tokens[..tokens].to_vec();
-        self.slots[to].tokens = prefix;
     }
 }
 
@@ -183,25 +202,17 @@ impl KvPool {
 pub struct PoolUsage {
     pub slots: u64,
     pub busy_slots: u64,
-    /// Tokens and blocks held by running sequences.
+    /// Tokens held by running sequences.
     pub used_tokens: u64,
+    /// Pages held by running sequences (a page shared by several counts once).
     pub used_blocks: u64,
-    /// Blocks of free slots kept as the prefix cache (evicted as slots are claimed).
+    /// Pages no sequence holds, kept as the prefix cache (evicted as reservations need them).
     pub cached_blocks: u64,
     pub total_blocks: u64,
     pub total_tokens: u64,
 }
 
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
-}
-
-/// `tokens` rounded down to whole blocks.
-fn full_blocks(tokens: usize) -> usize {
-    tokens - tokens % BLOCK_TOKENS
-}
-
-/// Slots `--parallel` gets when not given: as many caches of `--ctx` as `budget_bytes` holds,
+/// Seats `--parallel` gets when not given: as many caches of `--ctx` as `budget_bytes` holds,
 /// at least one and at most `most` (whole-batch steps stop paying past a few rows on a CPU
 /// adapter and past a few dozen on a GPU).
 pub fn default_slots(slot_bytes: u64, budget_bytes: u64, most: usize) -> usize {
@@ -212,14 +223,6 @@ pub fn default_slots(slot_bytes: u64, budget_bytes: u64, most: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn prefixes_and_blocks() {
-        assert_eq!(common_prefix(&[1, 2, 3], &[1, 2, 4, 5]), 2);
-        assert_eq!(common_prefix(&[], &[1]), 0);
-        assert_eq!(full_blocks(BLOCK_TOKENS * 2 + 3), BLOCK_TOKENS * 2);
-        assert_eq!(full_blocks(BLOCK_TOKENS - 1), 0);
-    }
 
     #[test]
     fn default_slots_fit_the_budget_within_bounds() {
