@@ -4,7 +4,8 @@
 //! norms, post-norms into the residual, sliding window). The devices run with the GPU work
 //! split, where a batched step's products go through the fused matrix-vector path one product
 //! per row (on CPU adapters' own split they take the tiled kernel, covered by `api_batch`).
-//! Fresh prompts each run: random ids of different lengths in the slots of one KV pool.
+//! Fresh prompts each run: random ids of different lengths in the slots of one KV pool, or in
+//! the seats of a paged pool (`KvCache::paged`) whose pages interleave, prompts crossing pages.
 
 use crate::support;
 
@@ -12,12 +13,12 @@ use webshard::engine::Engine;
 use webshard::gpu::{testing, BackendChoice, GpuOptions};
 use webshard::model::batch::{BatchRow, RowTokens};
 use webshard::model::StageInput;
-use webshard::ops::attention::KvCache;
+use webshard::ops::attention::{KvCache, PAGE_TOKENS};
 
 const ROWS: usize = 5;
 
-/// Random prompts of 3 to 3 + ROWS - 1 ids, and each one's next token.
-fn prompts(vocab: u32, seed: u64) -> Vec<(Vec<u32>, u32)> {
+/// Random prompts of 3 + `step` * row ids, and each one's next token.
+fn prompts(vocab: u32, seed: u64, step: usize) -> Vec<(Vec<u32>, u32)> {
     let ids = |count: usize, salt: u64| -> Vec<u32> {
         let values = testing::random_f32(count, seed ^ salt);
         values
@@ -27,7 +28,7 @@ fn prompts(vocab: u32, seed: u64) -> Vec<(Vec<u32>, u32)> {
     };
     (0..ROWS)
         .map(|row| {
-            let prompt = ids(3 + row, row as u64 * 31 + 1);
+            let prompt = ids(3 + step * row, row as u64 * 31 + 1);
             let next = ids(1, row as u64 * 31 + 2)[0];
             (prompt, next)
         })
@@ -48,7 +49,38 @@ async fn in_slot<T>(
     result
 }
 
-async fn check_model(file: &str, seed: u64, disable_subgroups: bool) {
+/// Where the rows' caches live.
+#[derive(Clone, Copy, PartialEq)]
+enum Pool {
+    Slots,
+    Pages,
+}
+
+/// `ROWS` caches of the stage: slots of one pool, or seats of a paged pool whose seat `i`
+/// holds every `ROWS`-th page from the far end, so no two consecutive positions of a row
+/// across a page boundary are neighbours in memory.
+fn caches(engine: &Engine, pool: Pool) -> Vec<Option<KvCache>> {
+    let stage = &engine.stage;
+    let caches = match pool {
+        Pool::Slots => stage.new_pooled_kv_caches(ROWS as u32).expect("a pool"),
+        Pool::Pages => {
+            let entries = stage.spec.max_context.div_ceil(PAGE_TOKENS);
+            let pages = ROWS as u32 * entries + 1;
+            let seats = stage.new_paged_kv_caches(ROWS as u32, pages);
+            let seats = seats.expect("a paged pool");
+            for (i, seat) in seats.iter().enumerate() {
+                let list: Vec<u32> = (0..entries)
+                    .map(|j| pages - 1 - (j * ROWS as u32 + i as u32))
+                    .collect();
+                seat.set_pages(&stage.gpu, &list);
+            }
+            seats
+        }
+    };
+    caches.into_iter().map(Some).collect()
+}
+
+async fn check_model(file: &str, seed: u64, disable_subgroups: bool, pool: Pool) {
     let options = GpuOptions {
         backend: BackendChoice::Vulkan,
         gpu_work_split: true,
@@ -56,9 +88,9 @@ async fn check_model(file: &str, seed: u64, disable_subgroups: bool) {
         ..Default::default()
     };
     let mut engine = support::load_engine(file, options).await;
-    let cases = prompts(engine.model.cfg.vocab, seed);
-    let pooled = engine.stage.new_pooled_kv_caches(ROWS as u32);
-    let mut slots: Vec<Option<KvCache>> = pooled.expect("a pool").into_iter().map(Some).collect();
+    let step = if pool == Pool::Pages { 11 } else { 1 };
+    let cases = prompts(engine.model.cfg.vocab, seed, step);
+    let mut slots = caches(&engine, pool);
     let mut lone = Vec::new();
     for (index, (prompt, next)) in cases.iter().enumerate() {
         let logits = in_slot(&mut engine, &mut slots, index, async |engine: &Engine| {
@@ -94,6 +126,13 @@ async fn check_model(file: &str, seed: u64, disable_subgroups: bool) {
         let what = format!("{file} row {row} of {ROWS}, seed {seed}");
         testing::assert_close(got, want, 2e-3, &what);
     }
+    if pool == Pool::Pages {
+        // A paged seat alone in its step decodes through the rows kernels too, its q, k and
+        // v packed as a one-token step packs them (rewriting the same position's keys).
+        let alone = stage.forward_batch_logits(&rows[..1]).await;
+        let what = format!("{file} row 0 alone, seed {seed}");
+        testing::assert_close(&alone.expect("one row")[0], &lone[0], 2e-3, &what);
+    }
     let greedy = stage
         .submit_batch_argmax(&rows, RowTokens::Given)
         .expect("argmax step")
@@ -113,12 +152,31 @@ async fn check_model(file: &str, seed: u64, disable_subgroups: bool) {
 
 #[test]
 fn batched_rows_match_their_single_steps_qwen25() {
-    pollster::block_on(check_model(support::QWEN25.1, testing::fresh_seed(), false));
+    pollster::block_on(check_model(
+        support::QWEN25.1,
+        testing::fresh_seed(),
+        false,
+        Pool::Slots,
+    ));
 }
 
 #[test]
 fn batched_rows_match_their_single_steps_gemma3() {
-    pollster::block_on(check_model(support::GEMMA3.1, testing::fresh_seed(), false));
+    pollster::block_on(check_model(
+        support::GEMMA3.1,
+        testing::fresh_seed(),
+        false,
+        Pool::Slots,
+    ));
+}
+
+/// Gemma 3 (head_dim 256, sliding windows, per-head norms) on pages: the prompts go through
+/// the prefill kernel and `kv_write` over pages, the lone steps too, the batched step through
+/// the rows kernels.
+#[test]
+fn batched_rows_match_their_single_steps_gemma3_paged() {
+    let seed = testing::fresh_seed();
+    pollster::block_on(check_model(support::GEMMA3.1, seed, false, Pool::Pages));
 }
 
 /// Without subgroups, lavapipe's GPU split stages Gemma 3's 640-wide rows (32 threads a row),
@@ -126,5 +184,10 @@ fn batched_rows_match_their_single_steps_gemma3() {
 /// H200 does with subgroups of 32), while the batched rows still take separate norms.
 #[test]
 fn batched_rows_match_their_single_steps_gemma3_folded() {
-    pollster::block_on(check_model(support::GEMMA3.1, testing::fresh_seed(), true));
+    pollster::block_on(check_model(
+        support::GEMMA3.1,
+        testing::fresh_seed(),
+        true,
+        Pool::Slots,
+    ));
 }

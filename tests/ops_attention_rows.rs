@@ -2,8 +2,7 @@
 //! CPU reference: rows at their own positions, each in its own slot of a KV pool, rows not in
 //! slot order, positions around the tiles and beyond one key split, the three model shapes,
 //! a sliding window with soft-capping; caches and output poisoned first, the layer before the
-//! one attended filled with other keys. Also a prefix copy between two slots of one pool
-//! (which share buffers).
+//! one attended filled with other keys.
 
 use std::time::Instant;
 
@@ -179,35 +178,6 @@ fn a_row_table_refuses_caches_of_another_pool_and_positions_past_the_context() {
     assert!(foreign.contains("row 1"), "{foreign}");
     let past = row_table(&[&pool[1]], &[16]).unwrap_err();
     assert!(past.contains("position 16"), "{past}");
-}
-
-#[test]
-fn a_prefix_copies_between_slots_of_one_pool() {
-    for (gpu, _) in device_variants() {
-        let pool = KvCache::pooled(&gpu, 2, 32, 2, 16, 3).unwrap();
-        for buffer in pool[0].k.iter().chain(&pool[0].v) {
-            gpu::poison_f32(&gpu, buffer);
-        }
-        let seed = testing::fresh_seed();
-        let k = testing::random_f32(20 * 32, seed);
-        let v = testing::random_f32(20 * 32, seed + 1);
-        let (k_buf, v_buf) = (
-            gpu::upload_f32(&gpu, "k", &k),
-            gpu::upload_f32(&gpu, "v", &v),
-        );
-        let mut rec = Recorder::new(&gpu);
-        kv_write(&mut rec, &pool[2], 1, &k_buf, &v_buf, 0, 20);
-        rec.submit();
-        pool[0].copy_prefix_from(&gpu, &pool[2], 12);
-        let (buffer, offset) = pool[0].layer_location(1);
-        let read = |buffers: &[wgpu::Buffer]| {
-            let rec = Recorder::new(&gpu);
-            let read = rec.submit_and_read(&buffers[buffer], offset, 12 * 32 * 4);
-            bytemuck::pod_collect_to_vec::<u8, f32>(&pollster::block_on(read).unwrap())
-        };
-        assert_eq!(read(&pool[0].k), k[..12 * 32], "keys, seed {seed}");
-        assert_eq!(read(&pool[0].v), v[..12 * 32], "values, seed {seed}");
-    }
 }
 
 /// `rope_store_rows` (a batched step's rope and cache write in one dispatch, through the row

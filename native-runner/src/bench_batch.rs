@@ -1,5 +1,5 @@
 //! `runner bench --batch-rows 1,4,16`: the serving scheduler's greedy step without HTTP. `R`
-//! sequences in the slots of one KV pool decode together for `-n` steps, each step's argmax
+//! sequences in the seats of the KV pool `runner serve` builds (`api::pool`) decode together for `-n` steps, each step's argmax
 //! fed to the next on the device and the next step submitted before this one is read (what
 //! `runner serve` does while every running request is greedy): aggregate tok/s per `R`, and
 //! with `--profile` the GPU time per kernel family of one such step.
@@ -11,14 +11,19 @@ use webshard::model::batch::{BatchRow, RowTokens};
 use webshard::model::Stage;
 use webshard::ops::attention::KvCache;
 
+use crate::api::pool::KvPool;
 use crate::bench::mean_sd;
 use crate::profile::{timed_kernels, KernelTable};
 
 /// Seconds for `steps` chained greedy steps over one row per cache, from position 0.
-async fn chained_steps(stage: &Stage, caches: &[KvCache], steps: u32) -> anyhow::Result<f64> {
+async fn chained_steps<'a>(
+    stage: &Stage,
+    caches: &[&'a KvCache],
+    steps: u32,
+) -> anyhow::Result<f64> {
     let vocab = stage.cfg.vocab;
     let rows_at = |position: u32| -> Vec<BatchRow> {
-        let row = |(index, cache)| BatchRow {
+        let row = |(index, &cache): (usize, &&'a KvCache)| BatchRow {
             token: (index as u32 * 7919 + 13) % vocab,
             position,
             cache,
@@ -48,7 +53,8 @@ pub async fn batch_rates(
     let steps = steps.min(stage.spec.max_context);
     let mut tests = Vec::new();
     for &rows in row_counts {
-        let caches = stage.new_slot_kv_caches(rows)?;
+        let pool = serving_pool(stage, rows, steps)?;
+        let caches = seats(&pool, rows);
         chained_steps(stage, &caches, steps.min(4)).await?;
         let mut rates = Vec::new();
         for _ in 0..repetitions {
@@ -64,10 +70,26 @@ pub async fn batch_rates(
 pub async fn profile_batch(engine: &Engine, rows: u32, steps: u32) -> anyhow::Result<KernelTable> {
     let stage = &engine.stage;
     let steps = steps.min(stage.spec.max_context);
-    let caches = stage.new_slot_kv_caches(rows)?;
+    let pool = serving_pool(stage, rows, steps)?;
+    let caches = seats(&pool, rows);
     let run = async {
         chained_steps(stage, &caches, steps).await?;
         Ok(0.0)
     };
     timed_kernels(&stage.gpu, steps, run).await
+}
+
+/// The KV pool `runner serve` would build for `rows` sequences, every seat claimed with room
+/// for `steps` positions.
+fn serving_pool(stage: &Stage, rows: u32, steps: u32) -> anyhow::Result<KvPool> {
+    let mut pool = KvPool::new(stage, rows as usize)?;
+    for index in 0..rows {
+        let claimed = pool.claim(&stage.gpu, &[index], steps as usize + 1);
+        claimed.ok_or_else(|| anyhow::anyhow!("the pool has no room for row {index}"))?;
+    }
+    Ok(pool)
+}
+
+fn seats(pool: &KvPool, rows: u32) -> Vec<&KvCache> {
+    (0..rows as usize).map(|seat| pool.cache(seat)).collect()
 }

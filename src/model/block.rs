@@ -209,9 +209,12 @@ pub(super) fn rotate_and_attend(
         attend_rows(rec, step, rows, rope_params, norms.as_ref(), &params);
         return;
     }
-    // A seat of a paged pool outside a batched step takes the prompt path for one token too:
-    // only it and the rows kernels read pages.
+    // A seat of a paged pool outside a batched step takes the prompt path for one token too
+    // (only it and the rows kernels read pages), its q, k and v moved out of `qkv` first.
     if tokens > 1 || step.cache.pages().is_some() {
+        if tokens == 1 {
+            unpack_qkv(rec, step);
+        }
         rotate_prompt(rec, step, rope_params, norms);
         attention::attention(
             rec,
@@ -397,6 +400,16 @@ fn attend_rows_one_by_one(
         attention::attention(rec, &s.qkv, cache, layer, &s.gate, row.position, 1, params);
         rec.copy(&s.gate, 0, &s.attn, offset, q_bytes);
     }
+}
+
+/// Copies one token's q, k and v from `qkv` (where its products put them) into `q`, `k` and
+/// `v` (where the prompt path reads them).
+fn unpack_qkv(rec: &mut Recorder, step: &LayerStep) {
+    let (cfg, s) = (step.cfg, step.scratch);
+    let (q_bytes, kv_bytes) = (u64::from(cfg.q_dim()) * 4, u64::from(cfg.kv_dim()) * 4);
+    rec.copy(&s.qkv, 0, &s.q, 0, q_bytes);
+    rec.copy(&s.qkv, q_bytes, &s.k, 0, kv_bytes);
+    rec.copy(&s.qkv, q_bytes + kv_bytes, &s.v, 0, kv_bytes);
 }
 
 /// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v.

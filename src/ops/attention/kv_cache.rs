@@ -201,50 +201,6 @@ impl KvCache {
         })
     }
 
-    /// Queues a copy of positions `0..tokens` of every layer's keys and values from `source`
-    /// (a cache of the same shape): a prompt prefix shared between
-    /// sequences. Panics when the shapes differ, `tokens` exceeds either cache, or either is
-    /// paged (whose sequences share pages instead).
-    pub fn copy_prefix_from(&self, gpu: &Gpu, source: &KvCache, tokens: u32) {
-        assert!(
-            self.pages.is_none() && source.pages.is_none(),
-            "copy_prefix_from: paged caches share pages, not copies"
-        );
-        let same_shape = (self.layers, self.max_ctx, self.kv_heads, self.head_dim)
-            == (
-                source.layers,
-                source.max_ctx,
-                source.kv_heads,
-                source.head_dim,
-            );
-        assert!(same_shape, "copy_prefix_from: caches of different shapes");
-        assert!(
-            tokens <= self.max_ctx,
-            "copy_prefix_from: {tokens} positions"
-        );
-        let bytes = u64::from(tokens) * u64::from(self.kv_heads) * u64::from(self.head_dim) * 4;
-        if bytes == 0 {
-            return;
-        }
-        let mut encoder = gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("kv prefix copy"),
-            });
-        // Slots of one pool share buffers, and a copy within one buffer is refused: each
-        // piece goes through a staging buffer.
-        let staging = cache_buffer(gpu, "kv prefix staging", bytes);
-        for layer in 0..self.layers {
-            let (from_buffer, from_offset) = source.layer_location(layer);
-            let (to_buffer, to_offset) = self.layer_location(layer);
-            for (from, to) in [(&source.k, &self.k), (&source.v, &self.v)] {
-                encoder.copy_buffer_to_buffer(&from[from_buffer], from_offset, &staging, 0, bytes);
-                encoder.copy_buffer_to_buffer(&staging, 0, &to[to_buffer], to_offset, bytes);
-            }
-        }
-        gpu.queue.submit([encoder.finish()]);
-    }
-
     /// Bytes of one layer's keys (or values).
     pub fn layer_bytes(&self) -> u64 {
         u64::from(self.max_ctx) * u64::from(self.kv_heads) * u64::from(self.head_dim) * 4
