@@ -16,7 +16,7 @@ use webshard::shard::plan::MAX_DONORS;
 use webshard::shard::roles::coordinator::RunReport;
 use webshard::shard::roles::verify::DEFAULT_TOLERANCE;
 use webshard::shard::roles::{
-    ChainCount, Coordinator, CoordinatorConfig, Donor, DonorConfig, DonorExit, ReplicaReport,
+    ChainCount, Coordinator, CoordinatorConfig, Donor, DonorConfig, DonorExit, Feed, ReplicaReport,
     Replicas as ReplicaFleet, RoleError, VerifyConfig,
 };
 use webshard::shard::{Encoding, FrameLimits, MaybeSync, Transport, WebRtcConfig, WebRtcTransport};
@@ -106,7 +106,7 @@ pub enum Replicas {
     Count(usize),
 }
 
-fn parse_replicas(text: &str) -> Result<Replicas, String> {
+pub fn parse_replicas(text: &str) -> Result<Replicas, String> {
     match text {
         "auto" => Ok(Replicas::Auto),
         _ => match text.parse::<usize>() {
@@ -227,21 +227,7 @@ pub async fn run_coordinator<T: Transport + MaybeSync>(
     let requests = requests(args)?;
     let config = coordinator_config(args).await?;
     eprintln!("waiting for {} donor(s)…", args.donors);
-    let mut fleet = match args.replicas {
-        Replicas::Count(1) => {
-            Fleet::Chain(Box::new(Coordinator::connect(transport, config).await?))
-        }
-        Replicas::Count(count) => {
-            let chains = ChainCount::Exactly(count);
-            Fleet::Replicas(ReplicaFleet::connect(transport, config, chains).await?)
-        }
-        Replicas::Auto => {
-            let chains = ChainCount::Auto {
-                requests: requests.len(),
-            };
-            Fleet::Replicas(ReplicaFleet::connect(transport, config, chains).await?)
-        }
-    };
+    let mut fleet = Fleet::connect(transport, config, args.replicas, requests.len()).await?;
     // Text streams only for one prompt: several would interleave.
     let stream = !args.json && requests.len() == 1;
     let progress = args.progress;
@@ -337,12 +323,60 @@ fn requests(args: &CoordinateArgs) -> anyhow::Result<Vec<GenerateRequest>> {
 }
 
 /// One chain, or several: the same front door, reported apart.
-enum Fleet<T: Transport + MaybeSync> {
+pub enum Fleet<T: Transport + MaybeSync> {
     Chain(Box<Coordinator<T>>),
     Replicas(ReplicaFleet<T>),
 }
 
 impl<T: Transport + MaybeSync> Fleet<T> {
+    /// Waits for the donors and loads one chain, or `replicas` chains (`Auto`: as many as the
+    /// planner finds fastest for `requests` in flight).
+    pub async fn connect(
+        transport: T,
+        config: CoordinatorConfig,
+        replicas: Replicas,
+        requests: usize,
+    ) -> Result<Fleet<T>, RoleError> {
+        let chains = match replicas {
+            Replicas::Count(1) => {
+                let chain = Coordinator::connect(transport, config).await?;
+                return Ok(Fleet::Chain(Box::new(chain)));
+            }
+            Replicas::Count(count) => ChainCount::Exactly(count),
+            Replicas::Auto => ChainCount::Auto { requests },
+        };
+        Ok(Fleet::Replicas(
+            ReplicaFleet::connect(transport, config, chains).await?,
+        ))
+    }
+
+    /// Serves `feed`'s requests as they come (`Coordinator::generate_fed`, or every chain at
+    /// once: `Replicas::generate_fed`).
+    pub async fn generate_fed(
+        &mut self,
+        feed: &mut dyn Feed,
+        on_event: &mut OnEvent<'_>,
+    ) -> Result<(), RoleError> {
+        match self {
+            Fleet::Chain(chain) => chain.generate_fed(feed, on_event).await,
+            Fleet::Replicas(replicas) => replicas.generate_fed(feed, on_event).await,
+        }
+    }
+
+    pub fn vocab(&self) -> u32 {
+        match self {
+            Fleet::Chain(chain) => chain.vocab(),
+            Fleet::Replicas(replicas) => replicas.vocab(),
+        }
+    }
+
+    pub fn max_context(&self) -> u32 {
+        match self {
+            Fleet::Chain(chain) => chain.max_context(),
+            Fleet::Replicas(replicas) => replicas.max_context(),
+        }
+    }
+
     async fn generate(
         &mut self,
         requests: &[GenerateRequest],
@@ -369,7 +403,7 @@ impl<T: Transport + MaybeSync> Fleet<T> {
         }
     }
 
-    async fn shutdown(self, reason: &str) {
+    pub async fn shutdown(self, reason: &str) {
         match self {
             Fleet::Chain(chain) => chain.shutdown(reason).await,
             Fleet::Replicas(replicas) => replicas.shutdown(reason).await,

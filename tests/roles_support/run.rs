@@ -9,7 +9,9 @@ use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Pr
 use webshard::gpu::Gpu;
 use webshard::sample::{ConstraintSpec, SamplerConfig};
 use webshard::shard::roles::coordinator::RunReport;
-use webshard::shard::roles::{ChainCount, Coordinator, CoordinatorConfig, ReplicaReport, Replicas};
+use webshard::shard::roles::{
+    ChainCount, Coordinator, CoordinatorConfig, Feed, ReplicaReport, Replicas, RoleError,
+};
 use webshard::shard::{InProcessConfig, InProcessNetwork, InProcessTransport, Plan};
 
 use super::{model_url, spawn_donor, with_deadline, DonorHandle, TOKEN};
@@ -111,6 +113,31 @@ pub struct ReplicaRun {
     pub events: Vec<(usize, u32)>,
 }
 
+/// How a replica run is driven.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Drive {
+    /// `Generator::generate`: the requests spread over the chains up front.
+    Generate,
+    /// `Replicas::generate_fed`: the chains take the requests as their slots free.
+    Fed,
+}
+
+/// A feed of a fixed list of requests, keeping each result.
+struct ListFeed {
+    requests: std::collections::VecDeque<GenerateRequest>,
+    outputs: Vec<Option<Generated>>,
+}
+
+impl Feed for ListFeed {
+    fn next(&mut self) -> Option<GenerateRequest> {
+        self.requests.pop_front()
+    }
+
+    fn done(&mut self, index: usize, result: Result<Generated, RoleError>) {
+        self.outputs[index] = Some(result.expect("each fed request ends well"));
+    }
+}
+
 /// Connects a fleet of `chains` chains on `transport`, calls `connected` with their plans,
 /// generates, dismisses the donors.
 pub fn coordinate_replicas(
@@ -119,8 +146,25 @@ pub fn coordinate_replicas(
     chains: ChainCount,
     requests: Vec<GenerateRequest>,
     connected: impl FnOnce(&[(usize, Plan)]) + Send + 'static,
-    mut on_token: impl FnMut(&TokenEvent<'_>) + Send + 'static,
+    on_token: impl FnMut(&TokenEvent<'_>) + Send + 'static,
 ) -> ReplicaRun {
+    let hooks = (connected, on_token);
+    drive_replicas(transport, config, chains, requests, hooks, Drive::Generate)
+}
+
+/// `coordinate_replicas`, driven as `drive` says.
+pub fn drive_replicas(
+    transport: InProcessTransport,
+    config: CoordinatorConfig,
+    chains: ChainCount,
+    requests: Vec<GenerateRequest>,
+    hooks: (
+        impl FnOnce(&[(usize, Plan)]) + Send + 'static,
+        impl FnMut(&TokenEvent<'_>) + Send + 'static,
+    ),
+    drive: Drive,
+) -> ReplicaRun {
+    let (connected, mut on_token) = hooks;
     with_deadline(DEADLINE, move || {
         pollster::block_on(async move {
             let mut replicas = Replicas::connect(transport, config, chains)
@@ -131,14 +175,28 @@ pub fn coordinate_replicas(
                 .collect();
             connected(&plans);
             let mut events = Vec::new();
-            let outputs = replicas
-                .generate(&requests, &mut |update| {
-                    events.push((update.request, update.index));
-                    on_token(&update);
-                    ControlFlow::Continue(())
-                })
-                .await
-                .expect("generate");
+            let mut on_event = |update: TokenEvent<'_>| {
+                events.push((update.request, update.index));
+                on_token(&update);
+                ControlFlow::Continue(())
+            };
+            let outputs = match drive {
+                Drive::Generate => {
+                    (replicas.generate(&requests, &mut on_event).await).expect("generate")
+                }
+                Drive::Fed => {
+                    let mut feed = ListFeed {
+                        outputs: vec![None; requests.len()],
+                        requests: requests.into(),
+                    };
+                    let fed = replicas.generate_fed(&mut feed, &mut on_event).await;
+                    fed.expect("generate_fed");
+                    feed.outputs
+                        .into_iter()
+                        .map(|o| o.expect("a result"))
+                        .collect()
+                }
+            };
             let report = replicas.report();
             replicas.shutdown("done").await;
             ReplicaRun {

@@ -1,7 +1,7 @@
 //! Replicas: four donors as two chains serving different requests at once, or as one deeper
 //! chain when memory says so; a lost donor recovers inside its chain, and a chain that can no
-//! longer hold the model hands its requests to the other. Every request gets the single
-//! device's greedy ids.
+//! longer hold the model hands its requests to the other, when spread up front and when fed.
+//! Every request gets the single device's greedy ids.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -210,29 +210,33 @@ fn a_lost_donor_recovers_inside_its_chain() {
     assert!(chain_one.iter().all(|stage| stage.donor != victim));
 }
 
-/// Two chains of two donors too small alone; a donor of chain 1 is killed and none joins.
-/// Chain 1 waits its join timeout, cannot hold the model, and is retired: its requests run
-/// again on chain 0, the caller sees each token once, and the ids are the single device's.
-#[test]
-fn a_chain_that_cannot_hold_the_model_hands_its_requests_over() {
+/// Two chains of two donors too small alone, driven as `drive` says with `slots` requests a
+/// chain at a time (the default where `None`); a donor of chain 1 is killed and none joins.
+fn run_losing_chain_one(chains: ChainCount, drive: Drive, slots: Option<u32>) -> ReplicaRun {
     let file = support::SMOLLM2.1;
     let _ = reference();
     let (_network, transport, mut handles) = four_donors(TOO_SMALL_ALONE);
     let (connected, on_token, _victim) = kill_in_chain_one(&mut handles);
     let mut config = config(file, 4);
     config.join_timeout = Duration::from_secs(8);
-    let run = coordinate_replicas(
-        transport,
-        config,
-        ChainCount::Auto { requests: 4 },
-        requests(),
-        connected,
-        on_token,
-    );
+    if let Some(slots) = slots {
+        config.runtime.kv_slots = slots;
+    }
+    let hooks = (connected, on_token);
+    let run = drive_replicas(transport, config, chains, requests(), hooks, drive);
     println!(
         "chain retired: {}",
         serde_json::to_string(&run.report).unwrap()
     );
+    run
+}
+
+/// Chain 1 waits its join timeout, cannot hold the model, and is retired: its requests run
+/// again on chain 0, the caller sees each token once, and the ids are the single device's.
+#[test]
+fn a_chain_that_cannot_hold_the_model_hands_its_requests_over() {
+    let chains = ChainCount::Auto { requests: 4 };
+    let run = run_losing_chain_one(chains, Drive::Generate, None);
     assert_eq!(run.plans.len(), 2, "{:?}", run.plans);
     assert_single_device_ids(&run);
     assert_each_token_passed_once(&run);
@@ -241,6 +245,19 @@ fn a_chain_that_cannot_hold_the_model_hands_its_requests_over() {
     assert_eq!(run.report.served_by, vec![0; 4]);
     assert_eq!(run.report.chains.len(), 1);
     assert_eq!(run.report.chains[0].run.recoveries, 0);
+}
+
+/// The same through `generate_fed` (the HTTP API's fleet mode), two requests a chain at a
+/// time: the chains take the four requests as their slots free (two each), chain 1 is retired
+/// and its two requests move to chain 0, each token passed once, the single device's ids.
+#[test]
+fn a_fed_chain_that_cannot_hold_the_model_hands_its_requests_over() {
+    let run = run_losing_chain_one(ChainCount::Exactly(2), Drive::Fed, Some(2));
+    assert_single_device_ids(&run);
+    assert_each_token_passed_once(&run);
+    assert_eq!(run.report.retired, vec![1]);
+    assert_eq!(run.report.moved, 2);
+    assert_eq!(run.report.chains.len(), 1);
 }
 
 /// Two chains of two donors too small alone; a donor of chain 1 is killed and, a moment

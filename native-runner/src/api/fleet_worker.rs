@@ -4,7 +4,9 @@
 //!
 //! The coordinator keeps its own micro-batching: up to `--parallel` jobs (the chain's KV slots)
 //! go through the chain together, a waiting job joins as soon as a slot frees, and each job is
-//! answered as soon as its request ends (`Coordinator::generate_fed`). Log-probabilities come
+//! answered as soon as its request ends (`Coordinator::generate_fed`). With `--replicas`, the
+//! donors form several chains, each holding the whole model, and every chain takes jobs as its
+//! slots free (`Replicas::generate_fed`). Log-probabilities come
 //! from the last donor's candidates and its log-sum-exp over the whole vocabulary
 //! (`StageOutput::TopK`), so they are the same as on one GPU.
 
@@ -15,14 +17,15 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::Duration;
 
 use anyhow::Context;
-use webshard::front::{GenerateRequest, Generated, Generator, TextFront};
-use webshard::shard::roles::{Coordinator, CoordinatorConfig, Feed, RoleError};
+use webshard::front::{GenerateRequest, Generated, TextFront};
+use webshard::shard::roles::{CoordinatorConfig, Feed, RoleError};
 use webshard::shard::{WebRtcConfig, WebRtcTransport};
 
 use super::errors::ApiError;
 use super::worker::{
     choices_of, finished, guarded, stream_event, Event, Job, ModelHandle, Started,
 };
+use crate::fleet::{Fleet, Replicas};
 
 /// How long the server waits for `--donors` donors before it gives up (and exits, saying how
 /// many came): a server is started before its donors, so the wait is long.
@@ -43,8 +46,10 @@ pub struct FleetTarget {
     pub donors: usize,
     /// Positions per sequence every stage caches.
     pub ctx: u32,
-    /// Requests in the chain at once.
+    /// Requests in each chain at once.
     pub kv_slots: u32,
+    /// Chains the donors form.
+    pub replicas: Replicas,
     /// STUN/TURN servers for links beyond the LAN; none: host candidates only.
     pub ice_urls: Vec<String>,
 }
@@ -69,8 +74,8 @@ fn run(target: &FleetTarget, started: &Started, queued: &Receiver<Job>) -> anyho
         .enable_all()
         .build()?;
     let text = runtime.block_on(read_text_front(&target.model_url))?;
-    let mut coordinator = runtime.block_on(connect(target))?;
-    started.ready(text, coordinator.vocab(), coordinator.max_context());
+    let mut fleet = runtime.block_on(connect(target))?;
+    started.ready(text, fleet.vocab(), fleet.max_context());
     while let Some(first) = next_job(queued, started, true) {
         let jobs = RefCell::new(vec![]);
         let mut feed = QueueFeed {
@@ -80,7 +85,7 @@ fn run(target: &FleetTarget, started: &Started, queued: &Receiver<Job>) -> anyho
             jobs: &jobs,
         };
         let outcome = guarded(|| {
-            runtime.block_on(coordinator.generate_fed(&mut feed, &mut |event| {
+            runtime.block_on(fleet.generate_fed(&mut feed, &mut |event| {
                 match jobs.borrow().get(event.request) {
                     Some(Some(job)) => stream_event(job, event),
                     _ => ControlFlow::Break(()),
@@ -100,7 +105,7 @@ fn run(target: &FleetTarget, started: &Started, queued: &Receiver<Job>) -> anyho
         }
         started.metrics.running.store(0, Ordering::SeqCst);
     }
-    runtime.block_on(coordinator.shutdown("the server stopped"));
+    runtime.block_on(fleet.shutdown("the server stopped"));
     Ok(())
 }
 
@@ -177,8 +182,8 @@ async fn read_text_front(model_url: &str) -> anyhow::Result<TextFront> {
     )?)
 }
 
-/// Joins the room, waits for the donors, plans and loads the chain.
-async fn connect(target: &FleetTarget) -> anyhow::Result<Coordinator<WebRtcTransport>> {
+/// Joins the room, waits for the donors, plans and loads the chain (or chains).
+async fn connect(target: &FleetTarget) -> anyhow::Result<Fleet<WebRtcTransport>> {
     let webrtc = WebRtcConfig {
         ice_urls: target.ice_urls.clone(),
         ..WebRtcConfig::default()
@@ -191,5 +196,6 @@ async fn connect(target: &FleetTarget) -> anyhow::Result<Coordinator<WebRtcTrans
     config.runtime.kv_slots = target.kv_slots;
     config.join_timeout = JOIN_WAIT;
     tracing::info!("waiting for {} donor(s)", target.donors);
-    Ok(Coordinator::connect(transport, config).await?)
+    let requests = target.kv_slots as usize;
+    Ok(Fleet::connect(transport, config, target.replicas, requests).await?)
 }

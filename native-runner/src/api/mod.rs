@@ -90,6 +90,11 @@ pub struct ApiArgs {
     /// 503 until the donors have joined and loaded their layers.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=webshard::shard::plan::MAX_DONORS as u64))]
     pub donors: Option<u64>,
+    /// Chains the `--donors` form, each holding the whole model and taking requests as its
+    /// slots free: a number, or `auto` (whatever the planner finds fastest for `--parallel`
+    /// requests a chain), as `runner coordinate --replicas`; default 1.
+    #[arg(long, value_name = "N|auto", value_parser = crate::fleet::parse_replicas)]
+    pub replicas: Option<crate::fleet::Replicas>,
     /// STUN/TURN server URL the fleet's links may use beyond the LAN (repeatable; none: host
     /// addresses only), as `runner coordinate --ice`.
     #[arg(long, value_name = "URL")]
@@ -133,8 +138,8 @@ impl ApiArgs {
     /// PORT/`); `None` without `--donors`.
     fn fleet_target(&self, opts: &ServeOptions, base: &str) -> anyhow::Result<Option<FleetTarget>> {
         let Some(donors) = self.donors else {
-            if !self.ice.is_empty() {
-                bail!("--ice applies to the fleet's links: give --donors N too");
+            if !self.ice.is_empty() || self.replicas.is_some() {
+                bail!("--ice and --replicas apply to the fleet: give --donors N too");
             }
             return Ok(None);
         };
@@ -152,6 +157,7 @@ impl ApiArgs {
             donors: donors as usize,
             ctx: self.ctx,
             kv_slots: self.parallel.unwrap_or(fleet_worker::DEFAULT_KV_SLOTS),
+            replicas: self.replicas.unwrap_or(crate::fleet::Replicas::Count(1)),
             ice_urls: self.ice.clone(),
         }))
     }
@@ -337,6 +343,7 @@ mod tests {
             no_subgroups: false,
             embeddings: false,
             donors: None,
+            replicas: None,
             ice: vec![],
             matvec_batch_split: None,
         };

@@ -354,7 +354,8 @@ impl Server {
             TOKEN,
         ];
         args.extend_from_slice(extra);
-        let proc = Proc::spawn("runner serve", &args);
+        // With `--donors` the server coordinates the fleet: its role's info lines too.
+        let proc = Proc::spawn_logging("runner serve", &args, &coordinator_log());
         let deadline = Instant::now() + SHORT;
         loop {
             let banner = proc.stdout();

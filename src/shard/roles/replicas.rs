@@ -7,7 +7,8 @@
 //! shared transport, so joins, losses, recovery and verification work inside a chain exactly
 //! as they do for a lone one, while the other chains keep serving.
 //!
-//! `generate` spreads the requests over the chains, least loaded first, and runs the chains
+//! `generate` spreads the requests over the chains, least loaded first (`generate_fed`, in
+//! `fed.rs`, lets them take a server's requests as their slots free instead), and runs the chains
 //! concurrently in one future (no runtime: it builds for wasm). A chain whose donors can no
 //! longer hold the model (its re-plan waited the join timeout in vain) is retired: its donors
 //! are dismissed (staying donors greet again and join the next chain to re-plan) and its
@@ -20,6 +21,8 @@ use std::collections::HashMap;
 use std::ops::ControlFlow;
 
 use serde::Serialize;
+
+mod fed;
 
 use super::super::plan::Plan;
 use super::super::replica::{plan_chains, plan_replicas};
@@ -217,7 +220,12 @@ impl<'e, 'f> Relay<'e, 'f> {
         }
     }
 
+    /// Passes `event` as request `request`'s (a fed run's requests are counted as they come).
     fn pass(&mut self, request: usize, event: TokenEvent<'_>) -> ControlFlow<()> {
+        if request >= self.passed.len() {
+            self.passed.resize(request + 1, 0);
+            self.cancelled_at.resize(request + 1, None);
+        }
         if event.index < self.passed[request] {
             return match self.cancelled_at[request] == Some(event.index) {
                 true => ControlFlow::Break(()),
