@@ -10,7 +10,7 @@
 
 use super::{combine, first_visible, partials, AttentionParams, KernelParams};
 use crate::gpu::{Kernel, Lib, Recorder};
-use crate::ops::attention::decode_gpu;
+use crate::ops::attention::decode_gpu::{self, MAX_KEYS_PER_SPLIT};
 use crate::ops::attention::{attention_reference, KvCache, PAGE_TOKENS};
 
 const DECODE_ROWS: Kernel = Kernel {
@@ -61,9 +61,10 @@ pub fn row_table(caches: &[&KvCache], positions: &[u32]) -> Result<Vec<u32>, Str
     Ok(words)
 }
 
-/// Whether the rows kernel runs this shape on this device.
+/// Whether the rows kernel runs this shape on this device (with room for a paged cache's
+/// key rows).
 pub fn decode_rows_supported(gpu: &crate::gpu::Gpu, p: &AttentionParams) -> bool {
-    decode_gpu::supported(gpu, p)
+    decode_gpu::supported_with(gpu, p, MAX_KEYS_PER_SPLIT * 4)
 }
 
 /// out[r, h*hd..] = softmax(q_r·K_r^T * scale, causal (+window)) V_r over keys 0..=position_r
@@ -99,10 +100,9 @@ pub fn attention_decode_rows(
     let splits = decode_gpu::splits(rec.gpu(), p, count, visible);
     let params = KernelParams::new(p, 0, count, splits);
     let constants = decode_gpu::constants(p.head_dim);
-    let paged = [
-        ("PAGED", rows.cache.paged_constant()),
-        ("PAGE", PAGE_TOKENS),
-    ];
+    let paged = rows.cache.paged_constant();
+    let held = if paged == 1 { MAX_KEYS_PER_SPLIT } else { 1 };
+    let paged = [("PAGED", paged), ("PAGE", PAGE_TOKENS), ("ROWS_HELD", held)];
     let all: Vec<(&str, u32)> = constants.into_iter().chain(paged).collect();
     let pipeline = rec.pipeline(&DECODE_ROWS, &all);
     let partial_rows = if splits > 1 { count } else { 1 };
