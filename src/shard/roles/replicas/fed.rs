@@ -2,7 +2,8 @@
 //! chain runs the lone coordinator's fed loop (`Coordinator::generate_fed`) over its own view
 //! of the feed, so a request goes to whichever chain has a free slot first, and each result is
 //! handed over as its request ends. A chain with nothing to run looks for work again while
-//! another still runs; the call returns once no chain runs and nothing waits.
+//! another still runs; the call returns once no chain runs and nothing waits (the first chain
+//! to find that closes the run for all: none takes a request after another has returned).
 //!
 //! A chain whose donors can no longer hold the model is retired, as in `generate`: its
 //! unfinished requests run again from the start on the chains left, their tokens already
@@ -34,6 +35,10 @@ struct Shared<'f> {
     next_index: usize,
     /// Chains running requests now.
     busy: usize,
+    /// A chain found nothing to run while none ran: the run is ending, and no chain takes a
+    /// request any more (one that did, after another had already returned, would leave the
+    /// requests after it to its slots alone).
+    closed: bool,
     /// Requests moved off retired chains.
     moved: u32,
 }
@@ -97,6 +102,7 @@ impl<T: Transport + MaybeSync> Replicas<T> {
             open: HashMap::new(),
             next_index: 0,
             busy: 0,
+            closed: false,
             moved: 0,
         });
         let relay = RefCell::new(Relay::new(on_event, 0));
@@ -112,9 +118,11 @@ impl<T: Transport + MaybeSync> Replicas<T> {
                 return Err(error.expect("every chain failed"));
             }
             self.retire(&failed).await;
-            if shared.borrow().again.is_empty() {
+            let mut state = shared.borrow_mut();
+            if state.again.is_empty() {
                 return Ok(());
             }
+            state.closed = false;
         }
     }
 }
@@ -128,11 +136,21 @@ async fn serve<T: Transport + MaybeSync>(
     relay: &RefCell<Relay<'_, '_>>,
 ) -> Result<(), RoleError> {
     loop {
-        let first = shared.borrow_mut().take();
+        let first = {
+            let mut state = shared.borrow_mut();
+            if state.closed {
+                None
+            } else {
+                state.take()
+            }
+        };
         let Some(first) = first else {
-            if shared.borrow().busy == 0 {
+            let mut state = shared.borrow_mut();
+            if state.closed || state.busy == 0 {
+                state.closed = true;
                 return Ok(());
             }
+            drop(state);
             sleep(IDLE_POLL).await;
             continue;
         };
