@@ -145,12 +145,14 @@ async fn serve<T: Transport + MaybeSync>(
             }
         };
         let Some(first) = first else {
-            let mut state = shared.borrow_mut();
-            if state.closed || state.busy == 0 {
-                state.closed = true;
+            let ending = {
+                let mut state = shared.borrow_mut();
+                state.closed |= state.busy == 0;
+                state.closed
+            };
+            if ending {
                 return Ok(());
             }
-            drop(state);
             sleep(IDLE_POLL).await;
             continue;
         };
