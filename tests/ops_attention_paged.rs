@@ -2,7 +2,8 @@
 //! references: `kv_write` through a seat's pages (every byte of the pool checked: the rows
 //! where the pages say, poison everywhere else), prefill attention and one-token attention
 //! over pages, the batched rows kernel and `rope_store_rows` with the row words in the pool's
-//! table. Pages are shuffled, two seats share their first pages (a shared prompt prefix),
+//! table, and the fused one-token kernel (`rope_attention_decode`) writing and reading a seat
+//! through its pages. Pages are shuffled, two seats share their first pages (a shared prompt prefix),
 //! the pool and outputs are poisoned first, and the layer before the one attended holds decoys.
 
 use std::sync::Arc;
@@ -318,6 +319,94 @@ fn rope_store_rows_writes_through_the_pages() {
             .zip(&want_v)
             .all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(same_v, "values: {what}");
+    }
+}
+
+/// The fused one-token kernel on each seat (a serving sequence alone in its step) rewrites its
+/// last position through its page and attends over its pages: the output as the reference's
+/// over the sequence with that row replaced, the new row where its page says, and nothing else
+/// in the pool changed.
+#[test]
+fn fused_one_token_attention_goes_through_the_pages() {
+    use webshard::ops::attention::{rope_attention_decode, rope_attention_supported};
+    use webshard::ops::rope::{rope_reference, RopeParams, Section, StoreTarget};
+    let seed = testing::fresh_seed();
+    // CPU adapters once more with the GPU work split, where the fused kernel runs.
+    let devices = pollster::block_on(testing::device_variants_both_splits()).unwrap();
+    for (gpu, variant) in devices {
+        for (i, p) in shapes().iter().enumerate() {
+            if !rope_attention_supported(&gpu, p) {
+                continue;
+            }
+            let rope = RopeParams {
+                head_dim: p.head_dim,
+                rope_dims: p.head_dim,
+                freq_base: 10_000.0,
+                freq_scale: 1.0,
+                neox: i == 0,
+            };
+            let pool = filled_pool(&gpu, variant, p, seed + i as u64);
+            for (seat, &length) in LENGTHS.iter().enumerate() {
+                let what = format!(
+                    "{} {variant} head_dim {} seat {seat} seed {seed}",
+                    gpu.caps.adapter, p.head_dim
+                );
+                let position = length - 1;
+                let (q_len, row) = (
+                    (p.heads * p.head_dim) as usize,
+                    (p.kv_heads * p.head_dim) as usize,
+                );
+                let qkv = testing::random_f32(q_len + 2 * row, seed ^ (11 + seat as u64));
+                let before_k = read_layer(&gpu, &pool.seats[0].k, &pool.seats[0]);
+                let before_v = read_layer(&gpu, &pool.seats[0].v, &pool.seats[0]);
+                let qkv_buffer = gpu::upload_f32(&gpu, "qkv", &qkv);
+                let out = gpu::storage_buffer(&gpu, "out", q_len as u64 * 4);
+                gpu::poison_f32(&gpu, &out);
+                let section = |offset: usize| Section {
+                    buffer: &qkv_buffer,
+                    offset: offset as u32,
+                };
+                let target = StoreTarget {
+                    q: section(0),
+                    k: section(q_len),
+                    v: section(q_len + row),
+                    cache: &pool.seats[seat],
+                    cache_layer: LAYER,
+                    heads: p.heads,
+                    kv_heads: p.kv_heads,
+                };
+                let mut rec = Recorder::with_variant(&gpu, variant);
+                rope_attention_decode(&mut rec, &target, None, position, &rope, p, &out);
+                let bytes = pollster::block_on(rec.submit_and_read(&out, 0, q_len as u64 * 4));
+                let got: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes.unwrap());
+
+                let mut q = qkv[..q_len].to_vec();
+                rope_reference(&mut q, 1, p.heads, position, &rope);
+                let mut k_row = qkv[q_len..q_len + row].to_vec();
+                rope_reference(&mut k_row, 1, p.kv_heads, position, &rope);
+                let v_row = &qkv[q_len + row..];
+                let (k, v) = &pool.seqs[seat];
+                let last = position as usize * row;
+                let keys: Vec<f32> = k[..last].iter().chain(&k_row).copied().collect();
+                let values: Vec<f32> = v[..last].iter().chain(v_row).copied().collect();
+                let want = attention_reference(&q, &keys, &values, position, 1, p);
+                testing::assert_close(&got, &want, 2e-5, &format!("out {what}"));
+
+                let page = pool.lists[seat][(position / PAGE_TOKENS) as usize] as usize;
+                let at = (page * PAGE_TOKENS as usize + (position % PAGE_TOKENS) as usize) * row;
+                let mut want_k = before_k;
+                let mut want_v = before_v;
+                want_k[at..at + row].copy_from_slice(&k_row);
+                want_v[at..at + row].copy_from_slice(v_row);
+                let got_k = read_layer(&gpu, &pool.seats[0].k, &pool.seats[0]);
+                let got_v = read_layer(&gpu, &pool.seats[0].v, &pool.seats[0]);
+                let close =
+                    |(a, b): (&f32, &f32)| a.to_bits() == b.to_bits() || (a - b).abs() <= 4e-6;
+                assert!(got_k.iter().zip(&want_k).all(close), "keys {what}");
+                let same = |(a, b): (&f32, &f32)| a.to_bits() == b.to_bits();
+                assert!(got_v.iter().zip(&want_v).all(same), "values {what}");
+            }
+        }
     }
 }
 

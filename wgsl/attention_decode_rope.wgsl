@@ -6,7 +6,9 @@
 // fresh_v), since nothing orders them after the cache write. The first query head of each kv
 // group writes that key and value into the cache for the steps after this one. The arithmetic
 // is rope_store's, in the same order, so both give the same values. q, k and v are sections of
-// one buffer (the decode step's packed q/k/v) at element offsets. The work is
+// one buffer (the decode step's packed q/k/v) at element offsets. With PAGED = 1 the cache is
+// a seat of a paged pool (a serving sequence alone in its step): position p lives in page
+// pages[p / PAGE], for the write as for every key read. The work is
 // attention_decode_core.wgsl's `attend`.
 
 struct Params {
@@ -43,11 +45,16 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> v_cache: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> k_norm: array<f32>;
+// PAGED = 1: the seat's page table; a placeholder otherwise.
+@group(0) @binding(9) var<storage, read> pages: array<u32>;
 
-// The vec4 where position `pos`'s cache row begins: every key of this entry's cache is at
-// its own position of the bound layer.
+// The vec4 where position `pos`'s cache row begins in the bound layer (region is 0: one
+// sequence).
 fn cache_row(region: u32, pos: u32) -> u32 {
-    return region + pos * params.kv_heads * HD4;
+    if (PAGED == 0u) {
+        return region + pos * params.kv_heads * HD4;
+    }
+    return (pages[pos / PAGE] * PAGE + pos % PAGE) * params.kv_heads * HD4;
 }
 
 // The RMS scale of the head row at element `base`; every lane of the workgroup must call it.
@@ -128,7 +135,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     workgroupBarrier();
 
-    let at = (pos * params.kv_heads + kv_head) * HD4;
+    let at = cache_row(0u, pos) + kv_head * HD4;
     for (var i = lane; i < HD4; i = i + WG) {
         let d = 4u * i;
         let q = vec4<f32>(rotated_q[d], rotated_q[d + 1u], rotated_q[d + 2u], rotated_q[d + 3u]);

@@ -6,7 +6,7 @@
 //! dispatch count, so every dispatch spared is time saved.
 
 use crate::gpu::Recorder;
-use crate::ops::attention::{self, AttentionParams};
+use crate::ops::attention::{self, AttentionParams, KvCache};
 use crate::ops::elementwise::{self, Activation};
 use crate::ops::quant::{Epilogue, Fusion, QuantMatrix, Residual};
 use crate::ops::rope::{HeadNorms, RopeParams, Section, StoreTarget};
@@ -209,8 +209,18 @@ pub(super) fn rotate_and_attend(
         attend_rows(rec, step, rows, rope_params, norms.as_ref(), &params);
         return;
     }
-    // A seat of a paged pool outside a batched step takes the prompt path for one token too
-    // (only it and the rows kernels read pages), its q, k and v moved out of `qkv` first.
+    let one = OneToken {
+        cache: step.cache,
+        position: step.start_pos,
+        rope: rope_params,
+        norms: norms.as_ref(),
+        params: &params,
+    };
+    if tokens == 1 && one.fused(rec, step) {
+        return;
+    }
+    // A seat of a paged pool that the fused kernel cannot serve takes the prompt path for one
+    // token too (it and the rows kernels read pages), its q, k and v moved out of `qkv` first.
     if tokens > 1 || step.cache.pages().is_some() {
         if tokens == 1 {
             unpack_qkv(rec, step);
@@ -228,33 +238,19 @@ pub(super) fn rotate_and_attend(
         );
         return;
     }
-    let section = |offset| Section {
-        buffer: &s.qkv,
-        offset,
-    };
-    let target = StoreTarget {
-        q: section(0),
-        k: section(cfg.q_dim()),
-        v: section(cfg.q_dim() + cfg.kv_dim()),
-        cache: step.cache,
-        cache_layer: step.cache_layer,
-        heads: cfg.n_heads,
-        kv_heads: cfg.n_kv_heads,
-    };
-    let head_norms = norms.as_ref().map(|n| HeadNorms {
-        q: &n.q.buffer,
-        k: &n.k.buffer,
-        eps: cfg.rms_eps,
-    });
-    let (start, rope) = (step.start_pos, rope_params);
-    // The fused kernel has no binding left for frequency factors: scaled RoPE takes rope_store.
+    let target = one.target(step);
+    let head_norms = one.head_norms(step);
     let scaling = step.rope_scaling.as_ref();
-    if scaling.is_none() && attention::rope_attention_supported(rec.gpu(), &params) {
-        let norms = head_norms.as_ref();
-        attention::rope_attention_decode(rec, &target, norms, start, rope, &params, &s.attn);
-        return;
-    }
-    rope::rope_store_scaled(rec, &target, head_norms.as_ref(), scaling, 1, start, rope);
+    let start = step.start_pos;
+    rope::rope_store_scaled(
+        rec,
+        &target,
+        head_norms.as_ref(),
+        scaling,
+        1,
+        start,
+        rope_params,
+    );
     attention::attention(
         rec,
         &s.qkv,
@@ -265,6 +261,65 @@ pub(super) fn rotate_and_attend(
         1,
         &params,
     );
+}
+
+/// One token's attention at `position` of `cache`, its q, k and v packed in the step's `qkv`.
+struct OneToken<'a> {
+    cache: &'a KvCache,
+    position: u32,
+    rope: &'a RopeParams,
+    norms: Option<&'a QkNorms<'a>>,
+    params: &'a AttentionParams,
+}
+
+impl OneToken<'_> {
+    fn target<'s>(&'s self, step: &'s LayerStep) -> StoreTarget<'s> {
+        let (cfg, qkv) = (step.cfg, &step.scratch.qkv);
+        let section = |offset| Section {
+            buffer: qkv,
+            offset,
+        };
+        StoreTarget {
+            q: section(0),
+            k: section(cfg.q_dim()),
+            v: section(cfg.q_dim() + cfg.kv_dim()),
+            cache: self.cache,
+            cache_layer: step.cache_layer,
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+        }
+    }
+
+    fn head_norms(&self, step: &LayerStep) -> Option<HeadNorms<'_>> {
+        self.norms.map(|n| HeadNorms {
+            q: &n.q.buffer,
+            k: &n.k.buffer,
+            eps: step.cfg.rms_eps,
+        })
+    }
+
+    /// Norms, rope, the cache write and attention in one dispatch where the fused kernel runs
+    /// (it has no binding left for frequency factors: scaled RoPE takes `rope_store`); whether
+    /// it ran.
+    fn fused(&self, rec: &mut Recorder, step: &LayerStep) -> bool {
+        let runs = step.rope_scaling.is_none()
+            && attention::rope_attention_supported(rec.gpu(), self.params);
+        if runs {
+            let (target, norms) = (self.target(step), self.head_norms(step));
+            let out = &step.scratch.attn;
+            let (position, rope, params) = (self.position, self.rope, self.params);
+            attention::rope_attention_decode(
+                rec,
+                &target,
+                norms.as_ref(),
+                position,
+                rope,
+                params,
+                out,
+            );
+        }
+        runs
+    }
 }
 
 /// A batched decode step's attention (`model::batch`): q, k and v of row `i` (from the tiled
@@ -280,6 +335,19 @@ fn attend_rows(
     norms: Option<&QkNorms>,
     params: &AttentionParams,
 ) {
+    // A paged pool's seat alone in its step: the one-token kernel, through its pages.
+    if let [row] = rows {
+        let one = OneToken {
+            cache: row.cache,
+            position: row.position,
+            rope: rope_params,
+            norms,
+            params,
+        };
+        if one.fused(rec, step) {
+            return;
+        }
+    }
     let (cfg, s) = (step.cfg, step.scratch);
     let head_norms = norms.map(|n| HeadNorms {
         q: &n.q.buffer,

@@ -2,10 +2,14 @@
 //! (`wgsl/attention_decode_rope.wgsl` around `attention_decode_core.wgsl`): the per-head q/k
 //! norms, the rotation and the KV cache write happen in the attention dispatch itself, so a
 //! decode step has one dependent dispatch fewer per layer. Only on the GPU work split, where
-//! `attention_decode_gpu` would run.
+//! `attention_decode_gpu` would run. A seat of a paged pool (a serving sequence alone in its
+//! step) takes it too, reading and writing through its pages: the rows kernels' two
+//! dispatches cost 8% of a one-stream decode step on the H200 (docs/perf.md, session 27).
 
 use super::decode_gpu;
-use super::{dispatch_split_with, first_visible, AttentionParams, KernelParams, SplitCall};
+use super::{
+    dispatch_split_with, first_visible, AttentionParams, KernelParams, SplitCall, PAGE_TOKENS,
+};
 use crate::gpu::{Gpu, Kernel, Lib, Recorder};
 use crate::ops::rope::{HeadNorms, RopeParams, StoreTarget};
 
@@ -19,8 +23,10 @@ const DECODE_ROPE: Kernel = Kernel {
     libs: &[Lib::Reduce, Lib::Rotary, Lib::AttentionMask],
 };
 
-/// Storage bindings of the fused kernel: q/k/v, two cache layers, out, two partials, two norms.
-const STORAGE_BINDINGS: u32 = 8;
+/// Storage bindings of the fused kernel: q/k/v, two cache layers, out, two partials, two norms
+/// and a page table (WebGPU's default limit is 8; Chromium's adapters give 10, SwiftShader's
+/// included).
+const STORAGE_BINDINGS: u32 = 9;
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -93,7 +99,11 @@ pub fn rope_attention_decode(
     let thetas = pair_thetas(rope, start_pos);
     let [wg, hd, kps, lpk] = decode_gpu::constants(p.head_dim);
     let pairs4 = ("PAIRS4", thetas.len() as u32 / 4);
-    let pipeline = rec.pipeline(&DECODE_ROPE, &[wg, hd, kps, lpk, pairs4]);
+    let paged = [("PAGED", cache.paged_constant()), ("PAGE", PAGE_TOKENS)];
+    let pipeline = rec.pipeline(
+        &DECODE_ROPE,
+        &[wg, hd, kps, lpk, pairs4, paged[0], paged[1]],
+    );
     let uniform = RopeAttentionParams {
         attention: KernelParams::new(p, start_pos, 1, splits),
         rope_dims: rope.rope_dims,
@@ -120,6 +130,9 @@ pub fn rope_attention_decode(
     let placeholder = rec.gpu().placeholder().clone();
     let q_norm = norms.map_or(&placeholder, |n| n.q);
     let k_norm = norms.map_or(&placeholder, |n| n.k);
+    let pages = cache
+        .page_binding()
+        .unwrap_or(placeholder.as_entire_binding());
     dispatch_split_with(
         rec,
         &pipeline,
@@ -127,6 +140,10 @@ pub fn rope_attention_decode(
         p,
         [splits, p.heads, 1],
         &uniform,
-        &[q_norm.as_entire_binding(), k_norm.as_entire_binding()],
+        &[
+            q_norm.as_entire_binding(),
+            k_norm.as_entire_binding(),
+            pages,
+        ],
     );
 }
