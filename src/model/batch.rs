@@ -32,6 +32,15 @@ pub struct BatchRow<'a> {
     pub cache: &'a KvCache,
 }
 
+/// A batched step's rows as its blocks see them.
+#[derive(Clone, Copy)]
+pub struct StepRows<'a> {
+    pub rows: &'a [BatchRow<'a>],
+    /// Where the step wrote the rows' table (`attention::row_table`) when their caches are one
+    /// pool's, so that one dispatch serves every row; `None`: row by row.
+    pub table: Option<&'a wgpu::Buffer>,
+}
+
 impl Stage {
     /// Feeds every row's token at its position into its cache and returns each row's logits,
     /// in row order. At most `max_batch` rows.
@@ -127,14 +136,16 @@ impl Stage {
                 .queue
                 .write_buffer(&self.scratch.ids, 0, bytemuck::cast_slice(&ids));
         }
-        if let Some(table) = pooled_row_table(rows) {
-            let words = bytemuck::cast_slice(&table);
+        let table = pooled_row_table(rows).map(|words| {
             let buffer = row_table_buffer(rows, &self.scratch.row_table);
-            self.gpu.queue.write_buffer(buffer, 0, words);
-        }
+            self.gpu
+                .queue
+                .write_buffer(buffer, 0, bytemuck::cast_slice(&words));
+            buffer
+        });
         self.with_recorder(("batch", tokens), |mut rec| {
             self.record_embedding(&mut rec, tokens)?;
-            self.record_row_blocks(&mut rec, rows);
+            self.record_row_blocks(&mut rec, StepRows { rows, table });
             rec.submit();
             Ok(())
         })
@@ -142,7 +153,8 @@ impl Stage {
 
     /// The blocks over one row per sequence; one row is an ordinary decode step in its cache,
     /// except in a seat of a paged pool, which only the rows kernels read.
-    fn record_row_blocks(&self, rec: &mut Recorder, rows: &[BatchRow<'_>]) {
+    fn record_row_blocks(&self, rec: &mut Recorder, step_rows: StepRows<'_>) {
+        let rows = step_rows.rows;
         let single = rows.len() == 1 && rows[0].cache.pages().is_none();
         for (index, weights) in self.layers.iter().enumerate() {
             let step = LayerStep {
@@ -154,7 +166,7 @@ impl Stage {
                 layer: self.spec.layers.start + index as u32,
                 start_pos: rows[0].position,
                 tokens: rows.len() as u32,
-                rows: (!single).then_some(rows),
+                rows: (!single).then_some(step_rows),
                 rope_scaling: self.rope_scaling(),
                 previous: index.checked_sub(1).map(|i| &self.layers[i]),
                 next: self.layers.get(index + 1),
@@ -229,7 +241,7 @@ impl PendingArgmax {
 
 /// The row table of rows whose caches are slots of one pool (several rows) or seats of one
 /// paged pool (any rows), else `None`.
-pub(super) fn pooled_row_table(rows: &[BatchRow<'_>]) -> Option<Vec<u32>> {
+fn pooled_row_table(rows: &[BatchRow<'_>]) -> Option<Vec<u32>> {
     let paged = rows.first()?.cache.pages().is_some();
     if rows.len() < 2 && !paged {
         return None;
@@ -241,7 +253,7 @@ pub(super) fn pooled_row_table(rows: &[BatchRow<'_>]) -> Option<Vec<u32>> {
 
 /// Where the row table of `rows` goes: a paged pool's own page table (the words in front of
 /// its seats' entries), else the scratch's table.
-pub(super) fn row_table_buffer<'a>(
+fn row_table_buffer<'a>(
     rows: &[BatchRow<'a>],
     scratch_table: &'a wgpu::Buffer,
 ) -> &'a wgpu::Buffer {

@@ -325,16 +325,18 @@ impl OneToken<'_> {
 /// A batched decode step's attention (`model::batch`): q, k and v of row `i` (from the tiled
 /// products, in `q`, `k` and `v`) are normalised, rotated and stored at row `i`'s position in
 /// its own cache, and row `i` attends over that cache alone: all rows in one dispatch where
-/// their caches are one pool's slots (`attention_decode_rows`, reading the row table that
-/// `forward_batch_logits` wrote), else row by row.
+/// their caches are one pool's (`attention_decode_rows`, reading the row table the step
+/// wrote: `StepRows::table`), else row by row. A paged seat alone in its step takes the fused
+/// one-token kernel.
 fn attend_rows(
     rec: &mut Recorder,
     step: &LayerStep,
-    rows: &[super::batch::BatchRow],
+    step_rows: super::batch::StepRows,
     rope_params: &RopeParams,
     norms: Option<&QkNorms>,
     params: &AttentionParams,
 ) {
+    let rows = step_rows.rows;
     // A paged pool's seat alone in its step: the one-token kernel, through its pages.
     if let [row] = rows {
         let one = OneToken {
@@ -354,8 +356,6 @@ fn attend_rows(
         k: &n.k.buffer,
         eps: cfg.rms_eps,
     });
-    let pooled = super::batch::pooled_row_table(rows).is_some();
-    let row_table = super::batch::row_table_buffer(rows, &s.row_table);
     let scaling = step.rope_scaling.as_ref();
     // One row (a paged pool's seat alone in its step) has its q, k and v packed in `qkv`, as
     // every one-token step does.
@@ -377,7 +377,8 @@ fn attend_rows(
             Section::from(&s.v),
         ),
     };
-    if pooled && rope::rope_store_rows_supported(rec.gpu()) {
+    let table = step_rows.table;
+    if let Some(row_table) = table.filter(|_| rope::rope_store_rows_supported(rec.gpu())) {
         let target = StoreTarget {
             q,
             k,
@@ -393,7 +394,7 @@ fn attend_rows(
     } else {
         store_rows_one_by_one(rec, step, rows, rope_params, head_norms.as_ref());
     }
-    if pooled && attention::decode_rows_supported(rec.gpu(), params) {
+    if let Some(row_table) = table.filter(|_| attention::decode_rows_supported(rec.gpu(), params)) {
         let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
         let table = attention::DecodeRows {
             cache: rows[0].cache,

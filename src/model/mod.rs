@@ -105,7 +105,7 @@ pub struct LayerStep<'a> {
     pub tokens: u32,
     /// `Some`: the tokens are one decode step of as many sequences, row `i` at its own
     /// position in its own cache (`batch`); `cache` and `start_pos` are then unused.
-    pub rows: Option<&'a [batch::BatchRow<'a>]>,
+    pub rows: Option<batch::StepRows<'a>>,
     /// The model's RoPE frequency factors and magnitude, where it has them (Llama 3, Phi-3).
     pub rope_scaling: Option<crate::ops::rope::RopeScaling<'a>>,
     /// The blocks before and after this one in this stage, if any: a block may leave work to
