@@ -4,7 +4,7 @@
 //! The weight products run over all rows together (up to 16 rows through the decode
 //! path's fused matrix-vector products, one per row; more through the prompt path's tiled
 //! kernels), while rope and the cache write run per row on the row's own cache
-//! (`block::attend_rows`), and attention runs in one dispatch over all rows when their caches
+//! (`block::attend`), and attention runs in one dispatch over all rows when their caches
 //! are slots of one pool (the serving pool's `KvCache::pooled`; a row table in the scratch
 //! gives each row's position and slot), else per row. One row alone takes the single-token
 //! path unchanged, so a batch of one decodes exactly as a lone sequence does. A greedy step's

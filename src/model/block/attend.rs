@@ -1,0 +1,354 @@
+//! A block's attention: rope (after per-head norms, where the model has them), the KV cache
+//! write and attention, for a prompt, one token, or a batched step's rows, each by the fewest
+//! dispatches the device allows.
+
+use crate::gpu::Recorder;
+use crate::ops::attention::{self, AttentionParams, KvCache};
+use crate::ops::rope::{HeadNorms, RopeParams, Section, StoreTarget};
+use crate::ops::{norm, rope};
+
+use crate::model::loader::Vector;
+use crate::model::LayerStep;
+
+/// Per-head norms of q and k (Gemma 3) with their weights.
+pub(in crate::model) struct QkNorms<'a> {
+    pub q: &'a Vector,
+    pub k: &'a Vector,
+}
+
+/// Rotates q and k (after their per-head norms, if any), writes k and v into the cache and
+/// attends from q, leaving the result in `attn`. One token does all of it in the attention
+/// dispatch where the GPU kernels run, else everything before the attention in one dispatch.
+pub(in crate::model) fn rotate_and_attend(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    rope_params: &RopeParams,
+    norms: Option<QkNorms>,
+    window: Option<u32>,
+) {
+    let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
+    let params = AttentionParams {
+        heads: cfg.n_heads,
+        kv_heads: cfg.n_kv_heads,
+        head_dim: cfg.head_dim,
+        scale: cfg.attention_scale,
+        window,
+        softcap: None,
+    };
+    if let Some(rows) = step.rows {
+        attend_rows(rec, step, rows, rope_params, norms.as_ref(), &params);
+        return;
+    }
+    let one = OneToken {
+        cache: step.cache,
+        position: step.start_pos,
+        rope: rope_params,
+        norms: norms.as_ref(),
+        params: &params,
+    };
+    if tokens == 1 && one.fused(rec, step) {
+        return;
+    }
+    // A seat of a paged pool that the fused kernel cannot serve takes the prompt path for one
+    // token too (it and the rows kernels read pages), its q, k and v moved out of `qkv` first.
+    if tokens > 1 || step.cache.pages().is_some() {
+        if tokens == 1 {
+            unpack_qkv(rec, step);
+        }
+        rotate_prompt(rec, step, rope_params, norms);
+        attention::attention(
+            rec,
+            &s.q,
+            step.cache,
+            step.cache_layer,
+            &s.attn,
+            step.start_pos,
+            tokens,
+            &params,
+        );
+        return;
+    }
+    let target = one.target(step);
+    let head_norms = one.head_norms(step);
+    let scaling = step.rope_scaling.as_ref();
+    let start = step.start_pos;
+    rope::rope_store_scaled(
+        rec,
+        &target,
+        head_norms.as_ref(),
+        scaling,
+        1,
+        start,
+        rope_params,
+    );
+    attention::attention(
+        rec,
+        &s.qkv,
+        step.cache,
+        step.cache_layer,
+        &s.attn,
+        start,
+        1,
+        &params,
+    );
+}
+
+/// One token's attention at `position` of `cache`, its q, k and v packed in the step's `qkv`.
+struct OneToken<'a> {
+    cache: &'a KvCache,
+    position: u32,
+    rope: &'a RopeParams,
+    norms: Option<&'a QkNorms<'a>>,
+    params: &'a AttentionParams,
+}
+
+impl OneToken<'_> {
+    fn target<'s>(&'s self, step: &'s LayerStep) -> StoreTarget<'s> {
+        let (cfg, qkv) = (step.cfg, &step.scratch.qkv);
+        let section = |offset| Section {
+            buffer: qkv,
+            offset,
+        };
+        StoreTarget {
+            q: section(0),
+            k: section(cfg.q_dim()),
+            v: section(cfg.q_dim() + cfg.kv_dim()),
+            cache: self.cache,
+            cache_layer: step.cache_layer,
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+        }
+    }
+
+    fn head_norms(&self, step: &LayerStep) -> Option<HeadNorms<'_>> {
+        self.norms.map(|n| HeadNorms {
+            q: &n.q.buffer,
+            k: &n.k.buffer,
+            eps: step.cfg.rms_eps,
+        })
+    }
+
+    /// Norms, rope, the cache write and attention in one dispatch where the fused kernel runs
+    /// (it has no binding left for frequency factors: scaled RoPE takes `rope_store`); whether
+    /// it ran.
+    fn fused(&self, rec: &mut Recorder, step: &LayerStep) -> bool {
+        let runs = step.rope_scaling.is_none()
+            && attention::rope_attention_supported(rec.gpu(), self.params);
+        if runs {
+            let (target, norms) = (self.target(step), self.head_norms(step));
+            let out = &step.scratch.attn;
+            let (position, rope, params) = (self.position, self.rope, self.params);
+            attention::rope_attention_decode(
+                rec,
+                &target,
+                norms.as_ref(),
+                position,
+                rope,
+                params,
+                out,
+            );
+        }
+        runs
+    }
+}
+
+/// A batched decode step's attention (`model::batch`): q, k and v of row `i` (from the tiled
+/// products, in `q`, `k` and `v`) are normalised, rotated and stored at row `i`'s position in
+/// its own cache, and row `i` attends over that cache alone: all rows in one dispatch where
+/// their caches are one pool's (`attention_decode_rows`, reading the row table the step
+/// wrote: `StepRows::table`), else row by row. A paged seat alone in its step takes the fused
+/// one-token kernel.
+fn attend_rows(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    step_rows: crate::model::batch::StepRows,
+    rope_params: &RopeParams,
+    norms: Option<&QkNorms>,
+    params: &AttentionParams,
+) {
+    let rows = step_rows.rows;
+    // A paged pool's seat alone in its step: the one-token kernel, through its pages.
+    if let [row] = rows {
+        let one = OneToken {
+            cache: row.cache,
+            position: row.position,
+            rope: rope_params,
+            norms,
+            params,
+        };
+        if one.fused(rec, step) {
+            return;
+        }
+    }
+    let (cfg, s) = (step.cfg, step.scratch);
+    let head_norms = norms.map(|n| HeadNorms {
+        q: &n.q.buffer,
+        k: &n.k.buffer,
+        eps: cfg.rms_eps,
+    });
+    let scaling = step.rope_scaling.as_ref();
+    // One row (a paged pool's seat alone in its step) has its q, k and v packed in `qkv`, as
+    // every one-token step does.
+    let (q, k, v) = match rows.len() {
+        1 => (
+            Section::from(&s.qkv),
+            Section {
+                buffer: &s.qkv,
+                offset: cfg.q_dim(),
+            },
+            Section {
+                buffer: &s.qkv,
+                offset: cfg.q_dim() + cfg.kv_dim(),
+            },
+        ),
+        _ => (
+            Section::from(&s.q),
+            Section::from(&s.k),
+            Section::from(&s.v),
+        ),
+    };
+    let table = step_rows.table;
+    if let Some(row_table) = table.filter(|_| rope::rope_store_rows_supported(rec.gpu())) {
+        let target = StoreTarget {
+            q,
+            k,
+            v,
+            cache: rows[0].cache,
+            cache_layer: step.cache_layer,
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+        };
+        let count = rows.len() as u32;
+        let norms = head_norms.as_ref();
+        rope::rope_store_rows(rec, &target, norms, scaling, count, row_table, rope_params);
+    } else {
+        store_rows_one_by_one(rec, step, rows, rope_params, head_norms.as_ref());
+    }
+    if let Some(row_table) = table.filter(|_| attention::decode_rows_supported(rec.gpu(), params)) {
+        let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
+        let table = attention::DecodeRows {
+            cache: rows[0].cache,
+            table: row_table,
+            positions: &positions,
+        };
+        let layer = step.cache_layer;
+        attention::attention_decode_rows(rec, q.buffer, &table, layer, &s.attn, params);
+        return;
+    }
+    attend_rows_one_by_one(rec, step, rows, params);
+}
+
+/// Each row's rope and cache write in turn, into its own cache (rows not of one pool, or a
+/// device without the storage bindings `rope_store_rows` needs).
+fn store_rows_one_by_one(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    rows: &[crate::model::batch::BatchRow],
+    rope_params: &RopeParams,
+    head_norms: Option<&HeadNorms>,
+) {
+    let (cfg, s) = (step.cfg, step.scratch);
+    let scaling = step.rope_scaling.as_ref();
+    for (index, row) in rows.iter().enumerate() {
+        let index = index as u32;
+        let target = StoreTarget {
+            q: Section {
+                buffer: &s.q,
+                offset: index * cfg.q_dim(),
+            },
+            k: Section {
+                buffer: &s.k,
+                offset: index * cfg.kv_dim(),
+            },
+            v: Section {
+                buffer: &s.v,
+                offset: index * cfg.kv_dim(),
+            },
+            cache: row.cache,
+            cache_layer: step.cache_layer,
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+        };
+        rope::rope_store_scaled(
+            rec,
+            &target,
+            head_norms,
+            scaling,
+            1,
+            row.position,
+            rope_params,
+        );
+    }
+}
+
+/// Each row's attention over its own cache in turn. The attention kernels read their query
+/// from row 0 and write row 0, so each row's q goes through `qkv` and its result through
+/// `gate` (both free until the MLP) on its way into `attn`.
+fn attend_rows_one_by_one(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    rows: &[crate::model::batch::BatchRow],
+    params: &AttentionParams,
+) {
+    let s = step.scratch;
+    let q_bytes = u64::from(step.cfg.q_dim()) * 4;
+    for (index, row) in rows.iter().enumerate() {
+        let offset = index as u64 * q_bytes;
+        rec.copy(&s.q, offset, &s.qkv, 0, q_bytes);
+        let (cache, layer) = (row.cache, step.cache_layer);
+        attention::attention(rec, &s.qkv, cache, layer, &s.gate, row.position, 1, params);
+        rec.copy(&s.gate, 0, &s.attn, offset, q_bytes);
+    }
+}
+
+/// Copies one token's q, k and v from `qkv` (where its products put them) into `q`, `k` and
+/// `v` (where the prompt path reads them).
+fn unpack_qkv(rec: &mut Recorder, step: &LayerStep) {
+    let (cfg, s) = (step.cfg, step.scratch);
+    let (q_bytes, kv_bytes) = (u64::from(cfg.q_dim()) * 4, u64::from(cfg.kv_dim()) * 4);
+    rec.copy(&s.qkv, 0, &s.q, 0, q_bytes);
+    rec.copy(&s.qkv, q_bytes, &s.k, 0, kv_bytes);
+    rec.copy(&s.qkv, q_bytes + kv_bytes, &s.v, 0, kv_bytes);
+}
+
+/// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v.
+fn rotate_prompt(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    rope_params: &RopeParams,
+    norms: Option<QkNorms>,
+) {
+    let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
+    if let Some(norms) = &norms {
+        head_norm(rec, &s.q, norms.q, tokens * cfg.n_heads, step);
+        head_norm(rec, &s.k, norms.k, tokens * cfg.n_kv_heads, step);
+    }
+    let scaling = step.rope_scaling.as_ref();
+    let start = step.start_pos;
+    rope::rope_scaled(rec, &s.q, tokens, cfg.n_heads, start, rope_params, scaling);
+    rope::rope_scaled(
+        rec,
+        &s.k,
+        tokens,
+        cfg.n_kv_heads,
+        start,
+        rope_params,
+        scaling,
+    );
+    attention::kv_write(
+        rec,
+        step.cache,
+        step.cache_layer,
+        &s.k,
+        &s.v,
+        step.start_pos,
+        tokens,
+    );
+}
+
+/// RMSNorm of each head's vector in `x` (rows of head_dim), through `attn`, back into `x`.
+fn head_norm(rec: &mut Recorder, x: &wgpu::Buffer, weight: &Vector, rows: u32, step: &LayerStep) {
+    let (head_dim, eps, tmp) = (step.cfg.head_dim, step.cfg.rms_eps, &step.scratch.attn);
+    norm::rms_norm(rec, x, &weight.buffer, tmp, rows, head_dim, eps);
+    rec.copy(tmp, 0, x, 0, u64::from(rows * head_dim) * 4);
+}
