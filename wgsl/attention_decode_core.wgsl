@@ -122,15 +122,22 @@ fn weighted_values(region: u32, begin: u32, head: u32, cached: u32, g: u32, d4: 
     return acc;
 }
 
+// The first key and the number of keys of split `split` of a query at position `pos`.
+fn split_keys(split: u32, pos: u32) -> vec2<u32> {
+    let lo = first_visible(pos, params.window);
+    let visible = pos + 1u - lo;
+    let begin = lo + split * visible / params.splits;
+    return vec2<u32>(begin, lo + (split + 1u) * visible / params.splits - begin);
+}
+
 // Attends query head `head` of `token` (q_row, visible to every lane) at position `pos` over
 // split `split` of its keys, in cache region `region` (`cache_row`); with `fresh`, the split's
 // last key is fresh_k/fresh_v. Uniform control flow.
 fn attend(split: u32, head: u32, token: u32, pos: u32, region: u32, lane: u32, fresh: bool) {
     let kv_group = head / (params.heads / params.kv_heads);
-    let lo = first_visible(pos, params.window);
-    let visible = pos + 1u - lo;
-    let begin = lo + split * visible / params.splits;
-    let count = lo + (split + 1u) * visible / params.splits - begin;
+    let keys = split_keys(split, pos);
+    let begin = keys.x;
+    let count = keys.y;
     let cached = count - u32(fresh);
     let kv_at = kv_group * HD4;
 

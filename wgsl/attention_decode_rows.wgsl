@@ -42,16 +42,13 @@ fn cache_row(region: u32, pos: u32) -> u32 {
 }
 
 // Fills key_rows for split `split` of a query at `position`: the share of its keys `attend`
-// takes (the same arithmetic), each through its page. At most KPS keys: the host splits so.
+// takes (`split_keys`), each through its page. At most KPS keys: the host splits so.
 fn look_up_keys(split: u32, position: u32, region: u32, lane: u32) {
-    let lo = first_visible(position, params.window);
-    let visible = position + 1u - lo;
-    let begin = lo + split * visible / params.splits;
-    let count = lo + (split + 1u) * visible / params.splits - begin;
-    first_key = begin;
+    let keys = split_keys(split, position);
+    first_key = keys.x;
     let row_stride = params.kv_heads * HD4;
-    for (var i = lane; i < count; i = i + WG) {
-        let pos = begin + i;
+    for (var i = lane; i < keys.y; i = i + WG) {
+        let pos = keys.x + i;
         key_rows[i] = (rows[region + pos / PAGE] * PAGE + pos % PAGE) * row_stride;
     }
 }
