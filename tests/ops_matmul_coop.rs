@@ -16,7 +16,8 @@ use half::f16;
 use webshard::gpu::{self, testing, Gpu, Recorder, Variant, WeightTensor};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
-    dequant_row_reference, matmul, matmul_reference, uses_coop_matrix, QuantMatrix, QuantType,
+    dequant_row_reference, matmul_product, matmul_reference, uses_coop_matrix, QuantMatrix,
+    QuantType,
 };
 
 fn upload_weights(gpu: &Gpu, bytes: &[u8], rows: usize) -> WeightTensor {
@@ -59,7 +60,9 @@ impl Case {
         let out = gpu::storage_buffer(gpu, "out", out_bytes);
         gpu::poison_f32(gpu, &out);
         let mut rec = Recorder::with_variant(gpu, variant);
-        matmul(&mut rec, &w, &x, &out, self.tokens as u32);
+        // The prefill product itself: `matmul` hands few tokens to the per-token products on
+        // GPUs (f32 operands), which would leave the small shapes' kernel unchecked.
+        matmul_product(&mut rec, &w, &x, &out, self.tokens as u32);
         let bytes = pollster::block_on(rec.submit_and_read(&out, 0, out_bytes)).expect("read");
         bytemuck::pod_collect_to_vec(&bytes)
     }

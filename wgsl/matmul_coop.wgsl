@@ -4,9 +4,10 @@
 // A workgroup of WG = 4 subgroups computes a tile of TT = 64 tokens x TR = 64 rows. K is walked
 // in steps of BK = 128 elements (a whole number of units for every type, as in `matmul.wgsl`).
 // Each step dequantizes the tile's 64 x 128 weights to f16 in workgroup memory, every unit by one
-// lane, and converts the 64 tokens' activations to f16 beside them; each lane loads its part of
-// the next step into registers before the multiplies of this one, so global loads overlap the
-// tensor cores instead of stalling before them. Each subgroup owns a
+// lane, and converts the 64 tokens' activations to f16 beside them; each lane issues all its
+// loads of a step at once (two units, 16 vec4s) before storing any. Holding the next step's
+// loads in registers across this step's multiplies made every product 15-25% slower on the
+// H200 (docs/perf.md, session 27: 128 floats a lane live through the multiplies). Each subgroup owns a
 // 32 x 32 quarter of the outputs as 2 x 2 f32 accumulators of 16 x 16 and multiplies 16-column
 // slices of both tiles into them. In cooperative-matrix terms A is the activations (tokens x k,
 // row-major in `x_tile`), B the transposed weights (k x rows, column-major in `w_tile`) and C the
@@ -100,16 +101,26 @@ fn store_weight_unit(k0: u32, slot: u32, values: Unit) {
     }
 }
 
-// Activation vec4 `slot` of the step at k4 (tokens past the end repeat the last one, columns
-// past the end the last column: always a valid load; `store_activation` skips those columns).
+// Whether activation vec4 `slot` of a step belongs to a token of the call: a batched step's
+// 16 rows fill a quarter of the tile, and the rest is neither loaded nor stored (its outputs
+// are never written, and a warp's 32 slots are one token, so the test does not diverge).
+fn live_token(first_token: u32, slot: u32) -> bool {
+    return first_token + slot / BK4 < params.tokens;
+}
+
+// Activation vec4 `slot` of the step at k4 (columns past the end repeat the last column: always
+// a valid load; `store_activation` skips those columns).
 fn load_activation(first_token: u32, k4: u32, slot: u32) -> vec4<f32> {
+    if (!live_token(first_token, slot)) {
+        return vec4<f32>(0.0);
+    }
     let cols4 = params.cols / 4u;
-    let token = min(first_token + slot / BK4, params.tokens - 1u);
+    let token = first_token + slot / BK4;
     return x[token * cols4 + min(k4 + slot % BK4, cols4 - 1u)];
 }
 
-fn store_activation(k4: u32, slot: u32, v: vec4<f32>) {
-    if (k4 + slot % BK4 < params.cols / 4u) {
+fn store_activation(first_token: u32, k4: u32, slot: u32, v: vec4<f32>) {
+    if (live_token(first_token, slot) && k4 + slot % BK4 < params.cols / 4u) {
         let at = (slot / BK4) * STRIDE + 4u * (slot % BK4);
         x_tile[at] = f16(v.x);
         x_tile[at + 1u] = f16(v.y);
@@ -133,19 +144,19 @@ fn load_activations(first_token: u32, k4: u32, s: u32) -> Unit {
     );
 }
 
-fn store_activations(k4: u32, s: u32, v: Unit) {
-    store_activation(k4, s, v[0]);
-    store_activation(k4, s + WG, v[1]);
-    store_activation(k4, s + 2u * WG, v[2]);
-    store_activation(k4, s + 3u * WG, v[3]);
-    store_activation(k4, s + 4u * WG, v[4]);
-    store_activation(k4, s + 5u * WG, v[5]);
-    store_activation(k4, s + 6u * WG, v[6]);
-    store_activation(k4, s + 7u * WG, v[7]);
+fn store_activations(first_token: u32, k4: u32, s: u32, v: Unit) {
+    store_activation(first_token, k4, s, v[0]);
+    store_activation(first_token, k4, s + WG, v[1]);
+    store_activation(first_token, k4, s + 2u * WG, v[2]);
+    store_activation(first_token, k4, s + 3u * WG, v[3]);
+    store_activation(first_token, k4, s + 4u * WG, v[4]);
+    store_activation(first_token, k4, s + 5u * WG, v[5]);
+    store_activation(first_token, k4, s + 6u * WG, v[6]);
+    store_activation(first_token, k4, s + 7u * WG, v[7]);
 }
 
-// What one lane brings to a step: two weight units and 16 activation vec4s, held in registers
-// from the loads (issued a step ahead) to the stores into the tiles.
+// What one lane brings to a step: two weight units and 16 activation vec4s, loaded together
+// before they are stored into the tiles.
 struct Staged {
     w0: Unit,
     w1: Unit,
@@ -162,11 +173,11 @@ fn load_step(first_tile_row: u32, first_token: u32, k0: u32, lane: u32) -> Stage
     );
 }
 
-fn store_step(k0: u32, lane: u32, staged: Staged) {
+fn store_step(first_token: u32, k0: u32, lane: u32, staged: Staged) {
     store_weight_unit(k0, lane, staged.w0);
     store_weight_unit(k0, lane + WG, staged.w1);
-    store_activations(k0 / 4u, lane, staged.x0);
-    store_activations(k0 / 4u, lane + 8u * WG, staged.x1);
+    store_activations(first_token, k0 / 4u, lane, staged.x0);
+    store_activations(first_token, k0 / 4u, lane + 8u * WG, staged.x1);
 }
 
 // Stores one 16 x 16 accumulator (tokens x rows, from token `token0` and tile row `row0`)
@@ -200,14 +211,9 @@ fn matmul(
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
-    // Software pipelining: the next step's loads are in flight while this step multiplies.
-    var staged = load_step(first_tile_row, first_token, 0u, lane);
     for (var k0 = 0u; k0 < params.cols; k0 = k0 + BK) {
-        store_step(k0, lane, staged);
+        store_step(first_token, k0, lane, load_step(first_tile_row, first_token, k0, lane));
         workgroupBarrier();
-        if (k0 + BK < params.cols) {
-            staged = load_step(first_tile_row, first_token, k0 + BK, lane);
-        }
         let width = min(BK, params.cols - k0);
         for (var k = 0u; k < width; k = k + 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&x_tile[x_at + k], STRIDE);
