@@ -17,7 +17,8 @@
 #                    TOKENS), into $OUT/batch-splits.jsonl (default ARGS: -p 0 -n 64 -r 2
 #                    --batch-rows 1,4,16)
 #   ab [ARGS]        an A/B of runner builds: each carried .device/ab/runner-NAME.xz (pack them
-#                    with `xz -T0`), ROUNDS rounds (default 2) of runner bench on every model,
+#                    with `xz -T0`; unpacked to /root/ab/runner-NAME, which later calls on a warm
+#                    machine can name in RUNNER), ROUNDS rounds (default 2) of runner bench on every model,
 #                    interleaved; a line per run, JSON into $OUT/ab.jsonl (default ARGS: -p 0
 #                    -n 128 -r 2 --batch-rows 1,4,16)
 #   spec [ARGS]      speculative decoding (needs the real weights: assemble first): runner
@@ -160,14 +161,18 @@ PY
     shift
     vulkan_env
     [ $# -gt 0 ] || set -- -p 0 -n 128 -r 2 --batch-rows 1,4,16
+    # Unpacked outside the working tree: a later call that carries .device/ab again replaces
+    # that folder, and RUNNER=/root/ab/runner-NAME must still find its binary then.
+    rm -rf /root/ab && mkdir -p /root/ab
     for packed in .device/ab/runner-*.xz; do
-      xz -dkf "$packed" && chmod +x "${packed%.xz}"
+      unpacked=/root/ab/$(basename "${packed%.xz}")
+      xz -dc "$packed" > "$unpacked" && chmod +x "$unpacked"
     done
     for round in $(seq "${ROUNDS:-2}"); do
-      for build in .device/ab/runner-*[!z]; do
+      for build in /root/ab/runner-*; do
         for model in "$models"/*.gguf; do
           "$build" bench -m "$model" --quiet --json "$@" | record_run "$OUT/ab.jsonl" \
-            round="$round" build="${build#.device/ab/runner-}" model_file="$(basename "$model")"
+            round="$round" build="${build#/root/ab/runner-}" model_file="$(basename "$model")"
         done
       done
     done
