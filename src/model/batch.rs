@@ -152,7 +152,8 @@ impl Stage {
     }
 
     /// The blocks over one row per sequence; one row is an ordinary decode step in its cache,
-    /// except in a seat of a paged pool, which only the rows kernels read.
+    /// except in a seat of a paged pool, whose attention `block::attend` sends through its pages
+    /// (the fused one-token kernel where it runs, else the rows kernels).
     fn record_row_blocks(&self, rec: &mut Recorder, step_rows: StepRows<'_>) {
         let rows = step_rows.rows;
         let single = rows.len() == 1 && rows[0].cache.pages().is_none();
