@@ -329,7 +329,7 @@ fn rope_store_rows_writes_through_the_pages() {
 #[test]
 fn fused_one_token_attention_goes_through_the_pages() {
     use webshard::ops::attention::{rope_attention_decode, rope_attention_supported};
-    use webshard::ops::rope::{rope_reference, RopeParams, Section, StoreTarget};
+    use webshard::ops::rope::{rope_reference, RopeParams, StoreTarget};
     let seed = testing::fresh_seed();
     // CPU adapters once more with the GPU work split, where the fused kernel runs.
     let devices = pollster::block_on(testing::device_variants_both_splits()).unwrap();
@@ -362,19 +362,7 @@ fn fused_one_token_attention_goes_through_the_pages() {
                 let qkv_buffer = gpu::upload_f32(&gpu, "qkv", &qkv);
                 let out = gpu::storage_buffer(&gpu, "out", q_len as u64 * 4);
                 gpu::poison_f32(&gpu, &out);
-                let section = |offset: usize| Section {
-                    buffer: &qkv_buffer,
-                    offset: offset as u32,
-                };
-                let target = StoreTarget {
-                    q: section(0),
-                    k: section(q_len),
-                    v: section(q_len + row),
-                    cache: &pool.seats[seat],
-                    cache_layer: LAYER,
-                    heads: p.heads,
-                    kv_heads: p.kv_heads,
-                };
+                let target = StoreTarget::packed(&qkv_buffer, p.heads, &pool.seats[seat], LAYER);
                 let mut rec = Recorder::with_variant(&gpu, variant);
                 rope_attention_decode(&mut rec, &target, None, position, &rope, p, &out);
                 let bytes = pollster::block_on(rec.submit_and_read(&out, 0, q_len as u64 * 4));

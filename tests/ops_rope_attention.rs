@@ -11,7 +11,7 @@ use webshard::ops::attention::{
     attention_reference, rope_attention_decode, rope_attention_supported, AttentionParams, KvCache,
 };
 use webshard::ops::norm::rms_norm_reference;
-use webshard::ops::rope::{rope_reference, HeadNorms, RopeParams, Section, StoreTarget};
+use webshard::ops::rope::{rope_reference, HeadNorms, RopeParams, StoreTarget};
 
 const MAX_CTX: u32 = 1024;
 const LAYER: u32 = 1;
@@ -182,19 +182,7 @@ fn check_case(gpu: &Arc<Gpu>, variant: Variant, m: &Model, pos: u32, seed: u64) 
     let norm_buffers = [&x.q_norm, &x.k_norm].map(|w| gpu::upload_f32(gpu, "norm", w));
     let out = gpu::storage_buffer(gpu, "out", u64::from(m.heads * hd) * 4);
     gpu::poison_f32(gpu, &out);
-    let section = |offset| Section {
-        buffer: &qkv,
-        offset,
-    };
-    let target = StoreTarget {
-        q: section(0),
-        k: section(m.heads * hd),
-        v: section((m.heads + m.kv_heads) * hd),
-        cache: &cache,
-        cache_layer: LAYER,
-        heads: m.heads,
-        kv_heads: m.kv_heads,
-    };
+    let target = StoreTarget::packed(&qkv, m.heads, &cache, LAYER);
     let norms = HeadNorms {
         q: &norm_buffers[0],
         k: &norm_buffers[1],

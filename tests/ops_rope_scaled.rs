@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use webshard::gpu::{self, testing, Gpu, Recorder, Variant};
 use webshard::ops::attention::KvCache;
-use webshard::ops::rope::{self, RopeParams, RopeScaling, Section, StoreTarget};
+use webshard::ops::rope::{self, RopeParams, RopeScaling, StoreTarget};
 
 fn each_variant() -> Vec<(Arc<Gpu>, Variant)> {
     pollster::block_on(testing::device_variants()).expect("gpu devices")
@@ -122,19 +122,7 @@ fn scaled_rope_store_matches_reference() {
                 .iter()
                 .chain(&cache.v)
                 .for_each(|b| gpu::poison_f32(&gpu, b));
-            let section = |offset: usize| Section {
-                buffer: &qkv_buffer,
-                offset: offset as u32,
-            };
-            let target = StoreTarget {
-                q: section(0),
-                k: section(q_len),
-                v: section(q_len + kv_len),
-                cache: &cache,
-                cache_layer: 0,
-                heads,
-                kv_heads,
-            };
+            let target = StoreTarget::packed(&qkv_buffer, heads, &cache, 0);
             let scaling = RopeScaling {
                 inverse_factors: &factor_buffer,
                 mscale,

@@ -251,6 +251,32 @@ pub struct StoreTarget<'a> {
     pub kv_heads: u32,
 }
 
+impl<'a> StoreTarget<'a> {
+    /// One token's q, k and v packed one after another in `qkv` (as a decode step's products
+    /// leave them), for `cache`'s layer `cache_layer`.
+    pub fn packed(
+        qkv: &'a wgpu::Buffer,
+        heads: u32,
+        cache: &'a KvCache,
+        cache_layer: u32,
+    ) -> StoreTarget<'a> {
+        let (kv_heads, head_dim) = (cache.kv_heads, cache.head_dim);
+        let section = |offset| Section {
+            buffer: qkv,
+            offset,
+        };
+        StoreTarget {
+            q: section(0),
+            k: section(heads * head_dim),
+            v: section((heads + kv_heads) * head_dim),
+            cache,
+            cache_layer,
+            heads,
+            kv_heads,
+        }
+    }
+}
+
 /// Per-head RMS norms of q and k rows (Gemma 3), applied before the rotation.
 pub struct HeadNorms<'a> {
     pub q: &'a wgpu::Buffer,

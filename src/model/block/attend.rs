@@ -69,7 +69,7 @@ pub(in crate::model) fn rotate_and_attend(
         return;
     }
     let target = one.target(step);
-    let head_norms = one.head_norms(step);
+    let head_norms = head_norms(one.norms, step);
     let scaling = step.rope_scaling.as_ref();
     let start = step.start_pos;
     rope::rope_store_scaled(
@@ -104,28 +104,8 @@ struct OneToken<'a> {
 
 impl OneToken<'_> {
     fn target<'s>(&'s self, step: &'s LayerStep) -> StoreTarget<'s> {
-        let (cfg, qkv) = (step.cfg, &step.scratch.qkv);
-        let section = |offset| Section {
-            buffer: qkv,
-            offset,
-        };
-        StoreTarget {
-            q: section(0),
-            k: section(cfg.q_dim()),
-            v: section(cfg.q_dim() + cfg.kv_dim()),
-            cache: self.cache,
-            cache_layer: step.cache_layer,
-            heads: cfg.n_heads,
-            kv_heads: cfg.n_kv_heads,
-        }
-    }
-
-    fn head_norms(&self, step: &LayerStep) -> Option<HeadNorms<'_>> {
-        self.norms.map(|n| HeadNorms {
-            q: &n.q.buffer,
-            k: &n.k.buffer,
-            eps: step.cfg.rms_eps,
-        })
+        let heads = step.cfg.n_heads;
+        StoreTarget::packed(&step.scratch.qkv, heads, self.cache, step.cache_layer)
     }
 
     /// Norms, rope, the cache write and attention in one dispatch where the fused kernel runs
@@ -135,7 +115,7 @@ impl OneToken<'_> {
         let runs = step.rope_scaling.is_none()
             && attention::rope_attention_supported(rec.gpu(), self.params);
         if runs {
-            let (target, norms) = (self.target(step), self.head_norms(step));
+            let (target, norms) = (self.target(step), head_norms(self.norms, step));
             let out = &step.scratch.attn;
             let (position, rope, params) = (self.position, self.rope, self.params);
             attention::rope_attention_decode(
@@ -150,6 +130,15 @@ impl OneToken<'_> {
         }
         runs
     }
+}
+
+/// The per-head norms' weights as the rope kernels take them.
+fn head_norms<'a>(norms: Option<&'a QkNorms>, step: &LayerStep) -> Option<HeadNorms<'a>> {
+    norms.map(|n| HeadNorms {
+        q: &n.q.buffer,
+        k: &n.k.buffer,
+        eps: step.cfg.rms_eps,
+    })
 }
 
 /// A batched decode step's attention (`model::batch`): q, k and v of row `i` (from the tiled
@@ -181,43 +170,25 @@ fn attend_rows(
         }
     }
     let (cfg, s) = (step.cfg, step.scratch);
-    let head_norms = norms.map(|n| HeadNorms {
-        q: &n.q.buffer,
-        k: &n.k.buffer,
-        eps: cfg.rms_eps,
-    });
+    let head_norms = head_norms(norms, step);
     let scaling = step.rope_scaling.as_ref();
     // One row (a paged pool's seat alone in its step) has its q, k and v packed in `qkv`, as
     // every one-token step does.
-    let (q, k, v) = match rows.len() {
-        1 => (
-            Section::from(&s.qkv),
-            Section {
-                buffer: &s.qkv,
-                offset: cfg.q_dim(),
-            },
-            Section {
-                buffer: &s.qkv,
-                offset: cfg.q_dim() + cfg.kv_dim(),
-            },
-        ),
-        _ => (
-            Section::from(&s.q),
-            Section::from(&s.k),
-            Section::from(&s.v),
-        ),
+    let (layer, cache) = (step.cache_layer, rows[0].cache);
+    let target = match rows.len() {
+        1 => StoreTarget::packed(&s.qkv, cfg.n_heads, cache, layer),
+        _ => StoreTarget {
+            q: Section::from(&s.q),
+            k: Section::from(&s.k),
+            v: Section::from(&s.v),
+            cache,
+            cache_layer: layer,
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+        },
     };
     let table = step_rows.table;
     if let Some(row_table) = table.filter(|_| rope::rope_store_rows_supported(rec.gpu())) {
-        let target = StoreTarget {
-            q,
-            k,
-            v,
-            cache: rows[0].cache,
-            cache_layer: step.cache_layer,
-            heads: cfg.n_heads,
-            kv_heads: cfg.n_kv_heads,
-        };
         let count = rows.len() as u32;
         let norms = head_norms.as_ref();
         rope::rope_store_rows(rec, &target, norms, scaling, count, row_table, rope_params);
@@ -227,12 +198,12 @@ fn attend_rows(
     if let Some(row_table) = table.filter(|_| attention::decode_rows_supported(rec.gpu(), params)) {
         let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
         let table = attention::DecodeRows {
-            cache: rows[0].cache,
+            cache,
             table: row_table,
             positions: &positions,
         };
-        let layer = step.cache_layer;
-        attention::attention_decode_rows(rec, q.buffer, &table, layer, &s.attn, params);
+        let q = target.q.buffer;
+        attention::attention_decode_rows(rec, q, &table, layer, &s.attn, params);
         return;
     }
     attend_rows_one_by_one(rec, step, rows, params);

@@ -99,11 +99,9 @@ pub fn rope_attention_decode(
     let thetas = pair_thetas(rope, start_pos);
     let [wg, hd, kps, lpk] = decode_gpu::constants(p.head_dim);
     let pairs4 = ("PAIRS4", thetas.len() as u32 / 4);
-    let paged = [("PAGED", cache.paged_constant()), ("PAGE", PAGE_TOKENS)];
-    let pipeline = rec.pipeline(
-        &DECODE_ROPE,
-        &[wg, hd, kps, lpk, pairs4, paged[0], paged[1]],
-    );
+    let paged = ("PAGED", cache.paged_constant());
+    let consts = [wg, hd, kps, lpk, pairs4, paged, ("PAGE", PAGE_TOKENS)];
+    let pipeline = rec.pipeline(&DECODE_ROPE, &consts);
     let uniform = RopeAttentionParams {
         attention: KernelParams::new(p, start_pos, 1, splits),
         rope_dims: rope.rope_dims,
