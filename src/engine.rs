@@ -80,8 +80,6 @@ pub struct Engine {
     per_token_below: usize,
     /// The vocabulary as constraints see it, built on first use.
     token_view: Option<TokenView>,
-    /// Speculative decoding with prompt-lookup drafts for unconstrained requests (`spec.rs`).
-    speculation: Option<SpecConfig>,
 }
 
 impl Engine {
@@ -111,7 +109,6 @@ impl Engine {
             cached: Vec::new(),
             on_prefill: None,
             token_view: None,
-            speculation: None,
         })
     }
 
@@ -240,6 +237,7 @@ impl Engine {
     async fn run(
         &mut self,
         mut decoding: Decoding,
+        speculation: Option<SpecConfig>,
         on_event: &mut OnEvent<'_>,
     ) -> Result<Generated, EngineError> {
         let started = now_seconds();
@@ -251,7 +249,7 @@ impl Engine {
         let on_gpu = decoding.sampler().argmax_suffices();
         let mut decoder = None;
         let mut counts = spec::DraftCounts::default();
-        if let Some(config) = self.speculation {
+        if let Some(config) = speculation {
             if let Some(first) = logits.take().filter(|_| decoding.finished().is_none()) {
                 let next = decoding.sample(&first);
                 decoding.accept(&self.text, next, on_event);
@@ -484,7 +482,10 @@ impl Generator for Engine {
         for (decoding, request) in decodings.into_iter().zip(requests) {
             let result = match &request.options.constraint {
                 Some(spec) => self.run_constrained(decoding, spec, on_event).await?,
-                None => self.run(decoding, on_event).await?,
+                None => {
+                    let speculation = request.options.speculation;
+                    self.run(decoding, speculation, on_event).await?
+                }
             };
             results.push(result);
         }

@@ -74,7 +74,7 @@ async fn greedy_ids(location: &str) -> Vec<u32> {
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: None,
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     let request = GenerateRequest::new(Prompt::Ids(prompt), generate);
     let out = engine

@@ -44,7 +44,7 @@ fn constrained_greedy_is_the_argmax_over_the_allowed_tokens() {
                 sampler: SamplerConfig::greedy(),
                 stop: Vec::new(),
                 constraint: Some(spec.clone()),
-                logprobs: None,
+                ..GenerateOptions::default()
             },
         );
         let out = engine

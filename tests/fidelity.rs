@@ -114,7 +114,7 @@ async fn free_running(engine: &mut Engine, record: &Value, max_steps: usize, lab
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: None,
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     // No reset: the teacher-forced pass just left this prompt's keys and values in the
     // cache, computed by the same prefill kernels, so the engine reuses all but the prompt's

@@ -44,7 +44,7 @@ fn options(max_tokens: u32, sampler: SamplerConfig) -> GenerateOptions {
 }
 
 /// One generation from an empty cache, with or without speculation.
-fn run(engine: &mut Engine, prompt: Prompt, options: GenerateOptions, spec: bool) -> Generated {
+fn run(engine: &mut Engine, prompt: Prompt, mut options: GenerateOptions, spec: bool) -> Generated {
     engine.reset();
     // Drafting whatever it costs (`min_gain` 0): on lavapipe a multi-token step costs several
     // plain ones, and the cost rule would pause the drafts these comparisons need.
@@ -52,7 +52,7 @@ fn run(engine: &mut Engine, prompt: Prompt, options: GenerateOptions, spec: bool
         min_gain: 0.0,
         ..SpecConfig::lookup(6).expect("draft-max 6")
     };
-    engine.set_speculation(spec.then_some(config));
+    options.speculation = spec.then_some(config);
     let request = GenerateRequest::new(prompt, options);
     pollster::block_on(engine.generate_one(&request, &mut |_| ControlFlow::Continue(())))
         .expect("generate")

@@ -47,7 +47,7 @@ pub async fn mask_cost(
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: Some(spec.clone()),
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     let request = GenerateRequest::new(Prompt::Chat(vec![ask]), options);
     let mut go_on = |_: webshard::front::TokenEvent<'_>| ControlFlow::Continue(());

@@ -42,9 +42,10 @@ async fn run_once(
     spec: Option<SpecConfig>,
 ) -> anyhow::Result<Generated> {
     engine.reset();
-    engine.set_speculation(spec);
+    let mut request = request.clone();
+    request.options.speculation = spec;
     let mut go_on = |_: webshard::front::TokenEvent<'_>| ControlFlow::Continue(());
-    Ok(engine.generate_one(request, &mut go_on).await?)
+    Ok(engine.generate_one(&request, &mut go_on).await?)
 }
 
 fn decode_rate(out: &Generated) -> f64 {
@@ -92,6 +93,5 @@ pub async fn spec_bench(
             bench.identical &= out.ids == reference.ids;
         }
     }
-    engine.set_speculation(None);
     Ok(bench)
 }

@@ -11,7 +11,7 @@ use rustyline::error::ReadlineError;
 use rustyline::DefaultEditor;
 use webshard::engine::Engine;
 use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt};
-use webshard::sample::{ConstraintSpec, SamplerConfig};
+use webshard::sample::{ConstraintSpec, SamplerConfig, SpecConfig};
 use webshard::tokenizer::ChatMessage;
 
 use crate::constraint_args::ConstraintArgs;
@@ -120,7 +120,6 @@ pub fn announce_format(engine: &Engine, model: &str) {
 pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
-    engine.set_speculation(args.spec.config());
     announce_format(&engine, &args.model.model);
     if let Some(bar) = progress::prefill_bar(args.model.quiet) {
         engine.set_prefill_progress(bar);
@@ -173,6 +172,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
                     max_tokens: args.n,
                     sampler: &sampler,
                     constraint: &constraint,
+                    speculation: args.spec.config(),
                     interrupted: &interrupted,
                 };
                 match reply(&mut engine, &conversation.messages(), &turn).await? {
@@ -191,6 +191,7 @@ struct Turn<'a> {
     max_tokens: u32,
     sampler: &'a SamplerConfig,
     constraint: &'a Option<ConstraintSpec>,
+    speculation: Option<SpecConfig>,
     interrupted: &'a AtomicBool,
 }
 
@@ -217,6 +218,7 @@ async fn reply(
         stop: Vec::new(),
         constraint: turn.constraint.clone(),
         logprobs: None,
+        speculation: turn.speculation,
     };
     let request = GenerateRequest::new(Prompt::Ids(prompt_ids), options.clone());
     let out = engine

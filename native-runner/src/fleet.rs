@@ -310,7 +310,7 @@ fn requests(args: &CoordinateArgs) -> anyhow::Result<Vec<GenerateRequest>> {
         sampler: args.sampler.config(),
         stop: args.stop.clone(),
         constraint: args.constraint.spec()?,
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     let requests = args.prompt.iter().map(|prompt| {
         let prompt = match args.chat {

@@ -46,7 +46,6 @@ pub struct GenerateArgs {
 pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
     let constraint = args.constraint.spec()?;
     let (mut engine, load) = args.model.load().await?;
-    engine.set_speculation(args.spec.config());
     let prompt = match args.chat {
         true => {
             announce_format(&engine, &args.model.model);
@@ -67,6 +66,7 @@ pub async fn generate(args: &GenerateArgs) -> anyhow::Result<()> {
         stop: args.stop.clone(),
         constraint,
         logprobs: None,
+        speculation: args.spec.config(),
     };
     let stream = !args.json;
     let request = GenerateRequest::new(Prompt::Ids(prompt_ids), options.clone());

@@ -1,16 +1,17 @@
 //! `--spec lookup [--draft-max K]`: speculative decoding with prompt-lookup drafts, for the
-//! commands that generate (`generate`, `chat`, `bench`).
+//! commands that generate (`generate`, `chat`, `bench`, and `serve` for its API's requests).
 
 use webshard::sample::lookup::MAX_DRAFT;
 use webshard::sample::SpecConfig;
 
-#[derive(clap::Args, Debug, Clone)]
+#[derive(clap::Args, Debug, Clone, Default)]
 pub struct SpecArgs {
     /// Speculative decoding: `lookup` drafts from n-grams of the prompt and the output so
     /// far and verifies each draft in one multi-token step (output unchanged).
     #[arg(long, value_enum)]
     pub spec: Option<SpecKind>,
-    /// Most draft tokens per step with --spec (1..=15, default 8).
+    /// Most draft tokens per step with --spec (1..=15, default 15: drafts start at 4 and
+    /// grow only while they are accepted whole).
     #[arg(long, requires = "spec", value_parser = parse_draft_max)]
     pub draft_max: Option<u32>,
 }

@@ -157,6 +157,8 @@ async fn bad_requests(server: &ApiServer) {
         (json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": -1}).to_string(), "max_tokens"),
         (json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "n": 3}).to_string(), "n"),
         (json!({"model": model, "messages": []}).to_string(), "messages"),
+        (json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "webshard_spec": {"type": "ngram"}}).to_string(), "webshard_spec.type"),
+        (json!({"model": model, "messages": [{"role": "user", "content": "hi"}], "webshard_spec": {"type": "lookup", "draft_max": 99}}).to_string(), "webshard_spec.draft_max"),
     ];
     for (body, param) in cases {
         let (status, error) =

@@ -1,6 +1,7 @@
 //! Continuous batching through `runner serve -m` on SmolLM2: requests decoded together give
 //! their lone results, constrained requests decode in the same batch, a cancelled stream frees
-//! its slot, and a shared system prompt is found in the prefix cache. One server for the whole binary; short prompts and few tokens.
+//! its slot, a shared system prompt is found in the prefix cache, and a lone request that asks
+//! for drafts (`webshard_spec`) keeps some and answers as without them. One server for the whole binary; short prompts and few tokens.
 
 use crate::api_support;
 use crate::common;
@@ -376,6 +377,44 @@ async fn constrained_rows_decode_with_the_others(server: &Target) {
     }
 }
 
+/// A prompt whose continuation copies a span of it: drafts from the prompt are kept.
+const REPEATS: &str = "Fruits: apple, banana, cherry, grape, lemon, mango, orange, peach, plum.\nThe same fruits again: apple,";
+
+/// A lone request with `webshard_spec` verifies drafts of several tokens a step on its own
+/// cache (the metrics count them, some kept) and its text is the plain answer's up to that
+/// answer's first near-tie.
+async fn a_lone_request_verifies_drafts(server: &Target) {
+    let client = Client::new();
+    let plain = complete(&client, server, REPEATS, 20).await;
+    let drafted_before = metric(&client, server, "webshard_draft_tokens_total").await;
+    let kept_before = metric(&client, server, "webshard_draft_accepted_tokens_total").await;
+    let body = json!({
+        "model": server.model, "prompt": REPEATS, "max_tokens": 20, "temperature": 0,
+        "webshard_spec": {"type": "lookup", "draft_max": 6},
+    });
+    let answer = post(&client, server, "v1/completions", body).await;
+    let text = answer["choices"][0]["text"].as_str().unwrap();
+    let drafted = metric(&client, server, "webshard_draft_tokens_total").await - drafted_before;
+    let kept = metric(&client, server, "webshard_draft_accepted_tokens_total").await - kept_before;
+    assert!(
+        kept >= 3 && drafted >= kept,
+        "a continuation that copies its prompt keeps drafts: {kept} of {drafted} ({text:?})"
+    );
+    let details = &answer["usage"]["completion_tokens_details"];
+    assert_eq!(details["accepted_prediction_tokens"], kept, "{answer}");
+    assert_eq!(
+        details["rejected_prediction_tokens"],
+        drafted - kept,
+        "{answer}"
+    );
+    let agreed: String = before_near_tie(&plain).concat();
+    assert!(
+        text.starts_with(&agreed),
+        "with drafts {text:?}, plain {plain:?}"
+    );
+    assert!(agreed.contains("cherry"), "plain answer {plain:?}");
+}
+
 /// A long system prompt shared by two questions.
 const SYSTEM: &str = "You are a careful assistant for a museum of natural history. You answer \
     questions about fossils, minerals and animals in one short, friendly sentence.";
@@ -422,6 +461,9 @@ async fn batched_requests_keep_their_answers_slots_and_cached_prefixes() {
     let timed = Instant::now();
     a_shared_system_prompt_hits_the_prefix_cache(&server).await;
     eprintln!("prefix cache: {:.1} s", timed.elapsed().as_secs_f64());
+    let timed = Instant::now();
+    a_lone_request_verifies_drafts(&server).await;
+    eprintln!("drafts: {:.1} s", timed.elapsed().as_secs_f64());
     let timed = Instant::now();
     a_cancelled_stream_frees_its_slot(&server).await;
     eprintln!("cancel: {:.1} s", timed.elapsed().as_secs_f64());

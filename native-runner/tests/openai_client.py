@@ -71,6 +71,18 @@ def main():
     assert usage.completion_tokens == len(want_ids), usage
     assert usage.prompt_tokens_details.cached_tokens > 0, usage
 
+    # Speculative decoding, this server's extension through the client's extra_body: the same
+    # text (drafts change the speed, never the output).
+    drafted = client.chat.completions.create(
+        model=model,
+        messages=messages,
+        temperature=0,
+        max_tokens=MAX_TOKENS,
+        extra_body={"webshard_spec": {"type": "lookup", "draft_max": 4}},
+    )
+    assert drafted.choices[0].message.content == want_text, (drafted.choices[0].message, want_text)
+    assert drafted.usage.completion_tokens == len(want_ids), drafted.usage
+
     # Legacy completions from the reference's own prompt ids, whole and streamed.
     done = client.completions.create(
         model=model, prompt=reference["prompt_ids"], temperature=0, max_tokens=MAX_TOKENS

@@ -18,7 +18,6 @@
 use crate::front::{Decoding, OnEvent};
 use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::StageInput;
-use crate::sample::lookup::lookup_draft;
 use crate::sample::{DraftLength, SpecConfig};
 
 use super::{now_seconds, Engine, EngineError};
@@ -48,15 +47,6 @@ impl Choices {
 }
 
 impl Engine {
-    /// Speculative decoding for unconstrained requests from now on (`None`: plain decoding).
-    pub fn set_speculation(&mut self, speculation: Option<SpecConfig>) {
-        self.speculation = speculation;
-    }
-
-    pub fn speculation(&self) -> Option<SpecConfig> {
-        self.speculation
-    }
-
     /// Decodes the rest of `decoding` (whose last token is not in the cache yet) with drafts.
     pub(super) async fn speculate(
         &mut self,
@@ -88,14 +78,10 @@ impl Engine {
         Ok(counts)
     }
 
-    /// A draft of at most `allowed` tokens, no longer than the context and the request can
-    /// still use (the step emits one token past the draft).
+    /// A draft of at most `allowed` tokens after the decoding's last token (`Decoding::draft`).
     fn draft(&self, decoding: &Decoding, config: SpecConfig, allowed: u32) -> Vec<u32> {
         let position = self.cached.len() as u32;
-        let context_room = self.context_length().saturating_sub(position + 1);
-        let output_room = decoding.remaining().saturating_sub(1);
-        let longest = allowed.min(context_room).min(output_room);
-        lookup_draft(decoding.tokens(), config.ngram_max, longest as usize)
+        decoding.draft(&config, allowed, position, self.context_length())
     }
 
     /// Feeds the last token and `draft` in one step and accepts the chosen tokens up to the

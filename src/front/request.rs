@@ -5,7 +5,7 @@ use std::ops::ControlFlow;
 
 use serde::Serialize;
 
-use crate::sample::{ConstraintSpec, SamplerConfig};
+use crate::sample::{ConstraintSpec, SamplerConfig, SpecConfig};
 use crate::tokenizer::{ChatMessage, TokenizerError};
 
 /// What to continue.
@@ -42,6 +42,10 @@ pub struct GenerateOptions {
     /// its position (`Generated::logprobs`). A generator that cannot give them refuses the
     /// request (`RequestError::Unsupported`).
     pub logprobs: Option<u32>,
+    /// Speculative decoding with prompt-lookup drafts (`None`: plain decoding). It changes
+    /// the speed, never the output, so a generator that cannot draft (the fleet) decodes
+    /// plainly; constrained requests always do.
+    pub speculation: Option<SpecConfig>,
 }
 
 /// A completion token's log-probability under the model (its logits before any penalty,

@@ -4,7 +4,8 @@
 use std::ops::ControlFlow;
 
 use crate::gguf::Header;
-use crate::sample::{Sampler, SamplerConfig, StopChecker};
+use crate::sample::lookup::lookup_draft;
+use crate::sample::{Sampler, SamplerConfig, SpecConfig, StopChecker};
 use crate::tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 
 use super::request::{
@@ -113,6 +114,22 @@ impl Decoding {
     /// Completion tokens still allowed before `max_tokens`.
     pub fn remaining(&self) -> u32 {
         self.max_tokens.saturating_sub(self.completion_len())
+    }
+
+    /// A prompt-lookup draft to verify after the last token, which is fed at `position` of a
+    /// cache of `context` positions: at most `allowed` tokens, and no more than the context
+    /// and the request can still use (the step emits one token past the draft).
+    pub fn draft(
+        &self,
+        config: &SpecConfig,
+        allowed: u32,
+        position: u32,
+        context: u32,
+    ) -> Vec<u32> {
+        let context_room = context.saturating_sub(position + 1);
+        let output_room = self.remaining().saturating_sub(1);
+        let longest = allowed.min(context_room).min(output_room);
+        lookup_draft(&self.tokens, config.ngram_max, longest as usize)
     }
 
     pub fn sampler(&self) -> &SamplerConfig {

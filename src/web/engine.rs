@@ -431,9 +431,7 @@ impl Run {
     async fn generate(self, prompt: Prompt) -> Result<JsValue, JsValue> {
         let settings: GenerateSettings = options::parse(&self.options, "generate options")?;
         let mut options = settings.options()?;
-        let speculation = settings.speculation()?;
         let mut engine = self.engine.try_borrow_mut().map_err(|_| WebError::Busy)?;
-        engine.set_speculation(speculation);
         let prompt = with_tools(prompt, &settings, engine.text.template.tool_support())?;
         let prompt_ids = engine
             .prompt_ids(&prompt)

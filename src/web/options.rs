@@ -168,6 +168,7 @@ impl GenerateSettings {
             stop: self.stop.clone(),
             constraint: self.checked_constraint()?,
             logprobs: None,
+            speculation: self.speculation()?,
         })
     }
 
@@ -213,7 +214,7 @@ impl GenerateSettings {
     }
 
     /// The speculation `spec` and `draft_max` ask for (`None`: plain decoding).
-    pub fn speculation(&self) -> Result<Option<SpecConfig>, WebError> {
+    fn speculation(&self) -> Result<Option<SpecConfig>, WebError> {
         match (self.spec.as_deref(), self.draft_max) {
             (None, None) => Ok(None),
             (None, Some(_)) => Err(WebError::Options("draft_max needs spec: \"lookup\"".into())),

@@ -72,7 +72,7 @@ pub fn single_device_ids(
                 sampler: SamplerConfig::greedy(),
                 stop: Vec::new(),
                 constraint: None,
-                logprobs: None,
+                ..GenerateOptions::default()
             };
             engine.reset();
             let request = GenerateRequest::new(Prompt::Ids(ids.clone()), options);

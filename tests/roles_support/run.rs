@@ -34,7 +34,7 @@ pub fn greedy(prompt_ids: &[u32], max_tokens: u32) -> GenerateRequest {
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: None,
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     GenerateRequest::new(Prompt::Ids(prompt_ids.to_vec()), options)
 }
@@ -46,7 +46,7 @@ pub fn constrained(prompt: &str, max_tokens: u32, constraint: ConstraintSpec) ->
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: Some(constraint),
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     GenerateRequest::new(Prompt::Text(prompt.to_string()), options)
 }

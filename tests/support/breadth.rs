@@ -121,7 +121,7 @@ async fn free_running(engine: &mut Engine, record: &Value, max_steps: usize, lab
         sampler: SamplerConfig::greedy(),
         stop: Vec::new(),
         constraint: None,
-        logprobs: None,
+        ..GenerateOptions::default()
     };
     // No reset: the teacher-forced pass left this prompt's keys and values in the cache
     // (same prefill kernels), so only the prompt's last token and the decode steps run.

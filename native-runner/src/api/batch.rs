@@ -9,7 +9,10 @@
 //! row back), else every row's logits come back (`Stage::forward_batch_logits`). A
 //! constrained row (JSON, a schema, a grammar, a forced tool call) masks its logits to the
 //! tokens its constraint allows before sampling; the next mask is computed on the CPU while
-//! the GPU runs the step (`row_constraint`).
+//! the GPU runs the step (`row_constraint`). A sequence running alone may verify drafts of
+//! several tokens in one step instead (`drafts`).
+
+mod drafts;
 
 use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -20,13 +23,14 @@ use webshard::engine::{per_token_prefill_below, Engine, EngineError};
 use webshard::front::{Decoding, Generator, TextFront, Timings};
 use webshard::model::batch::{BatchRow, PendingArgmax, RowTokens};
 use webshard::model::StageInput;
-use webshard::sample::{Constraint, ConstraintError};
+use webshard::sample::{Constraint, ConstraintError, SpecConfig};
 
 use super::errors::ApiError;
 use super::metrics::ModelMetrics;
 use super::pool::{KvPool, PoolUsage};
 use super::row_constraint::RowConstraint;
 use super::worker::{choice_of, finished, stream_event, Event, Finished, Job, TokenChoice};
+use drafts::Drafting;
 
 /// Prompt tokens fed per step for a new request on a CPU adapter and on a GPU: a chunk costs
 /// running streams one step's wait, so it is kept to about the time of a few decode steps.
@@ -46,6 +50,8 @@ struct Sequence {
     next: Option<Next>,
     choices: Option<Vec<TokenChoice>>,
     constraint: Option<RowConstraint>,
+    /// Speculative decoding, for an unconstrained request that asks for it.
+    drafting: Option<Drafting>,
     started: f64,
     first_token: Option<f64>,
 }
@@ -90,6 +96,8 @@ pub struct Scheduler {
     metrics: Arc<ModelMetrics>,
     chunk: usize,
     per_token_below: usize,
+    /// The speculation of requests that do not ask for their own (`runner serve --spec`).
+    pub speculation: Option<SpecConfig>,
 }
 
 impl Scheduler {
@@ -114,6 +122,7 @@ impl Scheduler {
             metrics,
             chunk,
             per_token_below,
+            speculation: None,
         };
         scheduler.publish();
         Ok(scheduler)
@@ -152,6 +161,7 @@ impl Scheduler {
         };
         let decoding = Decoding::new(0, ids, &job.request.options);
         let choices = job.request.options.logprobs.map(|_| Vec::new());
+        let drafting = Drafting::for_request(&job.request.options, self.speculation);
         self.next_id += 1;
         self.running.push(Sequence {
             id: self.next_id,
@@ -162,6 +172,7 @@ impl Scheduler {
             next: None,
             choices,
             constraint: constraint.map(RowConstraint::start),
+            drafting,
             started: now_seconds(),
             first_token: None,
         });
@@ -257,11 +268,9 @@ impl Scheduler {
         let chunk = pending[..pending.len().min(self.chunk)].to_vec();
         let is_last = chunk.len() == pending.len();
         let start = self.pool.held(slot) as u32;
-        let lent = self.pool.lend(slot);
-        let own = self.engine.stage.swap_kv_cache(lent);
+        let own = self.pool.lend_to(&mut self.engine.stage, slot);
         let fed = self.feed(&chunk, start, is_last).await;
-        let lent = self.engine.stage.swap_kv_cache(own);
-        self.pool.put_back(slot, lent);
+        self.pool.take_back(&mut self.engine.stage, slot, own);
         let logits = fed?;
         self.pool.extend(slot, &chunk);
         if is_last {
@@ -290,6 +299,9 @@ impl Scheduler {
     async fn decode(&mut self) -> Result<(), EngineError> {
         if let Some(ahead) = self.ahead.take() {
             return self.decode_ahead(ahead).await;
+        }
+        if let Some(draft) = self.lone_draft() {
+            return self.verify_draft(draft).await;
         }
         let pool = &self.pool;
         let ready: Vec<usize> = (0..self.running.len())
@@ -352,9 +364,11 @@ impl Scheduler {
 
     /// Whether the step after `rows` (sequences `ready`) may be submitted before they are read:
     /// every running sequence is in it, greedy on the device, with its last prompt token fed
-    /// (so its next input is the device's argmax) and room for one more position.
+    /// (so its next input is the device's argmax) and room for one more position; and no lone
+    /// sequence has a draft to verify after it.
     fn chains(&self, ready: &[usize], rows: &[BatchRow]) -> bool {
         ready.len() == self.running.len()
+            && self.lone_draft().is_none()
             && ready.iter().zip(rows).all(|(&i, row)| {
                 let seq = &self.running[i];
                 seq.greedy_on_device()
@@ -431,12 +445,18 @@ impl Scheduler {
     /// send their result and free their slot, as does one whose constraint failed.
     async fn sample_ready(&mut self) {
         let text = &self.engine.text;
+        let alone = self.running.len() == 1;
         let mut done = Vec::new();
         let mut index = 0;
         while index < self.running.len() {
             let seq = &mut self.running[index];
             let accepted = match seq.next.take() {
-                Some(next) => accept_next(seq, text, next).await,
+                Some(next) => {
+                    if let Some(drafting) = &mut seq.drafting {
+                        drafting.plain_token(alone);
+                    }
+                    accept_next(seq, text, next).await
+                }
                 None => Ok(()),
             };
             if accepted.is_ok() && seq.decoding.finished().is_none() {
@@ -495,8 +515,6 @@ impl Scheduler {
     }
 }
 
-/// Samples the next token (unless the device took it), records its log-probabilities if
-/// asked, and streams it.
 /// Picks the sequence's next token (its constraint's mask first, where it has one) and takes
 /// it as the engine does: the constraint consumes it, then the stop rules see it, and a
 /// complete constraint ends the output. Log-probabilities are of the unmasked logits.
@@ -548,7 +566,8 @@ fn finish(seq: Sequence) -> (Result<Finished, ApiError>, UnboundedSender<Event>)
         prefill_seconds: first - seq.started,
         decode_seconds: now - first,
         mask_seconds: seq.constraint.as_ref().map_or(0.0, |c| c.seconds),
-        ..Timings::default()
+        drafted: seq.drafting.as_ref().map_or(0, |d| d.drafted),
+        accepted: seq.drafting.as_ref().map_or(0, |d| d.accepted),
     };
     let generated = seq.decoding.into_generated(seq.cached, timings);
     (Ok(finished(generated, seq.choices)), seq.job.events)

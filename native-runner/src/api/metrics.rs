@@ -37,6 +37,9 @@ pub struct ModelMetrics {
     pub decode_steps: AtomicU64,
     pub decode_rows: AtomicU64,
     pub decode_micros: AtomicU64,
+    /// Draft tokens verified, and those kept (speculative decoding).
+    pub draft_tokens: AtomicU64,
+    pub draft_accepted_tokens: AtomicU64,
 }
 
 impl ModelMetrics {
@@ -53,6 +56,13 @@ impl ModelMetrics {
         self.decode_rows.fetch_add(rows as u64, Ordering::SeqCst);
         let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
         self.decode_micros.fetch_add(micros, Ordering::SeqCst);
+    }
+
+    /// One verification step of `drafted` draft tokens, `accepted` of them kept.
+    pub fn drafted(&self, drafted: u32, accepted: u32) {
+        let add = |counter: &AtomicU64, n: u32| counter.fetch_add(u64::from(n), Ordering::SeqCst);
+        add(&self.draft_tokens, drafted);
+        add(&self.draft_accepted_tokens, accepted);
     }
 }
 
@@ -79,7 +89,7 @@ impl Responses {
 /// The exposition text for all models.
 pub fn render(models: &[ModelHandle], responses: &Responses) -> String {
     let mut out = String::new();
-    let per_model: [Row; 16] = [
+    let per_model: [Row; 18] = [
         (
             "webshard_requests_total",
             "counter",
@@ -175,6 +185,18 @@ pub fn render(models: &[ModelHandle], responses: &Responses) -> String {
             "counter",
             "Time in batched decode steps (GPU step and read-back).",
             |m| &m.decode_micros,
+        ),
+        (
+            "webshard_draft_tokens_total",
+            "counter",
+            "Draft tokens verified by speculative decoding.",
+            |m| &m.draft_tokens,
+        ),
+        (
+            "webshard_draft_accepted_tokens_total",
+            "counter",
+            "Draft tokens kept (they agreed with the model's choice).",
+            |m| &m.draft_accepted_tokens,
         ),
     ];
     for (name, kind, help, field) in per_model {

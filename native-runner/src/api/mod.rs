@@ -38,11 +38,12 @@ use anyhow::{bail, Context};
 use crate::model_args::ModelArgs;
 use crate::serve::{banner, ServeOptions, Server};
 use crate::signal::SIGNAL_PATH;
+use crate::spec_args::SpecArgs;
 use embeddings::EmbedHandle;
 use fleet_worker::FleetTarget;
 use metrics::Responses;
 use routes::ApiState;
-use worker::ModelHandle;
+use worker::{ModelHandle, Serving};
 
 /// Largest request body accepted (413 beyond): far more than any prompt a context holds.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
@@ -103,6 +104,10 @@ pub struct ApiArgs {
     /// measuring it; see `runner bench --matvec-batch-split`).
     #[arg(long, value_parser = crate::model_args::parse_matvec_batch_split, hide = true)]
     pub matvec_batch_split: Option<[u32; 4]>,
+    /// Speculative decoding for the requests that do not ask themselves (`webshard_spec`):
+    /// a request running alone drafts from its prompt and verifies each draft in one step.
+    #[command(flatten)]
+    pub spec: SpecArgs,
 }
 
 impl ApiArgs {
@@ -125,10 +130,13 @@ impl ApiArgs {
 
     /// Whether the API is asked for: some `-m`; API flags without one are an error.
     pub fn wanted(&self) -> anyhow::Result<bool> {
-        let api_only = self.api_key.is_some() || !self.alias.is_empty() || self.donors.is_some();
+        let api_only = self.api_key.is_some()
+            || !self.alias.is_empty()
+            || self.donors.is_some()
+            || self.spec.spec.is_some();
         if self.model.is_empty() && api_only {
             bail!(
-                "--api-key, --alias and --donors apply to the API, which needs at least one -m MODEL"
+                "--api-key, --alias, --donors and --spec apply to the API, which needs at least one -m MODEL"
             );
         }
         Ok(!self.model.is_empty())
@@ -148,6 +156,11 @@ impl ApiArgs {
         };
         if self.model.len() != 1 || self.embeddings {
             bail!("--donors serves one -m model, for generation only (no --embeddings)");
+        }
+        if self.spec.spec.is_some() {
+            bail!(
+                "--spec applies to a model on this machine's GPU: a fleet decodes one token a step"
+            );
         }
         let signal = base.replacen("http://", "ws://", 1) + SIGNAL_PATH.trim_start_matches('/');
         Ok(Some(FleetTarget {
@@ -265,8 +278,12 @@ pub async fn serve(opts: &ServeOptions, args: &ApiArgs) -> anyhow::Result<()> {
             embedders.push(handle.context("starting an embedding worker")?);
         }
         if !encoder {
-            let handle =
-                ModelHandle::start(name.clone(), load, queue, args.parallel, failed.clone());
+            let serving = Serving {
+                queue,
+                parallel: args.parallel,
+                speculation: args.spec.config(),
+            };
+            let handle = ModelHandle::start(name.clone(), load, serving, failed.clone());
             models.push(handle.context("starting the model workers")?);
         }
     }
@@ -346,6 +363,7 @@ mod tests {
             replicas: None,
             ice: vec![],
             matvec_batch_split: None,
+            spec: SpecArgs::default(),
         };
         assert!(args.names().unwrap_err().to_string().contains("`one`"));
         args.alias = vec!["first".into()];
@@ -357,6 +375,8 @@ mod tests {
         assert!(args.wanted().is_err(), "an alias without a model");
         args.alias.clear();
         assert!(!args.wanted().unwrap());
+        args.spec.spec = Some(crate::spec_args::SpecKind::Lookup);
+        assert!(args.wanted().is_err(), "--spec without a model");
     }
 
     #[test]

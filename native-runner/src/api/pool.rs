@@ -137,16 +137,19 @@ impl KvPool {
             .expect("a seat's cache is back once its prefill chunk is recorded")
     }
 
-    /// Lends `slot`'s cache out (to the stage, for a prefill chunk); `put_back` returns it.
-    pub fn lend(&mut self, slot: usize) -> KvCache {
-        self.seats[slot]
+    /// Makes `slot`'s cache the stage's, for a step of that sequence alone (a prefill chunk,
+    /// a draft's verification); returns the stage's own cache, which `take_back` needs.
+    pub fn lend_to(&mut self, stage: &mut Stage, slot: usize) -> KvCache {
+        let lent = self.seats[slot]
             .cache
             .take()
-            .expect("a seat's cache is lent once at a time")
+            .expect("a seat's cache is lent once at a time");
+        stage.swap_kv_cache(lent)
     }
 
-    pub fn put_back(&mut self, slot: usize, cache: KvCache) {
-        self.seats[slot].cache = Some(cache);
+    /// Takes `slot`'s cache back from the stage, which gets its `own` again.
+    pub fn take_back(&mut self, stage: &mut Stage, slot: usize, own: KvCache) {
+        self.seats[slot].cache = Some(stage.swap_kv_cache(own));
     }
 
     /// Records that `tokens` were fed into `slot` after what it held (their keys and values

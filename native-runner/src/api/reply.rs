@@ -9,8 +9,8 @@ use serde_json::Value;
 use super::tool_calls::{read_call, Call, Piece};
 use super::types::{
     AssistantMessage, ChatChoice, ChatChunk, ChatChunkChoice, ChatCompletion, ChatLogprobs,
-    Completion, CompletionChoice, CompletionLogprobs, Delta, FunctionCall, FunctionDelta,
-    PromptTokensDetails, TokenLogprob, ToolCall, ToolCallDelta, TopLogprob, Usage,
+    Completion, CompletionChoice, CompletionLogprobs, CompletionTokensDetails, Delta, FunctionCall,
+    FunctionDelta, PromptTokensDetails, TokenLogprob, ToolCall, ToolCallDelta, TopLogprob, Usage,
 };
 use webshard::front::FinishReason;
 
@@ -278,6 +278,10 @@ fn usage(done: &Finished) -> Usage {
         prompt_tokens_details: PromptTokensDetails {
             cached_tokens: counts.cached_tokens,
         },
+        completion_tokens_details: (done.drafted > 0).then(|| CompletionTokensDetails {
+            accepted_prediction_tokens: done.accepted,
+            rejected_prediction_tokens: done.drafted - done.accepted,
+        }),
     }
 }
 

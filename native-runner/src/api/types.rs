@@ -175,6 +175,17 @@ pub struct Message {
     pub refusal: Option<String>,
 }
 
+/// `webshard_spec`, this server's extension (the in-page API's too): speculative decoding with
+/// prompt-lookup drafts, `{"type": "lookup", "draft_max": K}`. It changes the speed, never
+/// the text.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SpecRequest {
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub draft_max: Option<u32>,
+}
+
 /// What both endpoints share: how to sample and when to stop.
 #[derive(Debug, Clone, Default)]
 pub struct Sampling {
@@ -221,6 +232,7 @@ pub struct ChatRequest {
     pub n: Option<u32>,
     pub logit_bias: Option<HashMap<String, f32>>,
     pub user: Option<String>,
+    pub webshard_spec: Option<SpecRequest>,
 }
 
 /// `prompt`: text or token ids; a list of one of either is accepted too.
@@ -259,6 +271,7 @@ pub struct CompletionRequest {
     pub n: Option<u32>,
     pub logit_bias: Option<HashMap<String, f32>>,
     pub user: Option<String>,
+    pub webshard_spec: Option<SpecRequest>,
 }
 
 impl ChatRequest {
@@ -310,6 +323,16 @@ pub struct Usage {
     pub completion_tokens: u32,
     pub total_tokens: u32,
     pub prompt_tokens_details: PromptTokensDetails,
+    /// With drafts (`webshard_spec`): those kept and thrown away, in OpenAI's predicted-output
+    /// terms, as the in-page API reports them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub completion_tokens_details: Option<CompletionTokensDetails>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CompletionTokensDetails {
+    pub accepted_prediction_tokens: u32,
+    pub rejected_prediction_tokens: u32,
 }
 
 #[derive(Debug, Clone, Serialize)]

@@ -6,12 +6,14 @@
 
 use serde_json::{json, Value};
 use webshard::front::{GenerateOptions, GenerateRequest, Prompt as ModelPrompt, RequestError};
-use webshard::sample::{ConstraintSpec, SamplerConfig};
+use webshard::sample::{ConstraintSpec, SamplerConfig, SpecConfig};
 use webshard::tokenizer::ChatMessage;
 
 use super::errors::ApiError;
 use super::structured::{response_constraint, tool_plan};
-use super::types::{ChatRequest, CompletionRequest, Content, Message, Prompt, Role, Sampling};
+use super::types::{
+    ChatRequest, CompletionRequest, Content, Message, Prompt, Role, Sampling, SpecRequest,
+};
 use super::worker::PromptFront;
 
 /// OpenAI's limits on `stop` and `top_logprobs`, and the legacy `logprobs`.
@@ -79,8 +81,10 @@ pub fn chat_plan(req: &ChatRequest, front: &PromptFront) -> Result<Plan, ApiErro
         .prompt_ids(&prompt)
         .map_err(|err| prompt_error("messages", err))?;
     let max_tokens = fit_context(prompt_ids.len(), max_tokens, front.max_context, "messages")?;
+    let mut request = generate_request(prompt, max_tokens, sampler, stop, constraint, logprobs);
+    request.options.speculation = speculation(req.webshard_spec.as_ref())?;
     Ok(Plan {
-        request: generate_request(prompt, max_tokens, sampler, stop, constraint, logprobs),
+        request,
         stream: req.stream.unwrap_or(false),
         include_usage: include_usage(req.stream, req.stream_options.as_ref())?,
         tool_calls,
@@ -165,8 +169,10 @@ pub fn completion_plan(req: &CompletionRequest, front: &PromptFront) -> Result<P
         front.max_context,
         "prompt",
     )?;
+    let mut request = generate_request(prompt, max_tokens, sampler, stop, constraint, logprobs);
+    request.options.speculation = speculation(req.webshard_spec.as_ref())?;
     Ok(Plan {
-        request: generate_request(prompt, max_tokens, sampler, stop, constraint, logprobs),
+        request,
         stream: req.stream.unwrap_or(false),
         include_usage: include_usage(req.stream, req.stream_options.as_ref())?,
         tool_calls: false,
@@ -226,8 +232,30 @@ fn generate_request(
         stop,
         constraint,
         logprobs,
+        speculation: None,
     };
     GenerateRequest::new(prompt, options)
+}
+
+/// `webshard_spec` as the front door's speculation; `None` when absent (the server's
+/// `--spec` then decides).
+fn speculation(spec: Option<&SpecRequest>) -> Result<Option<SpecConfig>, ApiError> {
+    let Some(spec) = spec else {
+        return Ok(None);
+    };
+    if spec.kind != "lookup" {
+        return Err(ApiError::bad_field(
+            "webshard_spec.type",
+            format!(
+                "`webshard_spec.type` must be \"lookup\", got {:?}",
+                spec.kind
+            ),
+        ));
+    }
+    let draft_max = spec.draft_max.unwrap_or(SpecConfig::default().draft_max);
+    SpecConfig::lookup(draft_max)
+        .map(Some)
+        .map_err(|why| ApiError::bad_field("webshard_spec.draft_max", why))
 }
 
 /// One prompt per request: several would be several choices, like `n` > 1.

@@ -21,7 +21,7 @@ use webshard::front::{
     FinishReason, GenerateRequest, Generated, Generator, Prompt, RequestError, TextFront,
     TokenEvent, TokenLogprobs, Usage,
 };
-use webshard::sample::log_sum_exp;
+use webshard::sample::{log_sum_exp, SpecConfig};
 use webshard::tokenizer::{Tokenizer, ToolSupport};
 
 use super::batch::Scheduler;
@@ -47,6 +47,9 @@ pub struct Finished {
     pub usage: Usage,
     pub finish: FinishReason,
     pub logprobs: Option<Vec<TokenChoice>>,
+    /// Draft tokens verified and kept (speculative decoding; 0 without it).
+    pub drafted: u32,
+    pub accepted: u32,
 }
 
 /// What a job sends back, in order: text pieces, then `Done` or `Failed`.
@@ -85,6 +88,15 @@ impl PromptFront {
     }
 }
 
+/// How a model on this machine's GPU serves: the jobs that may wait, `--parallel` if given,
+/// and the speculation of requests that do not ask for their own (`--spec`).
+#[derive(Debug, Clone, Copy)]
+pub struct Serving {
+    pub queue: usize,
+    pub parallel: Option<u32>,
+    pub speculation: Option<SpecConfig>,
+}
+
 /// A served model as the handlers see it.
 pub struct ModelHandle {
     pub name: String,
@@ -94,18 +106,16 @@ pub struct ModelHandle {
 }
 
 impl ModelHandle {
-    /// Starts the worker thread; it loads the model, then serves `queue` waiting jobs at most.
-    /// A load failure is sent on `failed`.
+    /// Starts the worker thread; it loads the model, then serves with `serving` (at most
+    /// `serving.queue` jobs waiting). A load failure is sent on `failed`.
     pub fn start(
         name: String,
         load: ModelArgs,
-        queue: usize,
-        parallel: Option<u32>,
+        serving: Serving,
         failed: tokio::sync::mpsc::UnboundedSender<String>,
     ) -> std::io::Result<ModelHandle> {
-        let slots = parallel.map(|n| n as usize);
-        ModelHandle::spawn(name, queue, failed, move |started, queued| {
-            Worker { started, slots }.run(&load, queued)
+        ModelHandle::spawn(name, serving.queue, failed, move |started, queued| {
+            Worker { started, serving }.run(&load, queued)
         })
     }
 
@@ -202,8 +212,7 @@ impl Started {
 /// The thread's side of a model on this machine's GPU.
 struct Worker {
     started: Started,
-    /// `--parallel`, if given.
-    slots: Option<usize>,
+    serving: Serving,
 }
 
 impl Worker {
@@ -215,10 +224,12 @@ impl Worker {
         // The handlers' own copy: the engine stays on this thread.
         let text = TextFront::from_header(&engine.model.header)?;
         let (vocab, max_context) = (engine.vocab(), engine.max_context());
-        let slots = self.slots.unwrap_or_else(|| default_parallel(&engine));
+        let slots = self.serving.parallel.map(|n| n as usize);
+        let slots = slots.unwrap_or_else(|| default_parallel(&engine));
         let slots = slots.min(engine.stage.spec.max_batch as usize);
         let metrics = Arc::clone(&self.started.metrics);
         let mut scheduler = Scheduler::new(engine, slots, metrics)?;
+        scheduler.speculation = self.serving.speculation;
         self.started.ready(text, vocab, max_context);
         let mut held = None;
         while scheduler.admit_from(&queued, &mut held) {
@@ -301,6 +312,8 @@ pub(super) fn finished(out: Generated, logprobs: Option<Vec<TokenChoice>>) -> Fi
         text: out.text,
         finish: out.finish_reason,
         logprobs,
+        drafted: out.timings.drafted,
+        accepted: out.timings.accepted,
     }
 }
 
