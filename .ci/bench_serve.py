@@ -8,6 +8,12 @@ on any machine with Python 3.8+, the device machine included. Loopback or a give
 
     bench_serve.py --url http://127.0.0.1:8080 --model NAME [--streams 1,4,16,64]
                    [--max-tokens 128] [--warmup 1] [--json FILE] [--endpoint chat|completions]
+                   [--prompt-file F] [--spec K]
+
+`--prompt-file` asks every stream the file's text (the chat endpoint's user message, or the
+completion's prompt) instead of an essay; `--spec K` adds webshard's `webshard_spec` (prompt
+lookup drafts of at most K tokens), so one server's plain and speculative rates come from the
+same client.
 
 Tokens are counted from the final usage chunk (`stream_options.include_usage`) where the
 server sends one, else as content chunks (one token each for both servers). Decode tok/s for a
@@ -104,9 +110,12 @@ def request(args, index):
     """The path and body of stream `index`'s request."""
     body = {"model": args.model, "stream": True, "max_tokens": args.max_tokens,
             "temperature": 0, "stream_options": {"include_usage": True}}
+    if args.spec:
+        body["webshard_spec"] = {"type": "lookup", "draft_max": args.spec}
+    text = args.prompt_text or prompt(index)
     if args.endpoint == "completions":
-        return "/v1/completions", {**body, "prompt": prompt(index)}
-    return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": prompt(index)}]}
+        return "/v1/completions", {**body, "prompt": text}
+    return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": text}]}
 
 
 async def run_level(args, streams):
@@ -166,12 +175,16 @@ def main():
                         help="completions: a plain prompt, no chat template or reply parser "
                              "(llama-server withholds streamed text its chat parser cannot "
                              "place, so on random weights its chat streams undercount)")
+    parser.add_argument("--prompt-file", help="every stream's prompt (default: an essay each)")
+    parser.add_argument("--spec", type=int, metavar="K",
+                        help="webshard_spec: prompt-lookup drafts of at most K tokens")
     parser.add_argument("--label", default="server")
     parser.add_argument("--json", help="append the rows as JSON lines to this file")
     parser.add_argument("--warmup", type=int, default=1,
                         help="unmeasured rounds at each level first (pipelines are built on a "
                              "batch size's first step, by both servers)")
     args = parser.parse_args()
+    args.prompt_text = open(args.prompt_file).read() if args.prompt_file else None
     host = urlsplit(args.url).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("bench_serve: loopback servers only")

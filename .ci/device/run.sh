@@ -40,6 +40,11 @@
 #                    each driven by .ci/bench_serve.py (ARGS for it; default --streams
 #                    1,4,16,64 --max-tokens 128; SERVE_ARGS: more flags for runner serve);
 #                    JSON lines into $OUT/serve.jsonl and a ratio table at the end
+#   serve-spec [ARGS]
+#                    speculative decoding through the HTTP API (real weights: assemble first):
+#                    runner serve -m on every model, one stream per .ci/spec_prompts/*.txt
+#                    plain and with webshard_spec (bench_serve.py --spec 15); JSON lines into
+#                    $OUT/serve-spec.jsonl (default ARGS: --max-tokens 256)
 #   fidelity         the fidelity test (llama.cpp goldens, teacher-forced and greedy) on the
 #                    assembled real models, output into $OUT/fidelity.txt
 set -uo pipefail
@@ -255,5 +260,31 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
     done
     python3 .ci/device/ratios.py serve "$OUT"
     ;;
-  *) echo "usage: run.sh setup|stash|assemble|synth|bench|tiles|spec|llama-build|llama-wait|llama-bench|serve-bench|fidelity|score"; exit 2 ;;
+  serve-spec)
+    shift
+    vulkan_env
+    [ $# -gt 0 ] || set -- --max-tokens 256
+    port=18081
+    for model in "$models"/*.gguf; do
+      name=$(basename "$model" .gguf)
+      "$runner" serve -m "$model" --alias "$name" --port "$port" --ctx 4096 \
+        > "$OUT/serve-spec-$name.log" 2>&1 &
+      pid=$!
+      for _ in $(seq 120); do
+        curl -sf "http://127.0.0.1:$port/health" > /dev/null && break
+        sleep 1
+      done
+      for prompt in .ci/spec_prompts/*.txt; do
+        for spec in "" "--spec 15"; do
+          # shellcheck disable=SC2086  # $spec: no flag, or the flag and its value
+          python3 .ci/bench_serve.py --url "http://127.0.0.1:$port" --model "$name" \
+            --streams 1 --prompt-file "$prompt" $spec --json "$OUT/serve-spec.jsonl" \
+            --label "$(basename "$prompt" .txt)${spec:+ spec}" "$@" | tail -1
+        done
+      done
+      kill "$pid"
+      wait "$pid" 2> /dev/null
+    done
+    ;;
+  *) echo "usage: run.sh setup|stash|assemble|synth|bench|tiles|spec|llama-build|llama-wait|llama-bench|serve-bench|serve-spec|fidelity|score"; exit 2 ;;
 esac

@@ -45,6 +45,11 @@ pub struct ModelArgs {
     /// falls back).
     #[arg(long, value_parser = parse_matmul_tile, hide = true)]
     pub matmul_tile: Option<[u32; 4]>,
+    /// `TOKENS,MIB`: products of at least TOKENS tokens (a batched step's rows) with matrices
+    /// of at least MIB MiB read the weights once, through the prefill product, instead of once
+    /// per token (for measuring the crossover; built in: 12 tokens, 16 MiB).
+    #[arg(long, value_parser = parse_streamed_products, hide = true)]
+    pub streamed_products: Option<[u64; 2]>,
     /// Feed prompt chunks shorter than this one token at a time instead of the built-in
     /// crossover (for measuring it; 0 always batches).
     #[arg(long, hide = true)]
@@ -83,6 +88,7 @@ impl ModelArgs {
             matvec_split: self.matvec_split,
             matvec_batch_split: self.matvec_batch_split,
             matmul_tile: self.matmul_tile,
+            streamed_products: self.streamed_products,
         })
     }
 
@@ -170,6 +176,22 @@ fn parse_matvec_split(text: &str) -> Result<[u32; 3], String> {
     Ok([lanes, per_row, rows])
 }
 
+/// `TOKENS,MIB` as `[tokens, bytes]`.
+pub(crate) fn parse_streamed_products(text: &str) -> Result<[u64; 2], String> {
+    let numbers: Vec<u64> = text
+        .split(',')
+        .map(|n| n.trim().parse::<u64>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("`{text}` is not TOKENS,MIB (two whole numbers)"))?;
+    match numbers[..] {
+        [tokens, mib] if (1..=4096).contains(&tokens) && mib <= 1 << 20 => Ok([tokens, mib << 20]),
+        [_, _] => Err(format!(
+            "`{text}`: TOKENS is 1..=4096 and MIB at most 1048576"
+        )),
+        _ => Err(format!("`{text}` is not TOKENS,MIB (two whole numbers)")),
+    }
+}
+
 pub(crate) fn parse_matvec_batch_split(text: &str) -> Result<[u32; 4], String> {
     let (split, tokens) = text
         .rsplit_once(',')
@@ -221,6 +243,11 @@ mod tests {
 
     #[test]
     fn batch_splits_take_four_numbers_with_a_power_of_two_tokens() {
+        assert_eq!(parse_streamed_products("16,0"), Ok([16, 0]));
+        assert_eq!(parse_streamed_products("12, 16"), Ok([12, 16 << 20]));
+        assert!(parse_streamed_products("0,16").is_err());
+        assert!(parse_streamed_products("16").is_err());
+        assert!(parse_streamed_products("16,x").is_err());
         assert_eq!(parse_matvec_batch_split("128,16,1,4"), Ok([128, 16, 1, 4]));
         let three = parse_matvec_batch_split("128,16,1").unwrap_err();
         assert!(three.contains("four numbers"), "{three}");

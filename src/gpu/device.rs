@@ -85,6 +85,11 @@ pub struct GpuOptions {
     /// Prefill tile `[rows, tokens, staged_cols, lane]` instead of the built-in one, for
     /// measuring tiles (`runner bench --matmul-tile`).
     pub matmul_tile: Option<[u32; 4]>,
+    /// `[tokens, bytes]` from which a GPU's product of several tokens reads the weights once
+    /// (the tiled or cooperative-matrix product) rather than once per token, instead of the
+    /// built-in crossover (`ops::quant::STREAMED_*`), for measuring it
+    /// (`--streamed-products`).
+    pub streamed_products: Option<[u64; 2]>,
 }
 
 /// The shader capabilities a kernel variant is compiled for.
@@ -149,6 +154,8 @@ pub struct Caps {
     pub matvec_batch_split: Option<[u32; 4]>,
     /// `GpuOptions::matmul_tile`.
     pub matmul_tile: Option<[u32; 4]>,
+    /// `GpuOptions::streamed_products`.
+    pub streamed_products: Option<[u64; 2]>,
 }
 
 impl Caps {
@@ -289,6 +296,7 @@ impl Gpu {
             matvec_split: options.matvec_split,
             matvec_batch_split: options.matvec_batch_split,
             matmul_tile: options.matmul_tile,
+            streamed_products: options.streamed_products,
         };
         tracing::info!(
             adapter = %caps.adapter, backend = %caps.backend, f16 = caps.f16,

@@ -314,7 +314,9 @@ pub const STREAMED_TOKENS: u32 = 12;
 /// Whether a GPU's product of `tokens` tokens with `w` had better read the weights once.
 fn reads_weights_once(gpu: &crate::gpu::Gpu, w: &QuantMatrix, tokens: u32) -> bool {
     let bytes = u64::from(w.rows) * w.weights.row_bytes;
-    !gpu.caps.cpu_work_split && tokens >= STREAMED_TOKENS && bytes >= STREAMED_MATRIX_BYTES
+    let default = [u64::from(STREAMED_TOKENS), STREAMED_MATRIX_BYTES];
+    let [most_tokens, most_bytes] = gpu.caps.streamed_products.unwrap_or(default);
+    !gpu.caps.cpu_work_split && u64::from(tokens) >= most_tokens && bytes >= most_bytes
 }
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`

@@ -172,6 +172,7 @@ pub(super) async fn open_gpu(
         matvec_split: None,
         matvec_batch_split: None,
         matmul_tile: None,
+        streamed_products: None,
     };
     Gpu::new(&options).await.map_err(|err| match err {
         GpuError::NoAdapter { .. } => {

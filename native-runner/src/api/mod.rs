@@ -104,6 +104,10 @@ pub struct ApiArgs {
     /// measuring it; see `runner bench --matvec-batch-split`).
     #[arg(long, value_parser = crate::model_args::parse_matvec_batch_split, hide = true)]
     pub matvec_batch_split: Option<[u32; 4]>,
+    /// `TOKENS,MIB`: where batched steps' products read the weights once (for measuring it;
+    /// see `runner bench --streamed-products`).
+    #[arg(long, value_parser = crate::model_args::parse_streamed_products, hide = true)]
+    pub streamed_products: Option<[u64; 2]>,
     /// Speculative decoding for the requests that do not ask themselves (`webshard_spec`):
     /// a request running alone drafts from its prompt and verifies each draft in one step.
     #[command(flatten)]
@@ -122,6 +126,7 @@ impl ApiArgs {
             matvec_split: None,
             matvec_batch_split: self.matvec_batch_split,
             matmul_tile: None,
+            streamed_products: self.streamed_products,
             per_token_prefill_below: None,
             quiet: true,
             gpu_mem_mib: None,
@@ -363,6 +368,7 @@ mod tests {
             replicas: None,
             ice: vec![],
             matvec_batch_split: None,
+            streamed_products: None,
             spec: SpecArgs::default(),
         };
         assert!(args.names().unwrap_err().to_string().contains("`one`"));
