@@ -335,7 +335,7 @@ fn fused_one_token_attention_goes_through_the_pages() {
     let devices = pollster::block_on(testing::device_variants_both_splits()).unwrap();
     for (gpu, variant) in devices {
         for (i, p) in shapes().iter().enumerate() {
-            if !rope_attention_supported(&gpu, p) {
+            if !rope_attention_supported(&gpu, p, true) {
                 continue;
             }
             let rope = RopeParams {

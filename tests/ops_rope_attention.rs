@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use webshard::gpu::{self, testing, Gpu, Recorder, Variant};
+use webshard::gpu::{self, testing, BackendChoice, Gpu, GpuOptions, Recorder, Variant};
 use webshard::ops::attention::{
     attention_reference, rope_attention_decode, rope_attention_supported, AttentionParams, KvCache,
 };
@@ -232,7 +232,7 @@ fn fused_decode_attention_matches_rope_store_then_attention() {
     let mut checked = 0;
     for (gpu, variant) in &devices {
         for (index, m) in models().iter().enumerate() {
-            if !rope_attention_supported(gpu, &params(m)) {
+            if !rope_attention_supported(gpu, &params(m), false) {
                 continue;
             }
             // One key, a full single split, the first of two splits, and several splits.
@@ -253,4 +253,37 @@ fn fused_decode_attention_matches_rope_store_then_attention() {
         "no device ran the fused kernel: the GPU work split of a CPU adapter should"
     );
     eprintln!("{checked} fused decode attention cases checked");
+}
+
+/// Over a contiguous cache the fused kernel fits WebGPU's default of 8 storage bindings, all a
+/// browser adapter may grant: on devices asked for no more than 8 (so the device validates the
+/// pipeline against that limit) it runs and matches the references, while a paged seat, whose
+/// page table is a ninth binding, is not sent there.
+#[test]
+fn the_contiguous_fused_kernel_fits_eight_storage_bindings() {
+    let seed = testing::fresh_seed();
+    let mut checked = 0;
+    for full in pollster::block_on(testing::devices_under_test()).unwrap() {
+        let options = GpuOptions {
+            backend: BackendChoice::parse(&full.caps.backend).unwrap_or_default(),
+            gpu_work_split: true,
+            storage_bindings_limit: Some(8),
+            ..Default::default()
+        };
+        let gpu = pollster::block_on(Gpu::new(&options)).unwrap();
+        assert!(gpu.caps.max_storage_bindings <= 8, "{}", gpu.caps.adapter);
+        for (index, m) in models().iter().enumerate() {
+            let p = params(m);
+            assert!(!rope_attention_supported(&gpu, &p, true), "{}", m.name);
+            if rope_attention_supported(&gpu, &p, false) {
+                let variant = gpu.variant();
+                check_case(&gpu, variant, m, 300, seed + index as u64 * 7919);
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "no device ran the fused kernel within 8 storage bindings"
+    );
 }

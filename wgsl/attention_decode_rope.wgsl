@@ -6,10 +6,12 @@
 // fresh_v), since nothing orders them after the cache write. The first query head of each kv
 // group writes that key and value into the cache for the steps after this one. The arithmetic
 // is rope_store's, in the same order, so both give the same values. q, k and v are sections of
-// one buffer (the decode step's packed q/k/v) at element offsets. With PAGED = 1 the cache is
-// a seat of a paged pool (a serving sequence alone in its step): position p lives in page
-// pages[p / PAGE], for the write as for every key read. The work is
-// attention_decode_core.wgsl's `attend`.
+// one buffer (the decode step's packed q/k/v) at element offsets. Where the rows of the cache
+// lie comes after this file: attention_decode_rope_slots.wgsl (one sequence's contiguous
+// cache), or attention_decode_rope_pages.wgsl (a seat of a paged pool, a serving sequence
+// alone in its step: position p in page pages[p / PAGE], for the write as for every key read),
+// which alone declares the page table's binding, so the contiguous kernel fits WebGPU's default
+// of 8 storage bindings. The work is attention_decode_core.wgsl's `attend`.
 
 struct Params {
     kv_heads: u32,
@@ -45,17 +47,6 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> v_cache: array<vec4<f32>>;
 @group(0) @binding(7) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> k_norm: array<f32>;
-// PAGED = 1: the seat's page table; a placeholder otherwise.
-@group(0) @binding(9) var<storage, read> pages: array<u32>;
-
-// The vec4 where position `pos`'s cache row begins in the bound layer (region is 0: one
-// sequence).
-fn cache_row(region: u32, pos: u32) -> u32 {
-    if (PAGED == 0u) {
-        return region + pos * params.kv_heads * HD4;
-    }
-    return (pages[pos / PAGE] * PAGE + pos % PAGE) * params.kv_heads * HD4;
-}
 
 // The RMS scale of the head row at element `base`; every lane of the workgroup must call it.
 fn row_scale(base: u32, lane: u32) -> f32 {

@@ -89,6 +89,7 @@ impl ModelArgs {
             matvec_batch_split: self.matvec_batch_split,
             matmul_tile: self.matmul_tile,
             streamed_products: self.streamed_products,
+            storage_bindings_limit: None,
         })
     }
 

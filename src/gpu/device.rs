@@ -74,6 +74,9 @@ pub struct GpuOptions {
     pub disable_subgroups: bool,
     /// Pretend bindings are at most this many bytes (tests of tensor splitting).
     pub max_binding_override: Option<u64>,
+    /// Ask for at most this many storage bindings per kernel (tests of the kernels that fit
+    /// WebGPU's default of 8, which a browser adapter may grant and no more).
+    pub storage_bindings_limit: Option<u32>,
     /// Split kernel work as for a GPU even on a CPU adapter (tests cover both splits).
     pub gpu_work_split: bool,
     /// Matvec work split (lanes per workgroup, lanes per row, rows per lane) instead of the
@@ -253,7 +256,11 @@ impl Gpu {
                 required_features |= feature;
             }
         }
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
+        if let Some(most) = options.storage_bindings_limit {
+            limits.max_storage_buffers_per_shader_stage =
+                limits.max_storage_buffers_per_shader_stage.min(most);
+        }
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("webshard"),

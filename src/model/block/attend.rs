@@ -113,7 +113,7 @@ impl OneToken<'_> {
     /// it ran.
     fn fused(&self, rec: &mut Recorder, step: &LayerStep) -> bool {
         let runs = step.rope_scaling.is_none()
-            && attention::rope_attention_supported(rec.gpu(), self.params);
+            && attention::rope_attention_supported(rec.gpu(), self.params, self.cache.is_paged());
         if runs {
             let (target, norms) = (self.target(step), head_norms(self.norms, step));
             let out = &step.scratch.attn;

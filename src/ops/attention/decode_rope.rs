@@ -13,20 +13,38 @@ use super::{
 use crate::gpu::{Gpu, Kernel, Lib, Recorder};
 use crate::ops::rope::{HeadNorms, RopeParams, StoreTarget};
 
+const LIBS: &[Lib] = &[Lib::Reduce, Lib::Rotary, Lib::AttentionMask];
+
+/// Over one sequence's contiguous cache.
 const DECODE_ROPE: Kernel = Kernel {
     name: "attention_decode_rope",
     source: concat!(
         include_str!("../../../wgsl/attention_decode_rope.wgsl"),
+        include_str!("../../../wgsl/attention_decode_rope_slots.wgsl"),
         include_str!("../../../wgsl/attention_decode_core.wgsl")
     ),
     entry: "main",
-    libs: &[Lib::Reduce, Lib::Rotary, Lib::AttentionMask],
+    libs: LIBS,
 };
 
-/// Storage bindings of the fused kernel: q/k/v, two cache layers, out, two partials, two norms
-/// and a page table (WebGPU's default limit is 8; Chromium's adapters give 10, SwiftShader's
-/// included).
-const STORAGE_BINDINGS: u32 = 9;
+/// Over a seat of a paged pool, through its page table.
+const DECODE_ROPE_PAGED: Kernel = Kernel {
+    name: "attention_decode_rope_paged",
+    source: concat!(
+        include_str!("../../../wgsl/attention_decode_rope.wgsl"),
+        include_str!("../../../wgsl/attention_decode_rope_pages.wgsl"),
+        include_str!("../../../wgsl/attention_decode_core.wgsl")
+    ),
+    entry: "main",
+    libs: LIBS,
+};
+
+/// Storage bindings of the fused kernel: q/k/v, two cache layers, out, two partials and two
+/// norms, which WebGPU's default limit of 8 holds; a paged seat's page table is a ninth
+/// (Chromium's adapters give 10, SwiftShader's included).
+fn storage_bindings(paged: bool) -> u32 {
+    8 + u32::from(paged)
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -61,12 +79,13 @@ fn pair_thetas(rope: &RopeParams, pos: u32) -> Vec<f32> {
     thetas
 }
 
-/// Whether the fused kernel runs this shape on this device: a GPU work split, the GPU decode
-/// kernel's shapes, and room for its bindings and its rotated q and k rows.
-pub fn rope_attention_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
+/// Whether the fused kernel runs this shape on this device, over a `paged` cache or not: a GPU
+/// work split, the GPU decode kernel's shapes, and room for its bindings and its rotated q and
+/// k rows.
+pub fn rope_attention_supported(gpu: &Gpu, p: &AttentionParams, paged: bool) -> bool {
     !gpu.caps.cpu_work_split
         && decode_gpu::supported_with(gpu, p, 2 * p.head_dim * 4)
-        && gpu.caps.max_storage_bindings >= STORAGE_BINDINGS
+        && gpu.caps.max_storage_bindings >= storage_bindings(paged)
 }
 
 /// One decode token: normalises (with `norms`) and rotates q and k of `target` at position
@@ -87,21 +106,26 @@ pub fn rope_attention_decode(
         target.k.buffer == qkv && target.v.buffer == qkv,
         "fused decode attention needs q, k and v in one buffer"
     );
+    let cache = target.cache;
+    let paged = cache.is_paged();
     assert!(
-        rope_attention_supported(rec.gpu(), p) && rope.head_dim == p.head_dim,
+        rope_attention_supported(rec.gpu(), p, paged) && rope.head_dim == p.head_dim,
         "fused decode attention cannot run head_dim {} here",
         p.head_dim
     );
-    let cache = target.cache;
     super::check_call(cache, target.cache_layer, qkv, out, start_pos, 1, p);
     let visible = start_pos - first_visible(start_pos, p.window) + 1;
     let splits = decode_gpu::splits(rec.gpu(), p, 1, visible);
     let thetas = pair_thetas(rope, start_pos);
     let [wg, hd, kps, lpk] = decode_gpu::constants(p.head_dim);
     let pairs4 = ("PAIRS4", thetas.len() as u32 / 4);
-    let paged = ("PAGED", cache.paged_constant());
-    let consts = [wg, hd, kps, lpk, pairs4, paged, ("PAGE", PAGE_TOKENS)];
-    let pipeline = rec.pipeline(&DECODE_ROPE, &consts);
+    let consts = [wg, hd, kps, lpk, pairs4, ("PAGE", PAGE_TOKENS)];
+    let kernel = if paged {
+        &DECODE_ROPE_PAGED
+    } else {
+        &DECODE_ROPE
+    };
+    let pipeline = rec.pipeline(kernel, &consts);
     let uniform = RopeAttentionParams {
         attention: KernelParams::new(p, start_pos, 1, splits),
         rope_dims: rope.rope_dims,
@@ -128,20 +152,8 @@ pub fn rope_attention_decode(
     let placeholder = rec.gpu().placeholder().clone();
     let q_norm = norms.map_or(&placeholder, |n| n.q);
     let k_norm = norms.map_or(&placeholder, |n| n.k);
-    let pages = cache
-        .page_binding()
-        .unwrap_or(placeholder.as_entire_binding());
-    dispatch_split_with(
-        rec,
-        &pipeline,
-        &call,
-        p,
-        [splits, p.heads, 1],
-        &uniform,
-        &[
-            q_norm.as_entire_binding(),
-            k_norm.as_entire_binding(),
-            pages,
-        ],
-    );
+    let mut extra = vec![q_norm.as_entire_binding(), k_norm.as_entire_binding()];
+    extra.extend(cache.page_binding());
+    let grid = [splits, p.heads, 1];
+    dispatch_split_with(rec, &pipeline, &call, p, grid, &uniform, &extra);
 }

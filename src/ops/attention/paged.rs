@@ -128,8 +128,13 @@ impl KvCache {
         }))
     }
 
+    /// Whether this is a seat of a paged pool (its rows found through its page table).
+    pub fn is_paged(&self) -> bool {
+        self.pages.is_some()
+    }
+
     /// The `PAGED` specialisation constant of kernels that read this cache.
     pub(super) fn paged_constant(&self) -> u32 {
-        u32::from(self.pages.is_some())
+        u32::from(self.is_paged())
     }
 }

@@ -1,0 +1,8 @@
+// attention_decode_rope.wgsl over a seat of a paged pool: the seat's page table (its ninth
+// storage binding), and the vec4 where position `pos`'s row begins in the bound layer, in page
+// pages[pos / PAGE] (region is 0: one sequence).
+@group(0) @binding(9) var<storage, read> pages: array<u32>;
+
+fn cache_row(region: u32, pos: u32) -> u32 {
+    return (pages[pos / PAGE] * PAGE + pos % PAGE) * params.kv_heads * HD4;
+}
