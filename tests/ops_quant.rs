@@ -7,7 +7,8 @@ use std::sync::Arc;
 use webshard::gpu::{self, testing, Gpu, GpuOptions, Recorder, Variant, WeightTensor};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
-    dequant_row_reference, embed, matmul, matmul_reference, MatmulTile, QuantMatrix, QuantType,
+    dequant_row_reference, embed, matmul, matmul_product, matmul_reference, MatmulTile,
+    QuantMatrix, QuantType,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -30,7 +31,22 @@ struct Case<'a> {
     cols: usize,
 }
 
+/// A product as the library routes it (`matmul`) or through the prefill tiles alone
+/// (`matmul_product`).
+type Product = fn(&mut Recorder, &QuantMatrix, &wgpu::Buffer, &wgpu::Buffer, u32);
+
 fn gpu_matmul(gpu: &Gpu, variant: Variant, case: &Case, x: &[f32], tokens: usize) -> Vec<f32> {
+    gpu_product(matmul, gpu, variant, case, x, tokens)
+}
+
+fn gpu_product(
+    product: Product,
+    gpu: &Gpu,
+    variant: Variant,
+    case: &Case,
+    x: &[f32],
+    tokens: usize,
+) -> Vec<f32> {
     let tensor = upload_weights(gpu, "w", case.bytes, case.rows);
     let w = QuantMatrix::new(&tensor, case.quant, case.cols as u32, case.rows as u32).unwrap();
     let x_buffer = gpu::upload_f32(gpu, "x", x);
@@ -38,7 +54,7 @@ fn gpu_matmul(gpu: &Gpu, variant: Variant, case: &Case, x: &[f32], tokens: usize
     let out = gpu::storage_buffer(gpu, "out", out_bytes);
     gpu::poison_f32(gpu, &out);
     let mut rec = Recorder::with_variant(gpu, variant);
-    matmul(&mut rec, &w, &x_buffer, &out, tokens as u32);
+    product(&mut rec, &w, &x_buffer, &out, tokens as u32);
     let bytes = pollster::block_on(rec.submit_and_read(&out, 0, out_bytes)).expect("read");
     bytemuck::pod_collect_to_vec(&bytes)
 }
@@ -260,7 +276,8 @@ fn split_tensors_give_identical_results() {
         assert!(parts.len() >= 2, "{quant:?}: {} part(s)", parts.len());
         let what = format!("{quant:?} split into {} parts, seed={seed}", parts.len());
         for variant in split.caps.all_variants() {
-            for tokens in [1, 5] {
+            // One token through the matrix-vector kernel, 17 through the prefill tiles.
+            for tokens in [1, 17] {
                 let x = testing::random_f32(tokens * cols, seed ^ tokens as u64);
                 let got = gpu_matmul(&split, variant, &case, &x, tokens);
                 let want = gpu_matmul(&whole, variant, &case, &x, tokens);
@@ -283,7 +300,8 @@ fn split_tensors_give_identical_results() {
 /// Every prefill tile the kernel is built with, and some it may be asked for, on every device
 /// and variant (each type in one variant, in turn): 2 to 8 lanes along rows, 2 to 16 along
 /// tokens, 4 × 4 and 8 × 8 outputs a lane, activations staged 32 to 128 columns at a time, with
-/// columns and tokens that leave every tile partly filled.
+/// columns and tokens that leave every tile partly filled. Through the tiled product itself:
+/// `matmul` hands a few tokens to the matrix-vector kernel, which `products` tests.
 /// `MatmulTile::GPU` (16 × 16 lanes) needs more workgroup memory than lavapipe and llvmpipe
 /// have (43 of 32 KiB); only its constants differ from the tiles that run here.
 #[test]
@@ -333,7 +351,7 @@ fn every_matmul_tile_matches_the_reference() {
                 for tokens in [2, 70] {
                     let x = testing::random_f32(tokens * cols, seed ^ tokens as u64);
                     let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
-                    let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
+                    let got = gpu_product(matmul_product, &gpu, variant, &case, &x, tokens);
                     let what = format!(
                         "{tile:?} {quant:?} {} {variant} tokens={tokens} seed={seed}",
                         gpu.caps.adapter
@@ -445,7 +463,8 @@ fn check_real_tensor(file: &str, quant: QuantType) {
             "{file} {name} {quant:?} {} {variant} seed={seed}",
             gpu.caps.adapter
         );
-        for tokens in [1, 5] {
+        // One token through the matrix-vector kernel, 17 through the prefill tiles.
+        for tokens in [1, 17] {
             let x = testing::random_f32(tokens * cols, seed ^ tokens as u64);
             let got = gpu_matmul(&gpu, variant, &case, &x, tokens);
             let want = matmul_reference(quant, &bytes, rows, cols, &x, tokens);
