@@ -364,11 +364,9 @@ impl Scheduler {
 
     /// Whether the step after `rows` (sequences `ready`) may be submitted before they are read:
     /// every running sequence is in it, greedy on the device, with its last prompt token fed
-    /// (so its next input is the device's argmax) and room for one more position; and no lone
-    /// sequence has a draft to verify after it.
+    /// (so its next input is the device's argmax) and room for one more position.
     fn chains(&self, ready: &[usize], rows: &[BatchRow]) -> bool {
         ready.len() == self.running.len()
-            && self.lone_draft().is_none()
             && ready.iter().zip(rows).all(|(&i, row)| {
                 let seq = &self.running[i];
                 seq.greedy_on_device()
@@ -411,7 +409,9 @@ impl Scheduler {
         let stage = &self.engine.stage;
         let mut next_ahead = None;
         if let (Some(rows), Some(ready)) = (&rows, &ready) {
-            if self.chains(ready, rows) {
+            // A lone sequence with a draft due verifies it next instead (`decode` takes it
+            // once this step is read); `decode`'s own chaining has just found none due.
+            if self.chains(ready, rows) && self.lone_draft().is_none() {
                 let after = ahead_rows(rows);
                 let pending = stage.submit_batch_argmax(&after, RowTokens::FedBack)?;
                 next_ahead = Some((
