@@ -44,7 +44,25 @@ impl Default for SpecConfig {
     }
 }
 
+/// What is wrong with the speculation a request names: its kind, or its draft length.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SpecRequestError {
+    Kind(String),
+    DraftMax(String),
+}
+
 impl SpecConfig {
+    /// The speculation a request names by `kind` (`"lookup"`, the only one) and `draft_max`
+    /// (default `MAX_DRAFT`): the HTTP API's `webshard_spec` and the page's `spec` options.
+    pub fn named(kind: &str, draft_max: Option<u32>) -> Result<SpecConfig, SpecRequestError> {
+        if kind != "lookup" {
+            let why = format!("\"{kind}\" is not known (\"lookup\" is)");
+            return Err(SpecRequestError::Kind(why));
+        }
+        let draft_max = draft_max.unwrap_or(SpecConfig::default().draft_max);
+        SpecConfig::lookup(draft_max).map_err(SpecRequestError::DraftMax)
+    }
+
     /// Lookup with drafts of at most `draft_max` tokens, or an error saying the bounds.
     pub fn lookup(draft_max: u32) -> Result<SpecConfig, String> {
         if !(1..=MAX_DRAFT).contains(&draft_max) {
@@ -196,6 +214,21 @@ impl DraftLength {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_request_names_lookup_with_a_draft_length_in_bounds() {
+        let default = SpecConfig::named("lookup", None).unwrap();
+        assert_eq!(default, SpecConfig::default());
+        assert_eq!(SpecConfig::named("lookup", Some(4)).unwrap().draft_max, 4);
+        assert!(matches!(
+            SpecConfig::named("ngram", Some(4)),
+            Err(SpecRequestError::Kind(_))
+        ));
+        assert!(matches!(
+            SpecConfig::named("lookup", Some(MAX_DRAFT + 1)),
+            Err(SpecRequestError::DraftMax(_))
+        ));
+    }
 
     #[test]
     fn the_latest_longest_match_is_continued() {

@@ -8,6 +8,7 @@ use wasm_bindgen::JsValue;
 use super::error::WebError;
 use crate::front::GenerateOptions;
 use crate::model::LoadOptions;
+use crate::sample::lookup::SpecRequestError;
 use crate::sample::{ConstraintSpec, SamplerConfig, SpecConfig};
 
 /// Longest generation one call may ask for.
@@ -218,15 +219,14 @@ impl GenerateSettings {
         match (self.spec.as_deref(), self.draft_max) {
             (None, None) => Ok(None),
             (None, Some(_)) => Err(WebError::Options("draft_max needs spec: \"lookup\"".into())),
-            (Some("lookup"), draft_max) => {
-                let draft_max = draft_max.unwrap_or(SpecConfig::default().draft_max);
-                SpecConfig::lookup(draft_max)
+            (Some(kind), draft_max) => {
+                SpecConfig::named(kind, draft_max)
                     .map(Some)
-                    .map_err(WebError::Options)
+                    .map_err(|err| match err {
+                        SpecRequestError::Kind(why) => WebError::Options(format!("spec {why}")),
+                        SpecRequestError::DraftMax(why) => WebError::Options(why),
+                    })
             }
-            (Some(other), _) => Err(WebError::Options(format!(
-                "spec \"{other}\" is not known (\"lookup\" is)"
-            ))),
         }
     }
 

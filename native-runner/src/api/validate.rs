@@ -6,6 +6,7 @@
 
 use serde_json::{json, Value};
 use webshard::front::{GenerateOptions, GenerateRequest, Prompt as ModelPrompt, RequestError};
+use webshard::sample::lookup::SpecRequestError;
 use webshard::sample::{ConstraintSpec, SamplerConfig, SpecConfig};
 use webshard::tokenizer::ChatMessage;
 
@@ -243,19 +244,14 @@ fn speculation(spec: Option<&SpecRequest>) -> Result<Option<SpecConfig>, ApiErro
     let Some(spec) = spec else {
         return Ok(None);
     };
-    if spec.kind != "lookup" {
-        return Err(ApiError::bad_field(
-            "webshard_spec.type",
-            format!(
-                "`webshard_spec.type` must be \"lookup\", got {:?}",
-                spec.kind
-            ),
-        ));
-    }
-    let draft_max = spec.draft_max.unwrap_or(SpecConfig::default().draft_max);
-    SpecConfig::lookup(draft_max)
+    SpecConfig::named(&spec.kind, spec.draft_max)
         .map(Some)
-        .map_err(|why| ApiError::bad_field("webshard_spec.draft_max", why))
+        .map_err(|err| match err {
+            SpecRequestError::Kind(why) => {
+                ApiError::bad_field("webshard_spec.type", format!("`webshard_spec.type` {why}"))
+            }
+            SpecRequestError::DraftMax(why) => ApiError::bad_field("webshard_spec.draft_max", why),
+        })
 }
 
 /// One prompt per request: several would be several choices, like `n` > 1.
