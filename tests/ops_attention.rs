@@ -19,26 +19,26 @@ use webshard::ops::attention::{
 };
 
 #[derive(Debug, Clone, Copy)]
-struct Shape {
-    name: &'static str,
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
+pub(crate) struct Shape {
+    pub(crate) name: &'static str,
+    pub(crate) heads: u32,
+    pub(crate) kv_heads: u32,
+    pub(crate) head_dim: u32,
 }
 
-const SMOLLM2: Shape = Shape {
+pub(crate) const SMOLLM2: Shape = Shape {
     name: "smollm2",
     heads: 9,
     kv_heads: 3,
     head_dim: 64,
 };
-const QWEN25: Shape = Shape {
+pub(crate) const QWEN25: Shape = Shape {
     name: "qwen2.5",
     heads: 14,
     kv_heads: 2,
     head_dim: 64,
 };
-const GEMMA3: Shape = Shape {
+pub(crate) const GEMMA3: Shape = Shape {
     name: "gemma3",
     heads: 4,
     kv_heads: 1,
@@ -46,14 +46,14 @@ const GEMMA3: Shape = Shape {
 };
 const SHAPES: [Shape; 3] = [SMOLLM2, QWEN25, GEMMA3];
 /// all-MiniLM-L6-v2 (BERT): 12 heads of 32, one kv head each.
-const MINILM: Shape = Shape {
+pub(crate) const MINILM: Shape = Shape {
     name: "minilm",
     heads: 12,
     kv_heads: 12,
     head_dim: 32,
 };
 /// One query head per kv head, head_dim 128.
-const MHA: Shape = Shape {
+pub(crate) const MHA: Shape = Shape {
     name: "mha",
     heads: 2,
     kv_heads: 2,
@@ -62,7 +62,7 @@ const MHA: Shape = Shape {
 
 /// Which entry point a case goes through.
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Path {
+pub(crate) enum Path {
     Auto,
     Decode,
     Prefill,
@@ -91,20 +91,20 @@ fn bidirectional(
 const LAYER: u32 = 1;
 
 /// Inputs of one attention case, with the CPU reference computed once for every device.
-struct Case {
-    shape: Shape,
-    params: AttentionParams,
-    start_pos: u32,
-    tokens: u32,
-    q: Vec<f32>,
-    k: Vec<f32>,
-    v: Vec<f32>,
-    decoy_k: Vec<f32>,
-    want: Vec<f32>,
+pub(crate) struct Case {
+    pub(crate) shape: Shape,
+    pub(crate) params: AttentionParams,
+    pub(crate) start_pos: u32,
+    pub(crate) tokens: u32,
+    pub(crate) q: Vec<f32>,
+    pub(crate) k: Vec<f32>,
+    pub(crate) v: Vec<f32>,
+    pub(crate) decoy_k: Vec<f32>,
+    pub(crate) want: Vec<f32>,
 }
 
 impl Case {
-    fn new(
+    pub(crate) fn new(
         shape: Shape,
         start_pos: u32,
         tokens: u32,
@@ -143,14 +143,14 @@ impl Case {
     }
 
     /// A case for the bidirectional path: the reference without the causal mask.
-    fn bidirectional(shape: Shape, tokens: u32, seed: u64) -> Case {
+    pub(crate) fn bidirectional(shape: Shape, tokens: u32, seed: u64) -> Case {
         let mut case = Case::new(shape, 0, tokens, None, None, seed);
         case.want =
             bidirectional_attention_reference(&case.q, &case.k, &case.v, tokens, &case.params);
         case
     }
 
-    fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         format!(
             "{} start_pos {} tokens {} window {:?} softcap {:?}",
             self.shape.name, self.start_pos, self.tokens, self.params.window, self.params.softcap
@@ -159,7 +159,7 @@ impl Case {
 
     /// Fills a fresh (poisoned) cache with kv_write, the prefix and the new tokens in separate
     /// writes as a chat does, runs attention through `path`, and reads the output.
-    fn run(&self, gpu: &Gpu, variant: Variant, path: Path) -> Vec<f32> {
+    pub(crate) fn run(&self, gpu: &Gpu, variant: Variant, path: Path) -> Vec<f32> {
         self.run_in(gpu, variant, path, self.start_pos + self.tokens + 3)
     }
 

@@ -101,7 +101,15 @@ fn segmented_matches_reference_in_every_variant() {
         // 900 keys in two sequences: the CPU split spreads them over several workgroups.
         Case::new(MINILM, &[511, 389], seed ^ 0x900),
     ];
-    let variants = pollster::block_on(testing::device_variants_both_splits()).expect("devices");
+    let mut variants = pollster::block_on(testing::device_variants_both_splits()).expect("devices");
+    // Where the device has cooperative matrices, also its best variant: packed encoder batches
+    // then take the cooperative prefill kernel (ops_attention_coop.rs).
+    let coop: Vec<_> = variants
+        .iter()
+        .filter(|(gpu, v)| gpu.caps.coop_matrix && *v == gpu.caps.all_variants()[0])
+        .map(|(gpu, _)| (gpu.clone(), gpu.caps.best_variant()))
+        .collect();
+    variants.extend(coop);
     for (gpu, variant) in variants {
         let started = Instant::now();
         let mut worst = 0.0f32;
@@ -116,7 +124,11 @@ fn segmented_matches_reference_in_every_variant() {
                 case.lengths
             );
             // f16 variants round the key and value tiles to f16.
-            let tolerance = if variant.f16 { 3e-3 } else { 2e-5 };
+            let tolerance = match (variant.coop_matrix, variant.f16) {
+                (true, _) => 6e-3,
+                (false, true) => 3e-3,
+                (false, false) => 2e-5,
+            };
             testing::assert_close(&got, &case.want, tolerance, &what);
             worst = worst.max(testing::relative_error(&got, &case.want));
         }

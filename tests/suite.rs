@@ -33,6 +33,7 @@ mod gpu_core;
 mod model_fit;
 mod model_split;
 mod ops_attention;
+mod ops_attention_coop;
 mod ops_attention_paged;
 mod ops_attention_rows;
 mod ops_attention_segments;

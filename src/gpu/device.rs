@@ -100,10 +100,11 @@ pub struct GpuOptions {
 pub struct Variant {
     pub f16: bool,
     pub subgroups: bool,
-    /// Prefill products on cooperative matrices (`wgsl/matmul_coop.wgsl`, f16 operands, f32
-    /// sums) instead of the FP32 tiles. Only `best_variant` sets it: its f16 rounding needs
-    /// its own tolerance, so `tests/ops_matmul_coop.rs` tests it rather than every kernel's
-    /// variant loop.
+    /// Prefill products and prefill attention on cooperative matrices
+    /// (`wgsl/matmul_coop.wgsl`, `wgsl/attention_prefill_coop.wgsl`: f16 operands, f32 sums)
+    /// instead of the FP32 tiles. Only `best_variant` sets it: its f16 rounding needs its own
+    /// tolerance, so `tests/ops_matmul_coop.rs` and `tests/ops_attention_coop.rs` test it
+    /// rather than every kernel's variant loop.
     pub coop_matrix: bool,
 }
 
@@ -390,10 +391,11 @@ impl Gpu {
     }
 }
 
-/// Whether the adapter runs `wgsl/matmul_coop.wgsl`: wgpu's experimental cooperative-matrix
-/// feature (Vulkan's `VK_KHR_cooperative_matrix`, Metal's simdgroup matrices; never in
-/// browsers, where wgpu 30 reports no configurations), a 16 x 16 x 16 configuration of f16
-/// operands with f32 sums, and subgroups of exactly 32 lanes (the kernel's workgroup is four).
+/// Whether the adapter runs the cooperative-matrix kernels (`wgsl/matmul_coop.wgsl`,
+/// `wgsl/attention_prefill_coop.wgsl`): wgpu's experimental cooperative-matrix feature
+/// (Vulkan's `VK_KHR_cooperative_matrix`, Metal's simdgroup matrices; never in browsers, where
+/// wgpu 30 reports no configurations), a 16 x 16 x 16 configuration of f16 operands with f32
+/// sums, and subgroups of exactly 32 lanes (the kernels' subgroups own 16 x 16 blocks).
 fn coop_matrix_support(adapter: &wgpu::Adapter) -> bool {
     let info = adapter.get_info();
     let sizes = adapter.cooperative_matrix_properties();
@@ -414,8 +416,9 @@ fn coop_matrix_support(adapter: &wgpu::Adapter) -> bool {
 fn experimental_features(coop_matrix: bool) -> wgpu::ExperimentalFeatures {
     if coop_matrix {
         // SAFETY: the token acknowledges that wgpu's experimental features may have bugs;
-        // only the cooperative-matrix product uses one, and its test checks it against the
-        // CPU reference on the devices that have it (tests/ops_matmul_coop.rs).
+        // only the cooperative-matrix kernels use one, and their tests check them against the
+        // CPU references on the devices that have it (tests/ops_matmul_coop.rs,
+        // tests/ops_attention_coop.rs).
         unsafe { wgpu::ExperimentalFeatures::enabled() }
     } else {
         wgpu::ExperimentalFeatures::disabled()

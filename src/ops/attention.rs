@@ -19,6 +19,7 @@ mod decode_rope;
 mod decode_rows;
 mod kv_cache;
 mod paged;
+mod prefill_coop;
 mod reference;
 mod segments;
 mod softmax;
@@ -31,6 +32,7 @@ pub use decode_rows::{
 };
 pub use kv_cache::{kv_write, KvCache};
 pub use paged::{Pages, PAGE_TOKENS};
+pub use prefill_coop::prefill_uses_coop_matrix;
 pub use reference::{
     attention_reference, bidirectional_attention_reference, segmented_attention_reference,
 };
@@ -38,6 +40,7 @@ pub use segments::{segment_table, segmented_attention, Segments};
 pub use softmax::{softmax, softmax_reference};
 
 use crate::gpu::{Gpu, Kernel, Lib, Recorder, Variant};
+use prefill_coop::{CoopPrefill, PREFILL_COOP};
 
 const DECODE: Kernel = Kernel {
     name: "attention_decode",
@@ -366,27 +369,38 @@ fn prefill_masked(
         return;
     }
     let group = p.heads / p.kv_heads;
-    let row_blocks = (tokens * group).div_ceil(PREFILL_WG);
-    let tile = prefill_tile(rec.gpu(), rec.variant(), p.head_dim);
-    // Packed sequences: a workgroup walks only the keys of the sequences its rows belong to.
+    let coop = CoopPrefill::plan(rec.gpu(), rec.variant(), p.head_dim, tokens);
+    let (rows, tile) = match coop {
+        Some(plan) => (plan.rows, plan.tile),
+        None => (
+            PREFILL_WG,
+            prefill_tile(rec.gpu(), rec.variant(), p.head_dim),
+        ),
+    };
+    let row_blocks = (tokens * group).div_ceil(rows);
+    // Packed sequences: a workgroup walks only the keys of the sequences its rows belong to
+    // (its rows are within one of `PREFILL_WG`'s blocks, so that block's keys bound them).
     let (causal, table, keys) = match mask {
         PrefillMask::Causal => (true, None, None),
         PrefillMask::Bidirectional => (false, None, None),
         PrefillMask::Segments(s) => (false, Some(s.table), Some(s.widest_block(group))),
     };
-    let splits = prefill_splits(rec.gpu(), p, start_pos, tokens, keys, tile);
-    let pipeline = rec.pipeline(
-        &PREFILL,
-        &[
-            ("WG", PREFILL_WG),
-            ("HD", p.head_dim),
-            ("BK", tile),
-            ("CAUSAL", u32::from(causal)),
-            ("SEGMENTS", u32::from(table.is_some())),
-            ("PAGED", cache.paged_constant()),
-            ("PAGE", PAGE_TOKENS),
-        ],
-    );
+    let splits = prefill_splits(rec.gpu(), p, start_pos, tokens, keys, [rows, tile]);
+    let shape = [
+        ("HD", p.head_dim),
+        ("BK", tile),
+        ("CAUSAL", u32::from(causal)),
+        ("SEGMENTS", u32::from(table.is_some())),
+        ("PAGED", cache.paged_constant()),
+        ("PAGE", PAGE_TOKENS),
+    ];
+    // The cooperative kernel derives its workgroup from head_dim.
+    let (kernel, lanes) = match coop {
+        Some(_) => (&PREFILL_COOP, None),
+        None => (&PREFILL, Some(("WG", PREFILL_WG))),
+    };
+    let consts: Vec<_> = lanes.into_iter().chain(shape).collect();
+    let pipeline = rec.pipeline(kernel, &consts);
     let call = SplitCall {
         q,
         cache,
@@ -489,19 +503,20 @@ pub(super) fn dispatch_split_with(
 /// Key splits of prefill: enough that no invocation exceeds the loop budget, and, where the
 /// partial results fit one binding, enough that few-token calls (chunked prefill deep into a
 /// context) still fill the GPU.
-/// `keys`, where given, bounds the keys of one workgroup more tightly than the call's shape.
+/// `keys`, where given, bounds the keys of one workgroup more tightly than the call's shape;
+/// `[rows, tile]` is the kernel's query rows per workgroup and keys per tile.
 fn prefill_splits(
     gpu: &Gpu,
     p: &AttentionParams,
     start_pos: u32,
     tokens: u32,
     keys: Option<u32>,
-    tile: u32,
+    [rows, tile]: [u32; 2],
 ) -> u32 {
     let group = p.heads / p.kv_heads;
-    let workgroups = (tokens * group).div_ceil(PREFILL_WG) * p.kv_heads;
+    let workgroups = (tokens * group).div_ceil(rows) * p.kv_heads;
     // Keys one workgroup may see: its tokens' positions plus the window behind the first.
-    let tokens_per_block = PREFILL_WG.div_ceil(group) + 1;
+    let tokens_per_block = rows.div_ceil(group) + 1;
     let keys = keys.unwrap_or(p.window.map_or(start_pos + tokens, |w| {
         (start_pos + tokens).min(w.saturating_add(tokens_per_block))
     }));
@@ -509,7 +524,7 @@ fn prefill_splits(
     // Back-edges of the kernel's loops per key (two head_dim loops of 4 vec4s, the key loops)
     // and per tile (the tile load, the rescale, the tile loop).
     let per_key = 2 * p.head_dim / 16 + 2;
-    let per_tile = tile * p.head_dim / 4 / PREFILL_WG + p.head_dim / 16 + 1;
+    let per_tile = tile * p.head_dim / 4 / rows + p.head_dim / 16 + 1;
     let tiles_per_split = (PREFILL_LOOP_BUDGET / (per_key * tile + per_tile)).max(1);
     let needed = tiles.div_ceil(tiles_per_split);
     let wanted = match gpu.caps.cpu_work_split {
