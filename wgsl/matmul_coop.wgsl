@@ -1,18 +1,15 @@
 // Matrix-matrix product for prefill on cooperative matrices (tensor cores):
 // out[t, first_row + r] = dot(W[r, :], x[t, :]), as `matmul.wgsl` computes it on the FP32 cores.
 //
-// A workgroup of WG = 4 subgroups computes a tile of TT tokens x TR = 64 rows. K is walked
+// A workgroup of WG = 4 subgroups computes a tile of TT = 64 tokens x TR = 64 rows. K is walked
 // in steps of BK = 128 elements (a whole number of units for every type, as in `matmul.wgsl`).
 // Each step dequantizes the tile's 64 x 128 weights to f16 in workgroup memory, every unit by one
 // lane, and converts the 64 tokens' activations to f16 beside them; each lane issues all its
-// loads of a step at once (two units, TT / 4 vec4s) before storing any. Holding the next step's
+// loads of a step at once (two units, 16 vec4s) before storing any. Holding the next step's
 // loads in registers across this step's multiplies made every product 15-25% slower on the
 // H200 (docs/perf.md, session 27: 128 floats a lane live through the multiplies). Each subgroup owns a
-// quarter of the outputs, 32 rows x TT / 2 tokens, as f32 accumulators of 16 x 16 (2 x 2 at TT
-// = 64, 1 x 2 at 32), and multiplies 16-column slices of both tiles into them.
-//
-// TT (from the host) is 64, or 32 where a product's 64-token grid would leave most of a large
-// GPU idle (a 896-row product has 14 row tiles): twice the workgroups, each half the work. In cooperative-matrix terms A is the activations (tokens x k,
+// 32 x 32 quarter of the outputs as 2 x 2 f32 accumulators of 16 x 16 and multiplies 16-column
+// slices of both tiles into them. In cooperative-matrix terms A is the activations (tokens x k,
 // row-major in `x_tile`), B the transposed weights (k x rows, column-major in `w_tile`) and C the
 // outputs (tokens x rows). Tile rows are padded by 8 halves (16 bytes): rows 272 bytes apart
 // spread a subgroup's loads over the banks, and every load stays 16-byte aligned.
@@ -44,18 +41,16 @@ struct Params {
 @group(0) @binding(4) var<storage, read> weights4: array<vec4<u32>>;
 
 const TR: u32 = 64u;
+const TT: u32 = 64u;
 const WG: u32 = 128u;
 const SUBGROUP: u32 = 32u;
 const BK: u32 = 128u;
 const BK4: u32 = BK / 4u;
 const UNITS_PER_STEP: u32 = BK / 32u;
 const STRIDE: u32 = BK + 8u;
-// `load_step` is written out for two weight units and 8 activation vec4s per lane per 32
-// tokens; a subgroup's tokens are one or two 16-token blocks.
+// `load_step` is written out for two weight units and 16 activation vec4s per lane.
 const_assert TR * UNITS_PER_STEP == 2u * WG;
-const_assert TT * BK4 == 8u * WG * (TT / 32u);
-const_assert TT == 32u || TT == 64u;
-const TWO_TOKEN_BLOCKS: bool = TT == 64u;
+const_assert TT * BK4 == 16u * WG;
 // One 16 x 16 f32 matrix per subgroup, staged on its way out (outputs at the tile's edges must
 // not be stored, and a cooperative store writes all or nothing).
 const STAGE: u32 = 256u;
@@ -170,15 +165,11 @@ struct Staged {
 }
 
 fn load_step(first_tile_row: u32, first_token: u32, k0: u32, lane: u32) -> Staged {
-    var second = Unit();
-    if (TWO_TOKEN_BLOCKS) {
-        second = load_activations(first_token, k0 / 4u, lane + 8u * WG);
-    }
     return Staged(
         load_unit(first_tile_row, k0, lane),
         load_unit(first_tile_row, k0, lane + WG),
         load_activations(first_token, k0 / 4u, lane),
-        second,
+        load_activations(first_token, k0 / 4u, lane + 8u * WG),
     );
 }
 
@@ -186,9 +177,7 @@ fn store_step(first_token: u32, k0: u32, lane: u32, staged: Staged) {
     store_weight_unit(k0, lane, staged.w0);
     store_weight_unit(k0, lane + WG, staged.w1);
     store_activations(first_token, k0 / 4u, lane, staged.x0);
-    if (TWO_TOKEN_BLOCKS) {
-        store_activations(first_token, k0 / 4u, lane + 8u * WG, staged.x1);
-    }
+    store_activations(first_token, k0 / 4u, lane + 8u * WG, staged.x1);
 }
 
 // Stores one 16 x 16 accumulator (tokens x rows, from token `token0` and tile row `row0`)
@@ -215,9 +204,9 @@ fn matmul(
 ) {
     let first_tile_row = (group.x + group.y * params.groups_x) * TR;
     let first_token = group.z * TT;
-    // The subgroup's quarter: rows (subgroup % 2) * 32, tokens (subgroup / 2) * TT / 2.
+    // The subgroup's quarter: rows (subgroup % 2) * 32, tokens (subgroup / 2) * 32.
     let w_at = (subgroup % 2u) * 32u * STRIDE;
-    let x_at = (subgroup / 2u) * (TT / 2u) * STRIDE;
+    let x_at = (subgroup / 2u) * 32u * STRIDE;
     var c00 = coop_mat16x16<f32, C>();
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
@@ -228,25 +217,21 @@ fn matmul(
         let width = min(BK, params.cols - k0);
         for (var k = 0u; k < width; k = k + 16u) {
             let a0 = coopLoadT<coop_mat16x16<f16, A>>(&x_tile[x_at + k], STRIDE);
+            let a1 = coopLoadT<coop_mat16x16<f16, A>>(&x_tile[x_at + 16u * STRIDE + k], STRIDE);
             let b0 = coopLoad<coop_mat16x16<f16, B>>(&w_tile[w_at + k], STRIDE);
             let b1 = coopLoad<coop_mat16x16<f16, B>>(&w_tile[w_at + 16u * STRIDE + k], STRIDE);
             c00 = coopMultiplyAdd(a0, b0, c00);
             c01 = coopMultiplyAdd(a0, b1, c01);
-            if (TWO_TOKEN_BLOCKS) {
-                let a1 = coopLoadT<coop_mat16x16<f16, A>>(&x_tile[x_at + 16u * STRIDE + k], STRIDE);
-                c10 = coopMultiplyAdd(a1, b0, c10);
-                c11 = coopMultiplyAdd(a1, b1, c11);
-            }
+            c10 = coopMultiplyAdd(a1, b0, c10);
+            c11 = coopMultiplyAdd(a1, b1, c11);
         }
         workgroupBarrier();
     }
     let stage = subgroup * STAGE;
-    let token0 = first_token + (subgroup / 2u) * (TT / 2u);
+    let token0 = first_token + (subgroup / 2u) * 32u;
     let row0 = first_tile_row + (subgroup % 2u) * 32u;
     store_outputs(c00, stage, token0, row0, subgroup_lane);
     store_outputs(c01, stage, token0, row0 + 16u, subgroup_lane);
-    if (TWO_TOKEN_BLOCKS) {
-        store_outputs(c10, stage, token0 + 16u, row0, subgroup_lane);
-        store_outputs(c11, stage, token0 + 16u, row0 + 16u, subgroup_lane);
-    }
+    store_outputs(c10, stage, token0 + 16u, row0, subgroup_lane);
+    store_outputs(c11, stage, token0 + 16u, row0 + 16u, subgroup_lane);
 }

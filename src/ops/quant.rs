@@ -13,7 +13,7 @@ pub mod testing;
 use dequant::IQ4_NL_CODEBOOK_CONSTS;
 pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
 pub use matmul::matmul_product;
-pub use matmul::{coop_token_tile, uses_coop_matrix, MatmulTile};
+pub use matmul::{uses_coop_matrix, MatmulTile};
 pub use matvec::{
     matvec, matvec_reference, matvec_tokens, residual_fold_supported, shares_part, Epilogue,
     Fusion, ReferenceEpilogue, Residual,

@@ -108,25 +108,8 @@ impl MatmulTile {
     }
 }
 
-/// Rows of the cooperative-matrix kernel's tile (`TR` there), and its tokens (`TT`): 64, or 32
-/// for 32 tokens or fewer (a batched step's head) and where a product's 64-token tiles are
-/// fewer than `COOP_FULL_GRID` workgroups.
+/// Rows and tokens of the cooperative-matrix kernel's tile (`TR`, `TT` there).
 const COOP_TILE: u32 = 64;
-const COOP_HALF_TILE: u32 = 32;
-/// Workgroups that keep a large GPU busy: two for each of the H200's 132 SMs, roughly. At
-/// pp512 the products of Qwen2.5's 896 rows (14 row tiles x 8 token tiles) took ~95 µs each
-/// where its 4864-row gate and up took 158 µs for 5.4 times the work (docs/perf.md, session
-/// 29): with one workgroup an SM, every step's loads wait in full.
-const COOP_FULL_GRID: u32 = 256;
-
-/// The cooperative kernel's tokens per tile for a product of `rows` rows and `tokens` tokens.
-pub fn coop_token_tile(rows: u32, tokens: u32) -> u32 {
-    let full = rows.div_ceil(COOP_TILE) * tokens.div_ceil(COOP_TILE);
-    match tokens <= COOP_HALF_TILE || full < COOP_FULL_GRID {
-        true => COOP_HALF_TILE,
-        false => COOP_TILE,
-    }
-}
 
 /// Whether prefill products in `variant` on this device run on cooperative matrices. A
 /// configured tile (`runner bench --matmul-tile`) measures the tiled kernel, so it keeps that.
@@ -156,18 +139,8 @@ fn matmul_coop(
     out: &wgpu::Buffer,
     tokens: u32,
 ) {
-    let tile_tokens = coop_token_tile(w.rows, tokens);
-    let mut consts = vec![("TT", tile_tokens)];
-    consts.extend(w.quant_consts());
-    let pipeline = rec.pipeline(&MATMUL_COOP, &consts);
-    dispatch_parts(
-        rec,
-        &pipeline,
-        w,
-        [x, out],
-        [COOP_TILE, tile_tokens],
-        tokens,
-    );
+    let pipeline = rec.pipeline(&MATMUL_COOP, &w.quant_consts());
+    dispatch_parts(rec, &pipeline, w, [x, out], [COOP_TILE, COOP_TILE], tokens);
 }
 
 /// One dispatch per weight part over a grid of `tile` = `[rows, tokens]` tiles.
@@ -221,20 +194,4 @@ fn matmul_tiled(
         [tile.rows, tile.tokens],
         tokens,
     );
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn small_grids_and_few_tokens_take_half_tiles() {
-        // Qwen2.5 at pp512: the 896- and 128-row products, then gate/up.
-        assert_eq!(coop_token_tile(896, 512), 32);
-        assert_eq!(coop_token_tile(128, 512), 32);
-        assert_eq!(coop_token_tile(4864, 512), 64);
-        // A batched step's head: many row tiles, 16 tokens.
-        assert_eq!(coop_token_tile(151_936, 16), 32);
-        assert_eq!(coop_token_tile(151_936, 33), 64);
-    }
 }
