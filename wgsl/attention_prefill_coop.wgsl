@@ -6,10 +6,7 @@
 // there. A subgroup owns 16 rows and up to four 16-wide blocks of head_dim (64 values): DSPLIT
 // subgroups cover one row group's head_dim, and a workgroup holds ROW_GROUPS row groups (64 rows
 // at head_dim 64, 16 at 256). Keys and values stream through workgroup memory in tiles of BK
-// keys (f16), shared by every subgroup; each subgroup multiplies 16 keys at a time. Where
-// DSPLIT > 1, each subgroup multiplies only its own blocks of q and k, and lanes add the DSPLIT
-// partial scores of their row group: every subgroup recomputing all of S cost Gemma 3 (head_dim
-// 256) four times the multiplies.
+// keys (f16), shared by every subgroup; each subgroup multiplies 16 keys at a time.
 //
 // Two passes over the split's keys instead of the online softmax: the output accumulators are
 // cooperative matrices, opaque to a lane, so they cannot be rescaled row by row when the running
@@ -63,13 +60,10 @@ const SUBGROUP: u32 = 32u;
 const WG: u32 = SUBGROUPS * SUBGROUP;
 const ROWS: u32 = ROW_GROUPS * 16u;
 const STRIDE: u32 = HD + 8u;
-// Query rows also hold a block of 16 zeros past head_dim: a subgroup's block past the last
-// multiplies those, adding nothing to its partial scores.
-const Q_STRIDE: u32 = HD + 24u;
 const P_STRIDE: u32 = 24u;
 const BLOCK: u32 = 256u;
 
-var<workgroup> q_tile: array<f16, ROWS * Q_STRIDE>;
+var<workgroup> q_tile: array<f16, ROWS * STRIDE>;
 var<workgroup> k_tile: array<f16, BK * STRIDE>;
 var<workgroup> v_tile: array<f16, BK * STRIDE>;
 // Per subgroup: one 16 x 16 f32 block (scores, then outputs) and one 16 x 16 f16 block of P.
@@ -108,20 +102,17 @@ fn store_value4(at: u32, v: vec4<f32>) {
     v_tile[at + 3u] = f16(v.w);
 }
 
-// The workgroup's query rows, scaled, as f16, then the zero block (rows past the call are
-// zeros).
+// The workgroup's query rows, scaled, as f16 (rows past the call are zeros).
 fn load_queries(first_row: u32, kv_group: u32, lane: u32) {
     let group_size = params.heads / params.kv_heads;
-    let width = HD4 + 4u;
-    for (var i = lane; i < ROWS * width; i = i + WG) {
-        let row = first_row + i / width;
-        let d4 = i % width;
+    for (var i = lane; i < ROWS * HD4; i = i + WG) {
+        let row = first_row + i / HD4;
         var v = vec4<f32>(0.0);
-        if (row < params.tokens * group_size && d4 < HD4) {
+        if (row < params.tokens * group_size) {
             let head = kv_group * group_size + row % group_size;
-            v = q[((row / group_size) * params.heads + head) * HD4 + d4] * params.scale;
+            v = q[((row / group_size) * params.heads + head) * HD4 + i % HD4] * params.scale;
         }
-        let at = (i / width) * Q_STRIDE + 4u * d4;
+        let at = (i / HD4) * STRIDE + 4u * (i % HD4);
         q_tile[at] = f16(v.x);
         q_tile[at + 1u] = f16(v.y);
         q_tile[at + 2u] = f16(v.z);
@@ -152,17 +143,13 @@ fn load_tile(tile_start: u32, last_key: u32, kv_group: u32, lane: u32, with_valu
     }
 }
 
-// The subgroup's part of S for its 16 rows (row group `rg`) and keys slice * 16.. of the tile:
-// q·k over its head_dim blocks first_block.. first_block + 3 (past HD16, q's zero block), staged
+// S for the subgroup's 16 rows (row group `rg`) and keys slice * 16.. of the tile, staged
 // row-major at `stage`; every subgroup calls it (barrier inside).
-fn stage_scores(rg: u32, first_block: u32, slice: u32, stage: u32) {
+fn stage_scores(rg: u32, slice: u32, stage: u32) {
     var s = coop_mat16x16<f32, C>();
-    for (var j = 0u; j < 4u; j = j + 1u) {
-        let block = first_block + j;
-        let q_at = rg * 16u * Q_STRIDE + min(block, HD16) * 16u;
-        let k_at = slice * 16u * STRIDE + min(block, HD16 - 1u) * 16u;
-        let a = coopLoadT<coop_mat16x16<f16, A>>(&q_tile[q_at], Q_STRIDE);
-        let b = coopLoad<coop_mat16x16<f16, B>>(&k_tile[k_at], STRIDE);
+    for (var d = 0u; d < HD16; d = d + 1u) {
+        let a = coopLoadT<coop_mat16x16<f16, A>>(&q_tile[rg * 16u * STRIDE + d * 16u], STRIDE);
+        let b = coopLoad<coop_mat16x16<f16, B>>(&k_tile[slice * 16u * STRIDE + d * 16u], STRIDE);
         s = coopMultiplyAdd(a, b, s);
     }
     coopStoreT(s, &s_stage[stage], 16u);
@@ -185,20 +172,14 @@ fn lane_row(first_row: u32, rg: u32, sub_lane: u32, kv_group: u32) -> Row {
                kv_group * group_size + row % group_size);
 }
 
-// The score of this lane's column c, the row group's DSPLIT partial blocks (from `stages`)
-// added up, or NEG where the key is masked.
-fn masked_score(row: Row, stages: u32, sub_lane: u32, c: u32, first_key: u32) -> f32 {
+// The score of this lane's column c of the staged block, or NEG where the key is masked.
+fn masked_score(row: Row, stage: u32, sub_lane: u32, c: u32, first_key: u32) -> f32 {
     let column = (sub_lane % 2u) * 8u + c;
     let key = first_key + column;
     if (!row.live || key < row.keys.x || key > row.keys.y) {
         return NEG;
     }
-    let at = stages + (sub_lane / 2u) * 16u + column;
-    var score = 0.0;
-    for (var part = 0u; part < DSPLIT; part = part + 1u) {
-        score = score + s_stage[at + part * BLOCK];
-    }
-    return capped(score, params.softcap);
+    return capped(s_stage[stage + (sub_lane / 2u) * 16u + column], params.softcap);
 }
 
 // Writes the outputs of head_dim block `block` (staged at `stage`) for this lane's half row:
@@ -250,8 +231,6 @@ fn main(
     let b2 = min(first_block + 2u, HD16 - 1u);
     let b3 = min(first_block + 3u, HD16 - 1u);
     let stage = subgroup * BLOCK;
-    // The row group's partial scores, DSPLIT blocks from here.
-    let stages = rg * DSPLIT * BLOCK;
     let p_at = subgroup * 16u * P_STRIDE;
     let row = lane_row(first_row, rg, sub_lane, kv_group);
 
@@ -262,9 +241,9 @@ fn main(
         load_tile(tile_start, hi, kv_group, lane, false);
         workgroupBarrier();
         for (var slice = 0u; slice < BK / 16u; slice = slice + 1u) {
-            stage_scores(rg, first_block, slice, stage);
+            stage_scores(rg, slice, stage);
             for (var c = 0u; c < 8u; c = c + 1u) {
-                best = max(best, masked_score(row, stages, sub_lane, c, tile_start + slice * 16u));
+                best = max(best, masked_score(row, stage, sub_lane, c, tile_start + slice * 16u));
             }
             workgroupBarrier();
         }
@@ -281,9 +260,9 @@ fn main(
         load_tile(tile_start, hi, kv_group, lane, true);
         workgroupBarrier();
         for (var slice = 0u; slice < BK / 16u; slice = slice + 1u) {
-            stage_scores(rg, first_block, slice, stage);
+            stage_scores(rg, slice, stage);
             for (var c = 0u; c < 8u; c = c + 1u) {
-                let score = masked_score(row, stages, sub_lane, c, tile_start + slice * 16u);
+                let score = masked_score(row, stage, sub_lane, c, tile_start + slice * 16u);
                 let p = f16(select(exp(score - best), 0.0, score == NEG));
                 sum = sum + f32(p);
                 p_stage[p_at + (sub_lane / 2u) * P_STRIDE + (sub_lane % 2u) * 8u + c] = p;

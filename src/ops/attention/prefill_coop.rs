@@ -62,13 +62,11 @@ fn groups(head_dim: u32) -> (u32, u32) {
     (row_groups, row_groups * per_rows)
 }
 
-/// The kernel's workgroup memory: query rows (f16, with a block of zeros and 8 halves of
-/// padding), key and value tiles (f16, rows padded by 8), and per subgroup a 16 x 16 f32 block
-/// and a 16 x 24 f16 one.
+/// The kernel's workgroup memory: query rows, key and value tiles (f16, rows padded by 8),
+/// and per subgroup a 16 x 16 f32 block and a 16 x 24 f16 one.
 fn workgroup_bytes(head_dim: u32, tile: u32, row_groups: u32, subgroups: u32) -> u32 {
-    let query_row = (head_dim + 24) * 2;
-    let key_row = (head_dim + 8) * 2;
-    16 * row_groups * query_row + 2 * tile * key_row + subgroups * (256 * 4 + 16 * 24 * 2)
+    let stride = (head_dim + 8) * 2;
+    16 * row_groups * stride + 2 * tile * stride + subgroups * (256 * 4 + 16 * 24 * 2)
 }
 
 /// Whether prefill attention of `tokens` queries at `head_dim` runs on cooperative matrices
