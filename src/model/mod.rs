@@ -10,6 +10,7 @@ pub mod config;
 pub mod decode;
 pub mod fit;
 pub mod gemma3;
+mod graphs;
 pub mod lfm2;
 pub mod llama;
 pub mod loader;

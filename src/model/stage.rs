@@ -13,6 +13,7 @@ use crate::ops::short_conv::ShortConvState;
 use crate::ops::{norm, quant, select};
 
 use super::config::ModelConfig;
+use super::graphs::RecentGraphs;
 use super::loader::{LoadOptions, LoadProgress, Loader, Vector};
 use super::open::OpenModel;
 use super::scratch::Scratch;
@@ -110,15 +111,15 @@ pub struct Stage {
     /// Bind groups of the step shapes this stage records again and again, by the KV cache
     /// they ran with (`KvCache::id`) and (step, tokens): a host that swaps caches between
     /// steps (a donor's request slots) finds each cache's bind groups as it left them.
-    graphs: Mutex<HashMap<(u64, GraphKey), DispatchGraph>>,
+    graphs: Mutex<RecentGraphs<(u64, GraphKey), DispatchGraph>>,
 }
 
 /// Which recurring recording a graph belongs to: the step's name and its token count.
 pub(super) type GraphKey = (&'static str, u32);
 
-/// More distinct step shapes than this and the graphs start over (prefill of odd lengths
-/// would otherwise keep adding them). Speculative steps add one shape per draft length, and
-/// each KV cache swapped in has shapes of its own.
+/// Step shapes kept (the least recently used go first past it): prefill of odd lengths would
+/// otherwise keep adding them, speculative steps add one per draft length, and each KV cache
+/// swapped in has shapes of its own.
 const MAX_GRAPHS: usize = 64;
 
 impl Stage {
@@ -157,7 +158,7 @@ impl Stage {
             rope_factors,
             cache,
             scratch,
-            graphs: Mutex::new(HashMap::new()),
+            graphs: Mutex::new(RecentGraphs::new(MAX_GRAPHS)),
         })
     }
 
@@ -219,7 +220,7 @@ impl Stage {
             rope_factors,
             cache,
             scratch,
-            graphs: Mutex::new(HashMap::new()),
+            graphs: Mutex::new(RecentGraphs::new(MAX_GRAPHS)),
         })
     }
 
@@ -232,10 +233,7 @@ impl Stage {
     ) -> Result<T, ModelError> {
         let key = (self.cache.id(), key);
         let mut graphs = self.graphs.lock().unwrap_or_else(|e| e.into_inner());
-        if graphs.len() >= MAX_GRAPHS && !graphs.contains_key(&key) {
-            graphs.clear();
-        }
-        let graph = graphs.entry(key).or_default();
+        let graph = graphs.get(key);
         body(Recorder::with_graph(&self.gpu, graph))
     }
 
