@@ -29,27 +29,6 @@
 // CAUSAL, SEGMENTS, PAGED, PAGE (as attention_prefill.wgsl). Needs subgroups of 32 lanes and
 // 16 x 16 x 16 f16 x f16 + f32 matrices (the capability probe in src/gpu/device.rs).
 
-struct Params {
-    kv_heads: u32,
-    heads: u32,
-    start_pos: u32,
-    tokens: u32,
-    window: u32,
-    splits: u32,
-    scale: f32,
-    softcap: f32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
-@group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
-@group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;
-@group(0) @binding(4) var<storage, read_write> out: array<vec4<f32>>;
-@group(0) @binding(5) var<storage, read_write> partial_acc: array<vec4<f32>>;
-@group(0) @binding(6) var<storage, read_write> partial_stats: array<vec2<f32>>;
-@group(0) @binding(7) var<storage, read> segments: array<vec2<u32>>;
-@group(0) @binding(8) var<storage, read> pages: array<u32>;
-
 const HD4: u32 = HD / 4u;
 const HD16: u32 = HD / 16u;
 // Subgroups sharing one row group's head_dim, four 16-wide blocks each.
@@ -69,23 +48,6 @@ var<workgroup> v_tile: array<f16, BK * STRIDE>;
 // Per subgroup: one 16 x 16 f32 block (scores, then outputs) and one 16 x 16 f16 block of P.
 var<workgroup> s_stage: array<f32, SUBGROUPS * BLOCK>;
 var<workgroup> p_stage: array<f16, SUBGROUPS * 16u * P_STRIDE>;
-
-// The first and last key the query of `token` sees (as attention_prefill.wgsl).
-fn visible_keys(token: u32) -> vec2<u32> {
-    if (SEGMENTS == 1u) {
-        return segments[token];
-    }
-    let pos = params.start_pos + token;
-    let all_keys = params.start_pos + params.tokens - 1u;
-    return vec2<u32>(first_visible(pos, params.window), select(all_keys, pos, CAUSAL == 1u));
-}
-
-fn cache_row(pos: u32) -> u32 {
-    if (PAGED == 0u) {
-        return pos;
-    }
-    return pages[pos / PAGE] * PAGE + pos % PAGE;
-}
 
 // (Two functions: naga passes no workgroup pointers to functions.)
 fn store_key4(at: u32, v: vec4<f32>) {

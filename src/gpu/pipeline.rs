@@ -35,6 +35,9 @@ pub enum Lib {
     /// The sliding window, soft-capping and no-key score of attention
     /// (`wgsl/attention_mask.wgsl`).
     AttentionMask,
+    /// What both prefill attention kernels share: parameters, bindings, visible keys and
+    /// cache rows (`wgsl/attention_prefill_common.wgsl`; after `AttentionMask`).
+    AttentionPrefill,
     /// No source: the kernel uses cooperative matrices, so the header says
     /// `enable wgpu_cooperative_matrix;` (a directive must precede every declaration).
     CooperativeMatrix,
@@ -57,6 +60,7 @@ impl Lib {
             (Lib::Activation, _) => include_str!("../../wgsl/activation.wgsl"),
             (Lib::Rotary, _) => include_str!("../../wgsl/rotary.wgsl"),
             (Lib::AttentionMask, _) => include_str!("../../wgsl/attention_mask.wgsl"),
+            (Lib::AttentionPrefill, _) => include_str!("../../wgsl/attention_prefill_common.wgsl"),
         }
     }
 }

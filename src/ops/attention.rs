@@ -60,7 +60,7 @@ const PREFILL: Kernel = Kernel {
     name: "attention_prefill",
     source: include_str!("../../wgsl/attention_prefill.wgsl"),
     entry: "main",
-    libs: &[Lib::AttentionMask],
+    libs: &[Lib::AttentionMask, Lib::AttentionPrefill],
 };
 
 /// Lanes of a decode workgroup, which is also its keys per tile.

@@ -14,7 +14,11 @@ pub(super) const PREFILL_COOP: Kernel = Kernel {
     name: "attention_prefill_coop",
     source: include_str!("../../../wgsl/attention_prefill_coop.wgsl"),
     entry: "main",
-    libs: &[Lib::CooperativeMatrix, Lib::AttentionMask],
+    libs: &[
+        Lib::CooperativeMatrix,
+        Lib::AttentionMask,
+        Lib::AttentionPrefill,
+    ],
 };
 
 /// Keys per tile, the largest whose workgroup memory fits taken first.
