@@ -9,6 +9,7 @@
 //! scalar dot products over head_dim.
 
 use crate::gpu::{Gpu, Kernel, Lib, Variant};
+use crate::ops::quant::MATVEC_TOKENS_ON_GPU;
 
 pub(super) const PREFILL_COOP: Kernel = Kernel {
     name: "attention_prefill_coop",
@@ -25,9 +26,11 @@ pub(super) const PREFILL_COOP: Kernel = Kernel {
 const TILES: [u32; 3] = [64, 32, 16];
 /// Four subgroups of four 16-wide blocks of head_dim each.
 const MAX_HEAD_DIM: u32 = 256;
-/// Fewer query tokens keep the FP32 kernel: a speculative step's or a batched step's few rows
-/// would fill a fraction of the 16-row blocks.
-const MIN_TOKENS: u32 = 16;
+/// Calls of as many query tokens as the device multiplies one product per token keep the FP32
+/// kernel: a batched step's rows and a speculative step's draft (at most 16 tokens) verify
+/// against the kernels plain decoding was checked with (session 24's identical greedy ids on
+/// the H200), and would fill few of the 16-row blocks.
+const MIN_TOKENS: u32 = MATVEC_TOKENS_ON_GPU + 1;
 
 /// How the kernel runs one head_dim: query rows per workgroup and keys per tile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
