@@ -28,22 +28,6 @@ fn device_variants() -> Vec<(Arc<Gpu>, Variant)> {
     pollster::block_on(testing::device_variants()).expect("devices under test")
 }
 
-/// `device_variants` plus, on devices with cooperative matrices, their best variant: the
-/// variant that runs a prefill chunk's attention on them (`ops_attention_coop.rs`).
-fn with_coop_variants(mut variants: Vec<(Arc<Gpu>, Variant)>) -> Vec<(Arc<Gpu>, Variant)> {
-    let coop: Vec<_> = variants
-        .iter()
-        .filter(|(gpu, _)| gpu.caps.coop_matrix)
-        .map(|(gpu, _)| (gpu.clone(), gpu.caps.best_variant()))
-        .collect();
-    let mut seen = std::collections::HashSet::new();
-    variants.extend(
-        coop.into_iter()
-            .filter(|(gpu, _)| seen.insert(Arc::as_ptr(gpu))),
-    );
-    variants
-}
-
 /// Each seat's pages: a seed-shuffled draw of the pool's pages (the sink, page 0, never),
 /// seat 1's first `SHARED` being seat 0's.
 fn page_lists(seed: u64) -> Vec<Vec<u32>> {
@@ -175,7 +159,7 @@ fn kv_write_puts_each_position_in_its_page_and_nothing_elsewhere() {
 #[test]
 fn attention_over_pages_matches_the_reference() {
     let seed = testing::fresh_seed();
-    for (gpu, variant) in with_coop_variants(device_variants()) {
+    for (gpu, variant) in testing::with_coop_variants(device_variants()) {
         for (i, p) in shapes().iter().enumerate() {
             let pool = filled_pool(&gpu, variant, p, seed + i as u64);
             let what = format!(

@@ -101,16 +101,10 @@ fn segmented_matches_reference_in_every_variant() {
         // 900 keys in two sequences: the CPU split spreads them over several workgroups.
         Case::new(MINILM, &[511, 389], seed ^ 0x900),
     ];
-    let mut variants = pollster::block_on(testing::device_variants_both_splits()).expect("devices");
-    // Where the device has cooperative matrices, also its best variant: packed encoder batches
-    // then take the cooperative prefill kernel (ops_attention_coop.rs).
-    let coop: Vec<_> = variants
-        .iter()
-        .filter(|(gpu, v)| gpu.caps.coop_matrix && *v == gpu.caps.all_variants()[0])
-        .map(|(gpu, _)| (gpu.clone(), gpu.caps.best_variant()))
-        .collect();
-    variants.extend(coop);
-    for (gpu, variant) in variants {
+    // With cooperative matrices, packed encoder batches take the cooperative prefill kernel
+    // (ops_attention_coop.rs) in the device's best variant.
+    let variants = pollster::block_on(testing::device_variants_both_splits()).expect("devices");
+    for (gpu, variant) in testing::with_coop_variants(variants) {
         let started = Instant::now();
         let mut worst = 0.0f32;
         for case in &cases {

@@ -46,6 +46,20 @@ fn with_every_variant(devices: Vec<Arc<Gpu>>) -> Vec<(Arc<Gpu>, Variant)> {
         .collect()
 }
 
+/// `variants` plus, once for each device with cooperative matrices among them, its best
+/// variant: the one that runs prefill attention and products on them (`all_variants` leaves
+/// it out for its own tolerance).
+pub fn with_coop_variants(mut variants: Vec<(Arc<Gpu>, Variant)>) -> Vec<(Arc<Gpu>, Variant)> {
+    let mut seen = std::collections::HashSet::new();
+    let coop: Vec<_> = variants
+        .iter()
+        .filter(|(gpu, _)| gpu.caps.coop_matrix && seen.insert(Arc::as_ptr(gpu)))
+        .map(|(gpu, _)| (gpu.clone(), gpu.caps.best_variant()))
+        .collect();
+    variants.extend(coop);
+    variants
+}
+
 /// Every device under test, CPU adapters once more with the GPU work split: the devices of
 /// `device_variants_both_splits`, for tests that choose a variant per case.
 pub async fn devices_both_splits() -> Result<Vec<Arc<Gpu>>, GpuError> {
