@@ -250,3 +250,28 @@ fn assert_within_input_scale(got: &[f32], want: &[f32], inputs: &[f32], what: &s
         "{what}: error {worst:e} against inputs up to {scale}"
     );
 }
+
+/// The slices of a product split along K, added in order of the slice: the same bits as the
+/// reference, and nothing written past n.
+#[test]
+fn sum_slices_adds_each_element_over_the_slices_in_order() {
+    let seed = testing::fresh_seed();
+    for (gpu, variant) in each_variant() {
+        for (n, count) in [(1, 2), (896 * 5 + 3, 3), (70_001, 8)] {
+            let slices = scaled(n * count, seed + n as u64, 4.0);
+            let slices_buf = gpu::upload_f32(&gpu, "slices", &slices);
+            let out = poisoned_output(&gpu, n);
+            let mut rec = Recorder::with_variant(&gpu, variant);
+            elementwise::sum_slices(&mut rec, &slices_buf, count as u32, &out, n as u32);
+            rec.submit();
+            let what = format!("sum_slices n={n} count={count} {}", label(&gpu, variant));
+            let got = read_checked(&gpu, &out, n, &what);
+            let want = elementwise::sum_slices_reference(&slices, count);
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{what} seed={seed}: not the reference's sums");
+        }
+    }
+}

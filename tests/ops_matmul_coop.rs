@@ -13,11 +13,13 @@
 use std::sync::Arc;
 
 use half::f16;
-use webshard::gpu::{self, testing, Gpu, Recorder, Variant, WeightTensor};
+use webshard::gpu::{
+    self, testing, BackendChoice, Gpu, GpuOptions, Recorder, Variant, WeightTensor,
+};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
-    dequant_row_reference, matmul_product, matmul_reference, uses_coop_matrix, QuantMatrix,
-    QuantType,
+    coop_k_splits, dequant_row_reference, matmul_product, matmul_reference, uses_coop_matrix,
+    QuantMatrix, QuantType,
 };
 
 fn upload_weights(gpu: &Gpu, bytes: &[u8], rows: usize) -> WeightTensor {
@@ -107,27 +109,43 @@ fn shapes(quant: QuantType) -> [(usize, usize, usize); 5] {
     ]
 }
 
+/// Every shape's grid is small enough that the built-in rule splits K wherever it has more than
+/// one step (2 to 7 ways); the same cases run again on the same adapter with splitting turned
+/// off (`coop_k_splits` 1).
 fn check_coop_device(gpu: &Arc<Gpu>, seed: u64) {
     let variant = gpu.caps.best_variant();
     assert!(variant.coop_matrix && uses_coop_matrix(&gpu.caps, variant));
+    let options = GpuOptions {
+        backend: BackendChoice::parse(&gpu.caps.backend).unwrap_or_default(),
+        coop_k_splits: Some(1),
+        ..Default::default()
+    };
+    let unsplit = pollster::block_on(Gpu::new(&options)).expect("device");
     let mut worst = [0.0f32; 2];
     for quant in QuantType::ALL {
         for (index, (rows, cols, tokens)) in shapes(quant).into_iter().enumerate() {
             let case_seed = seed.wrapping_add(index as u64 * 7919 + quant as u64 * 104_729);
             let case = Case::random(quant, rows, cols, tokens, case_seed);
-            let got = case.gpu_product(gpu, variant);
-            let what = format!(
-                "{quant:?} {} {variant} rows={rows} cols={cols} tokens={tokens} seed={seed}",
-                gpu.caps.adapter
-            );
-            // Exactly the f16-operand product, up to f32 summation order...
+            // Exactly the f16-operand product, up to f32 summation order, which is within f16
+            // rounding of the f32 product.
             let f16_reference = case.f16_operand_reference();
-            testing::assert_close(&got, &f16_reference, 1e-4, &what);
-            // ...which is within f16 rounding of the f32 product.
             let exact = matmul_reference(quant, &case.bytes, rows, cols, &case.x, tokens);
-            testing::assert_close(&got, &exact, 5e-3, &what);
-            worst[0] = worst[0].max(testing::relative_error(&got, &f16_reference));
-            worst[1] = worst[1].max(testing::relative_error(&got, &exact));
+            let shape = [rows as u32, cols as u32];
+            let splits = coop_k_splits(&gpu.caps, shape, tokens as u32);
+            assert_eq!(splits > 1, cols > 128, "{rows}x{cols} at {tokens} tokens");
+            assert_eq!(coop_k_splits(&unsplit.caps, shape, tokens as u32), 1);
+            for (device, k_splits) in [(gpu.as_ref(), splits), (&unsplit, 1)] {
+                let got = case.gpu_product(device, variant);
+                let what = format!(
+                    "{quant:?} {} {variant} rows={rows} cols={cols} tokens={tokens} \
+                     k_splits={k_splits} seed={seed}",
+                    gpu.caps.adapter
+                );
+                testing::assert_close(&got, &f16_reference, 1e-4, &what);
+                testing::assert_close(&got, &exact, 5e-3, &what);
+                worst[0] = worst[0].max(testing::relative_error(&got, &f16_reference));
+                worst[1] = worst[1].max(testing::relative_error(&got, &exact));
+            }
         }
     }
     eprintln!(
@@ -135,6 +153,23 @@ fn check_coop_device(gpu: &Arc<Gpu>, seed: u64) {
          reference, {:e} against the f32 one",
         gpu.caps.adapter, worst[0], worst[1]
     );
+}
+
+/// The built-in split of K: enough workgroups along K to bring a small grid to about 256, at
+/// most one per 128-column step and 8, none where the grid is large already.
+#[test]
+fn small_cooperative_grids_split_k() {
+    let gpu = pollster::block_on(Gpu::new(&Default::default())).expect("gpu");
+    let caps = &gpu.caps;
+    // Qwen2.5 at 512 tokens: q and o 14 x 8 workgroups, k and v 2 x 8 (7 steps), gate and up
+    // 76 x 8; a 16-row step's 151,936-row head.
+    assert_eq!(coop_k_splits(caps, [896, 896], 512), 3);
+    assert_eq!(coop_k_splits(caps, [896, 4864], 512), 3);
+    assert_eq!(coop_k_splits(caps, [128, 896], 512), 7);
+    assert_eq!(coop_k_splits(caps, [4864, 896], 512), 1);
+    assert_eq!(coop_k_splits(caps, [151_936, 896], 16), 1);
+    assert_eq!(coop_k_splits(caps, [64, 4096], 64), 8);
+    assert_eq!(coop_k_splits(caps, [64, 100], 64), 1);
 }
 
 /// A device without cooperative matrices takes the tiled kernel in its best variant, and gets

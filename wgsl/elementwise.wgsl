@@ -78,3 +78,20 @@ fn gated_activation(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invo
         gated_out[i] = activated(gate[i]) * up[i];
     }
 }
+
+// sum_slices: out[i] = the sum over s < cols of parts[s * n + i], in order of s (the slices of a
+// product split along K).
+@group(0) @binding(1) var<storage, read> slices: array<f32>;
+@group(0) @binding(2) var<storage, read_write> slice_sum: array<f32>;
+
+@compute @workgroup_size(WG)
+fn sum_slices(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let i = element(group, lane);
+    if (i < params.n) {
+        var total = slices[i];
+        for (var s = 1u; s < params.cols; s = s + 1u) {
+            total = total + slices[s * params.n + i];
+        }
+        slice_sum[i] = total;
+    }
+}

@@ -14,6 +14,13 @@
 // outputs (tokens x rows). Tile rows are padded by 8 halves (16 bytes): rows 272 bytes apart
 // spread a subgroup's loads over the banks, and every load stays 16-byte aligned.
 //
+// Split K (`k_splits` > 1, chosen by the host for grids too small to fill the GPU): workgroup z
+// = token group * k_splits + split, and split s walks its share of the K steps and stores its
+// partial sums as slice s of `out` ([k_splits, tokens, out_stride]), which the host adds up
+// after the product (`elementwise::sum_slices`). A 896-row product at 512 tokens is 14 x 8
+// workgroups, one per SM, each walking all of K: latency, not throughput (docs/perf.md,
+// session 30).
+//
 // Needs 16 x 16 x 16 f16 x f16 + f32 matrices at subgroup scope and subgroups of exactly 32
 // lanes (the capability probe in src/gpu/device.rs), which the header enables with
 // `enable wgpu_cooperative_matrix;`.
@@ -29,7 +36,8 @@ struct Params {
     out_stride: u32,
     // The part buffer's row holding row first_row.
     buffer_row: u32,
-    pad0: u32,
+    // Workgroups along K, each with its share of the steps (1: one walks all of K).
+    k_splits: u32,
     pad1: u32,
     pad2: u32,
 }
@@ -181,15 +189,16 @@ fn store_step(first_token: u32, k0: u32, lane: u32, staged: Staged) {
 }
 
 // Stores one 16 x 16 accumulator (tokens x rows, from token `token0` and tile row `row0`)
-// through the subgroup's stage, each lane 8 of its values.
-fn store_outputs(acc: coop_mat16x16<f32, C>, stage: u32, token0: u32, row0: u32, lane: u32) {
+// through the subgroup's stage into slice `split` of `out`, each lane 8 of its values.
+fn store_outputs(acc: coop_mat16x16<f32, C>, stage: u32, token0: u32, row0: u32, split: u32, lane: u32) {
     coopStoreT(acc, &c_stage[stage], 16u);
     workgroupBarrier();
+    let slice = split * params.tokens * params.out_stride + params.first_row;
     for (var i = lane; i < STAGE; i = i + SUBGROUP) {
         let token = token0 + i / 16u;
         let row = row0 + i % 16u;
         if (row < params.rows && token < params.tokens) {
-            out[token * params.out_stride + params.first_row + row] = c_stage[stage + i];
+            out[slice + token * params.out_stride + row] = c_stage[stage + i];
         }
     }
     workgroupBarrier();
@@ -203,7 +212,11 @@ fn matmul(
     @builtin(subgroup_invocation_id) subgroup_lane: u32,
 ) {
     let first_tile_row = (group.x + group.y * params.groups_x) * TR;
-    let first_token = group.z * TT;
+    let split = group.z % params.k_splits;
+    let first_token = (group.z / params.k_splits) * TT;
+    let steps = (params.cols + BK - 1u) / BK;
+    let k_begin = (split * steps / params.k_splits) * BK;
+    let k_end = min(((split + 1u) * steps / params.k_splits) * BK, params.cols);
     // The subgroup's quarter: rows (subgroup % 2) * 32, tokens (subgroup / 2) * 32.
     let w_at = (subgroup % 2u) * 32u * STRIDE;
     let x_at = (subgroup / 2u) * 32u * STRIDE;
@@ -211,7 +224,7 @@ fn matmul(
     var c01 = coop_mat16x16<f32, C>();
     var c10 = coop_mat16x16<f32, C>();
     var c11 = coop_mat16x16<f32, C>();
-    for (var k0 = 0u; k0 < params.cols; k0 = k0 + BK) {
+    for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
         store_step(first_token, k0, lane, load_step(first_tile_row, first_token, k0, lane));
         workgroupBarrier();
         let width = min(BK, params.cols - k0);
@@ -230,8 +243,8 @@ fn matmul(
     let stage = subgroup * STAGE;
     let token0 = first_token + (subgroup / 2u) * 32u;
     let row0 = first_tile_row + (subgroup % 2u) * 32u;
-    store_outputs(c00, stage, token0, row0, subgroup_lane);
-    store_outputs(c01, stage, token0, row0 + 16u, subgroup_lane);
-    store_outputs(c10, stage, token0 + 16u, row0, subgroup_lane);
-    store_outputs(c11, stage, token0 + 16u, row0 + 16u, subgroup_lane);
+    store_outputs(c00, stage, token0, row0, split, subgroup_lane);
+    store_outputs(c01, stage, token0, row0 + 16u, split, subgroup_lane);
+    store_outputs(c10, stage, token0 + 16u, row0, split, subgroup_lane);
+    store_outputs(c11, stage, token0 + 16u, row0 + 16u, split, subgroup_lane);
 }

@@ -50,6 +50,10 @@ pub struct ModelArgs {
     /// per token (for measuring the crossover; built in: 12 tokens, 16 MiB).
     #[arg(long, value_parser = parse_streamed_products, hide = true)]
     pub streamed_products: Option<[u64; 2]>,
+    /// Most workgroups along K of a cooperative-matrix product (1: never split) instead of the
+    /// built-in rule (for measuring it).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), hide = true)]
+    pub coop_k_splits: Option<u32>,
     /// Feed prompt chunks shorter than this one token at a time instead of the built-in
     /// crossover (for measuring it; 0 always batches).
     #[arg(long, hide = true)]
@@ -89,6 +93,7 @@ impl ModelArgs {
             matvec_batch_split: self.matvec_batch_split,
             matmul_tile: self.matmul_tile,
             streamed_products: self.streamed_products,
+            coop_k_splits: self.coop_k_splits,
             storage_bindings_limit: None,
         })
     }

@@ -93,6 +93,9 @@ pub struct GpuOptions {
     /// built-in crossover (`ops::quant::STREAMED_*`), for measuring it
     /// (`--streamed-products`).
     pub streamed_products: Option<[u64; 2]>,
+    /// Most workgroups along K of a cooperative-matrix product (1: never split) instead of the
+    /// built-in rule (`ops::quant::matmul`), for measuring it (`--coop-k-splits`).
+    pub coop_k_splits: Option<u32>,
 }
 
 /// The shader capabilities a kernel variant is compiled for.
@@ -160,6 +163,8 @@ pub struct Caps {
     pub matmul_tile: Option<[u32; 4]>,
     /// `GpuOptions::streamed_products`.
     pub streamed_products: Option<[u64; 2]>,
+    /// `GpuOptions::coop_k_splits`.
+    pub coop_k_splits: Option<u32>,
 }
 
 impl Caps {
@@ -305,6 +310,7 @@ impl Gpu {
             matvec_batch_split: options.matvec_batch_split,
             matmul_tile: options.matmul_tile,
             streamed_products: options.streamed_products,
+            coop_k_splits: options.coop_k_splits,
         };
         tracing::info!(
             adapter = %caps.adapter, backend = %caps.backend, f16 = caps.f16,

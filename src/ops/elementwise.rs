@@ -38,6 +38,12 @@ const GATED_ACTIVATION: Kernel = Kernel {
     entry: "gated_activation",
     libs: &[Lib::Activation],
 };
+const SUM_SLICES: Kernel = Kernel {
+    name: "sum_slices",
+    source: SOURCE,
+    entry: "sum_slices",
+    libs: &[Lib::Activation],
+};
 
 /// The activation applied to the gate of a gated feed-forward block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -106,6 +112,18 @@ pub fn add(rec: &mut Recorder, a: &wgpu::Buffer, b: &wgpu::Buffer, out: &wgpu::B
     dispatch_flat(rec, &ADD, n, 1, 0, &[a, b, out]);
 }
 
+/// out[i] = the sum of `slices[s * n + i]` over s < `count`, in order of s, for i < n: the
+/// slices of a product split along K (`quant::matmul`'s cooperative-matrix product).
+pub fn sum_slices(
+    rec: &mut Recorder,
+    slices: &wgpu::Buffer,
+    count: u32,
+    out: &wgpu::Buffer,
+    n: u32,
+) {
+    dispatch_flat(rec, &SUM_SLICES, n, count, 0, &[slices, out]);
+}
+
 /// acc[i] += b[i] for i < n (the residual connection).
 pub fn add_in_place(rec: &mut Recorder, acc: &wgpu::Buffer, b: &wgpu::Buffer, n: u32) {
     dispatch_flat(rec, &ADD_IN_PLACE, n, 1, 0, &[acc, b]);
@@ -135,6 +153,13 @@ pub fn gated_activation(
     act: Activation,
 ) {
     dispatch_flat(rec, &GATED_ACTIVATION, n, 1, act.code(), &[gate, up, out]);
+}
+
+pub fn sum_slices_reference(slices: &[f32], count: usize) -> Vec<f32> {
+    let n = slices.len() / count;
+    (0..n)
+        .map(|i| (1..count).fold(slices[i], |total, s| total + slices[s * n + i]))
+        .collect()
 }
 
 pub fn add_reference(a: &[f32], b: &[f32]) -> Vec<f32> {

@@ -13,7 +13,7 @@ pub mod testing;
 use dequant::IQ4_NL_CODEBOOK_CONSTS;
 pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
 pub use matmul::matmul_product;
-pub use matmul::{uses_coop_matrix, MatmulTile};
+pub use matmul::{coop_k_splits, uses_coop_matrix, MatmulTile};
 pub use matvec::{
     matvec, matvec_reference, matvec_tokens, residual_fold_supported, shares_part, Epilogue,
     Fusion, ReferenceEpilogue, Residual,
@@ -223,7 +223,9 @@ struct ProductParams {
     tokens: u32,
     out_stride: u32,
     buffer_row: u32,
-    pad: [u32; 3],
+    /// Workgroups along K (the cooperative-matrix product's split; 1 for the tiled one).
+    k_splits: u32,
+    pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -354,7 +356,8 @@ fn product_params(w: &QuantMatrix, part: &ViewPart, groups_x: u32, tokens: u32) 
         tokens,
         out_stride: w.rows,
         buffer_row: part.buffer_row,
-        pad: [0; 3],
+        k_splits: 1,
+        pad: [0; 2],
     }
 }
 

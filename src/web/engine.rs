@@ -173,6 +173,7 @@ pub(super) async fn open_gpu(
         matvec_batch_split: None,
         matmul_tile: None,
         streamed_products: None,
+        coop_k_splits: None,
         storage_bindings_limit: None,
     };
     Gpu::new(&options).await.map_err(|err| match err {

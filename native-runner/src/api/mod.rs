@@ -127,6 +127,7 @@ impl ApiArgs {
             matvec_batch_split: self.matvec_batch_split,
             matmul_tile: None,
             streamed_products: self.streamed_products,
+            coop_k_splits: None,
             per_token_prefill_below: None,
             quiet: true,
             gpu_mem_mib: None,

@@ -2,8 +2,9 @@
 //! and the tile it runs with; and, where the device has them, the one on cooperative matrices
 //! (tensor cores), `wgsl/matmul_coop.wgsl`.
 
-use super::{fold_groups, product_params, QuantMatrix, MATMUL, MATMUL_COOP};
+use super::{fold_groups, product_params, ProductParams, QuantMatrix, MATMUL, MATMUL_COOP};
 use crate::gpu::{Caps, Recorder, Variant};
+use crate::ops::elementwise;
 
 /// A prefill tile: `rows` × `tokens` outputs per workgroup, `lane` × `lane` per lane (4 or 8,
 /// so `rows` × `tokens` / `lane`² lanes); activations are staged `staged_cols` columns at a time.
@@ -132,6 +133,30 @@ pub fn matmul_product(
     }
 }
 
+/// Workgroups a cooperative-matrix grid should reach by splitting K: about two per SM of a
+/// large GPU, where a workgroup per SM leaves each walking all of K alone (Qwen2.5's 896-row
+/// products at 512 tokens: 14 x 8 workgroups).
+const COOP_GRID_TARGET: u32 = 256;
+/// Most workgroups along K: each split costs its slice of outputs written and read again.
+const COOP_MOST_K_SPLITS: u32 = 8;
+
+/// Workgroups along K for a cooperative-matrix product of `tokens` tokens with a matrix of
+/// `[rows, cols]`: enough to
+/// bring its grid to `COOP_GRID_TARGET`, at most one per K step and `COOP_MOST_K_SPLITS` (or
+/// the configured most), and no more than one binding's worth of slices.
+pub fn coop_k_splits(caps: &Caps, [rows, cols]: [u32; 2], tokens: u32) -> u32 {
+    let grid = rows.div_ceil(COOP_TILE) * tokens.div_ceil(COOP_TILE);
+    let most = caps.coop_k_splits.unwrap_or(COOP_MOST_K_SPLITS);
+    let slice_bytes = u64::from(tokens) * u64::from(rows) * 4;
+    let fitting = (caps.max_binding / slice_bytes.max(1)).min(u64::from(u32::MAX)) as u32;
+    COOP_GRID_TARGET
+        .div_ceil(grid)
+        .min(cols.div_ceil(STEP_COLS))
+        .min(most)
+        .min(fitting)
+        .max(1)
+}
+
 fn matmul_coop(
     rec: &mut Recorder,
     w: &QuantMatrix,
@@ -140,27 +165,49 @@ fn matmul_coop(
     tokens: u32,
 ) {
     let pipeline = rec.pipeline(&MATMUL_COOP, &w.quant_consts());
-    dispatch_parts(rec, &pipeline, w, [x, out], [COOP_TILE, COOP_TILE], tokens);
+    let splits = coop_k_splits(&rec.gpu().caps, [w.rows, w.cols], tokens);
+    if splits == 1 {
+        dispatch_parts(
+            rec,
+            &pipeline,
+            w,
+            [x, out],
+            [COOP_TILE, COOP_TILE, 1],
+            tokens,
+        );
+        return;
+    }
+    let outputs = tokens * w.rows;
+    let slices = rec.gpu().kept_storage(
+        "product K slices",
+        u64::from(splits) * u64::from(outputs) * 4,
+    );
+    let tile = [COOP_TILE, COOP_TILE, splits];
+    dispatch_parts(rec, &pipeline, w, [x, &slices], tile, tokens);
+    elementwise::sum_slices(rec, &slices, splits, out, outputs);
 }
 
-/// One dispatch per weight part over a grid of `tile` = `[rows, tokens]` tiles.
+/// One dispatch per weight part over a grid of `tile` = `[rows, tokens, k_splits]` tiles.
 fn dispatch_parts(
     rec: &mut Recorder,
     pipeline: &wgpu::ComputePipeline,
     w: &QuantMatrix,
     [x, out]: [&wgpu::Buffer; 2],
-    [tile_rows, tile_tokens]: [u32; 2],
+    [tile_rows, tile_tokens, k_splits]: [u32; 3],
     tokens: u32,
 ) {
     let max_per_dim = rec.gpu().caps.max_workgroups_per_dim;
-    let token_groups = tokens.div_ceil(tile_tokens);
+    let token_groups = tokens.div_ceil(tile_tokens) * k_splits;
     assert!(
         token_groups <= max_per_dim,
         "{tokens} tokens exceed one prefill dispatch"
     );
     for part in w.parts() {
         let [groups_x, groups_y] = fold_groups(part.rows.div_ceil(tile_rows), max_per_dim);
-        let params = product_params(w, &part, groups_x, tokens);
+        let params = ProductParams {
+            k_splits,
+            ..product_params(w, &part, groups_x, tokens)
+        };
         rec.dispatch(
             pipeline,
             &params,
@@ -191,7 +238,7 @@ fn matmul_tiled(
         &pipeline,
         w,
         [x, out],
-        [tile.rows, tile.tokens],
+        [tile.rows, tile.tokens, 1],
         tokens,
     );
 }
