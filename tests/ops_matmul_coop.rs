@@ -155,21 +155,23 @@ fn check_coop_device(gpu: &Arc<Gpu>, seed: u64) {
     );
 }
 
-/// The built-in split of K: enough workgroups along K to bring a small grid to about 256, at
-/// most one per 128-column step and 8, none where the grid is large already.
+/// The built-in split of K: grids under 64 workgroups get enough workgroups along K to reach
+/// about 128, at most one per 128-column step and 8; larger grids none.
 #[test]
 fn small_cooperative_grids_split_k() {
     let gpu = pollster::block_on(Gpu::new(&Default::default())).expect("gpu");
     let caps = &gpu.caps;
-    // Qwen2.5 at 512 tokens: q and o 14 x 8 workgroups, k and v 2 x 8 (7 steps), gate and up
-    // 76 x 8; a 16-row step's 151,936-row head.
-    assert_eq!(coop_k_splits(caps, [896, 896], 512), 3);
-    assert_eq!(coop_k_splits(caps, [896, 4864], 512), 3);
+    // Qwen2.5 at 512 tokens: k and v 2 x 8 workgroups (7 steps), q and o 14 x 8, gate and up
+    // 76 x 8; SmolLM2's k and v 3 x 8 (5 steps); a 16-row step's 151,936-row head.
     assert_eq!(coop_k_splits(caps, [128, 896], 512), 7);
+    assert_eq!(coop_k_splits(caps, [192, 576], 512), 5);
+    assert_eq!(coop_k_splits(caps, [896, 896], 512), 1);
+    assert_eq!(coop_k_splits(caps, [896, 4864], 512), 1);
     assert_eq!(coop_k_splits(caps, [4864, 896], 512), 1);
     assert_eq!(coop_k_splits(caps, [151_936, 896], 16), 1);
     assert_eq!(coop_k_splits(caps, [64, 4096], 64), 8);
     assert_eq!(coop_k_splits(caps, [64, 100], 64), 1);
+    assert_eq!(coop_k_splits(caps, [63 * 64, 4096], 64), 3);
 }
 
 /// A device without cooperative matrices takes the tiled kernel in its best variant, and gets

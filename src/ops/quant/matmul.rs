@@ -133,19 +133,26 @@ pub fn matmul_product(
     }
 }
 
-/// Workgroups a cooperative-matrix grid should reach by splitting K: about two per SM of a
-/// large GPU, where a workgroup per SM leaves each walking all of K alone (Qwen2.5's 896-row
-/// products at 512 tokens: 14 x 8 workgroups).
-const COOP_GRID_TARGET: u32 = 256;
+/// Grids of fewer cooperative-matrix workgroups than this split K: a GPU of ~130 SMs leaves
+/// most of them idle. On an H100 (docs/perf.md, session 30) Qwen2.5's k and v products at 512
+/// tokens (2 x 8 workgroups) went 39.7 -> 16.6 µs split 7 ways, but its 14 x 8 grids (q, o and
+/// down) went 93 -> 100 µs split 3 ways: a grid of a workgroup an SM is no longer limited by
+/// each one walking all of K alone.
+const COOP_SMALL_GRID: u32 = 64;
+/// The grid a split aims for.
+const COOP_GRID_TARGET: u32 = 128;
 /// Most workgroups along K: each split costs its slice of outputs written and read again.
 const COOP_MOST_K_SPLITS: u32 = 8;
 
 /// Workgroups along K for a cooperative-matrix product of `tokens` tokens with a matrix of
-/// `[rows, cols]`: enough to
-/// bring its grid to `COOP_GRID_TARGET`, at most one per K step and `COOP_MOST_K_SPLITS` (or
-/// the configured most), and no more than one binding's worth of slices.
+/// `[rows, cols]`: for a grid under `COOP_SMALL_GRID`, enough to bring it to
+/// `COOP_GRID_TARGET`, at most one per K step and `COOP_MOST_K_SPLITS` (or the configured
+/// most), and no more than one binding's worth of slices.
 pub fn coop_k_splits(caps: &Caps, [rows, cols]: [u32; 2], tokens: u32) -> u32 {
     let grid = rows.div_ceil(COOP_TILE) * tokens.div_ceil(COOP_TILE);
+    if grid >= COOP_SMALL_GRID {
+        return 1;
+    }
     let most = caps.coop_k_splits.unwrap_or(COOP_MOST_K_SPLITS);
     let slice_bytes = u64::from(tokens) * u64::from(rows) * 4;
     let fitting = (caps.max_binding / slice_bytes.max(1)).min(u64::from(u32::MAX)) as u32;
