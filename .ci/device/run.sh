@@ -36,7 +36,7 @@
 #                    llama-bench -ngl 99 beside runner bench on every model, one after the
 #                    other, a ratio table at the end (default ARGS: -p 512 -n 128 -r 5)
 #   serve-bench [ARGS]
-#                    runner serve -m and llama-server on every model, one after the other,
+#                    runner serve -m and llama-server (where built) on every model, one after the other,
 #                    each driven by .ci/bench_serve.py (ARGS for it; default --streams
 #                    1,4,16,64 --max-tokens 128; SERVE_ARGS: more flags for runner serve);
 #                    JSON lines into $OUT/serve.jsonl and a ratio table at the end
@@ -254,6 +254,8 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
       "$runner" serve -m "$model" --alias "$name" --port "$port" --parallel 64 \
         --queue 256 --ctx 512 ${SERVE_ARGS:-} > "$OUT/serve-$name.log" 2>&1 &
       serve_and_bench "$!" webshard "$name" "$port" "$@"
+      # Without llama-server (a build of llama-bench alone), ours alone: no health wait.
+      [ -x /root/llama/build/bin/llama-server ] || continue
       /root/llama/build/bin/llama-server -m "$model" --alias "$name" --port "$port" -ngl 99 \
         -np 64 -c 32768 > "$OUT/llama-server-$name.log" 2>&1 &
       serve_and_bench "$!" llama-server "$name" "$port" "$@"
