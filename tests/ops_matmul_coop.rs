@@ -171,6 +171,7 @@ fn small_cooperative_grids_split_k() {
     assert_eq!(coop_k_splits(caps, [151_936, 896], 16), 1);
     assert_eq!(coop_k_splits(caps, [64, 4096], 64), 8);
     assert_eq!(coop_k_splits(caps, [64, 100], 64), 1);
+    assert_eq!(coop_k_splits(caps, [64, 4096], 0), 8);
     assert_eq!(coop_k_splits(caps, [63 * 64, 4096], 64), 3);
 }
 

@@ -149,7 +149,7 @@ const COOP_MOST_K_SPLITS: u32 = 8;
 /// `COOP_GRID_TARGET`, at most one per K step and `COOP_MOST_K_SPLITS` (or the configured
 /// most), and no more than one binding's worth of slices.
 pub fn coop_k_splits(caps: &Caps, [rows, cols]: [u32; 2], tokens: u32) -> u32 {
-    let grid = rows.div_ceil(COOP_TILE) * tokens.div_ceil(COOP_TILE);
+    let grid = (rows.div_ceil(COOP_TILE) * tokens.div_ceil(COOP_TILE)).max(1);
     if grid >= COOP_SMALL_GRID {
         return 1;
     }
