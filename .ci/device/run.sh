@@ -25,6 +25,9 @@
 #                    bench --prompt-file P --spec lookup on every .ci/spec_prompts/*.txt and
 #                    model, plain and speculative in one process; a line per run, JSON into
 #                    $OUT/spec-PROMPT-MODEL.json (default ARGS: -n 256 -r 3 --draft-max 15)
+#   same-ids FLAG... greedy ids (runner generate --temp 0, 48 tokens after a ~300-token prompt)
+#                    on every model with and without runner flags FLAG... (a knob that turns a
+#                    kernel change off, e.g. --coop-k-splits 1): a line per model, same or not
 #   score MODEL IDS  teacher-forced top-5 (fidelity spot check), JSON into $OUT
 #   llama-build      build llama.cpp with CUDA (llama-bench, llama-server) from the carried
 #                    source tarball .device/llama.tgz (pack.sh LLAMA_SRC=...) into /root/llama,
@@ -207,6 +210,20 @@ print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%
     WEBSHARD_MODELS="$models" WEBSHARD_GOLDENS=.device/fidelity/goldens \
       WEBSHARD_TEST_BACKENDS=vulkan .device/fidelity/fidelity fidelity:: --nocapture --test-threads 1 2>&1 \
       | tee "$OUT/fidelity.txt"
+    ;;
+  same-ids)
+    shift
+    vulkan_env
+    prompt=$(python3 -c 'print(" ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 22))')
+    for model in "$models"/*.gguf; do
+      "$runner" generate -m "$model" -p "$prompt" -n 48 --temp 0 --json --quiet > /tmp/ids-plain.json
+      "$runner" generate -m "$model" -p "$prompt" -n 48 --temp 0 --json --quiet "$@" > /tmp/ids-flag.json
+      python3 -c 'import json, sys
+a, b = (json.load(open(f"/tmp/ids-{k}.json")) for k in ("plain", "flag"))
+same = "same ids" if a["ids"] == b["ids"] else "DIFFERENT ids"
+print(sys.argv[1], len(a["prompt_ids"]), "prompt tokens:", same, a["ids"][:8], b["ids"][:8])' \
+        "$(basename "$model")"
+    done
     ;;
   score)
     vulkan_env
