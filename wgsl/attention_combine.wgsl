@@ -3,18 +3,6 @@
 // Workgroup (head, token); each lane owns vec4s of head_dim and re-reads the few split
 // statistics itself, so the pass needs no barrier.
 
-struct Params {
-    kv_heads: u32,
-    heads: u32,
-    start_pos: u32,
-    tokens: u32,
-    window: u32,
-    splits: u32,
-    scale: f32,
-    softcap: f32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> partial_acc: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> partial_stats: array<vec2<f32>>;
 @group(0) @binding(3) var<storage, read_write> out: array<vec4<f32>>;

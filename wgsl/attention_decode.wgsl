@@ -15,20 +15,6 @@
 // Constants: WG (lanes = keys per tile), GQ (query heads per kv head), HD (head_dim),
 // ITEMS (output vec4s per lane: ceil(GQ * HD / 4 / WG)).
 
-struct Params {
-    kv_heads: u32,
-    heads: u32,
-    start_pos: u32,
-    tokens: u32,
-    // Keys j with pos - j < window are visible; u32 max when there is no sliding window.
-    window: u32,
-    splits: u32,
-    scale: f32,
-    // tanh logit soft-capping when > 0.
-    softcap: f32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;

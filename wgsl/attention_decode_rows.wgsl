@@ -6,21 +6,6 @@
 // the same buffer), position p being in page table[p / PAGE]. The work is
 // attention_decode_core.wgsl's `attend`, grid (split, head, row).
 
-struct Params {
-    kv_heads: u32,
-    heads: u32,
-    start_pos: u32,
-    // Rows of the step.
-    tokens: u32,
-    // Keys j with pos - j < window are visible; u32 max when there is no sliding window.
-    window: u32,
-    splits: u32,
-    scale: f32,
-    // tanh logit soft-capping when > 0.
-    softcap: f32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;

@@ -1,22 +1,8 @@
 // What both prefill attention kernels (attention_prefill.wgsl, FP32, and
-// attention_prefill_coop.wgsl, cooperative matrices) share: their parameters and bindings, which
-// keys a query sees, and where a position lives in the cache. Reads the constants SEGMENTS,
-// CAUSAL, PAGED and PAGE, and attention_mask.wgsl's first_visible.
+// attention_prefill_coop.wgsl, cooperative matrices) share: their bindings, which keys a query
+// sees, and where a position lives in the cache. Reads attention_params.wgsl's parameters, the
+// constants SEGMENTS, CAUSAL, PAGED and PAGE, and attention_mask.wgsl's first_visible.
 
-struct Params {
-    kv_heads: u32,
-    heads: u32,
-    start_pos: u32,
-    tokens: u32,
-    // Keys j with pos - j < window are visible; u32 max when there is no sliding window.
-    window: u32,
-    splits: u32,
-    scale: f32,
-    // tanh logit soft-capping when > 0.
-    softcap: f32,
-}
-
-@group(0) @binding(0) var<uniform> params: Params;
 @group(0) @binding(1) var<storage, read> q: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> k_cache: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> v_cache: array<vec4<f32>>;

@@ -32,11 +32,14 @@ pub enum Lib {
     Activation,
     /// Rotary angles and pair layouts (`wgsl/rotary.wgsl`).
     Rotary,
+    /// The parameters of the attention kernels that take `ops::attention::KernelParams`, at
+    /// binding 0 (`wgsl/attention_params.wgsl`).
+    AttentionParams,
     /// The sliding window, soft-capping and no-key score of attention
     /// (`wgsl/attention_mask.wgsl`).
     AttentionMask,
-    /// What both prefill attention kernels share: parameters, bindings, visible keys and
-    /// cache rows (`wgsl/attention_prefill_common.wgsl`; after `AttentionMask`).
+    /// What both prefill attention kernels share: bindings, visible keys and cache rows
+    /// (`wgsl/attention_prefill_common.wgsl`; after `AttentionParams` and `AttentionMask`).
     AttentionPrefill,
     /// No source: the kernel uses cooperative matrices, so the header says
     /// `enable wgpu_cooperative_matrix;` (a directive must precede every declaration).
@@ -59,6 +62,7 @@ impl Lib {
             (Lib::Dequant, _) => include_str!("../../wgsl/dequant.wgsl"),
             (Lib::Activation, _) => include_str!("../../wgsl/activation.wgsl"),
             (Lib::Rotary, _) => include_str!("../../wgsl/rotary.wgsl"),
+            (Lib::AttentionParams, _) => include_str!("../../wgsl/attention_params.wgsl"),
             (Lib::AttentionMask, _) => include_str!("../../wgsl/attention_mask.wgsl"),
             (Lib::AttentionPrefill, _) => include_str!("../../wgsl/attention_prefill_common.wgsl"),
         }

@@ -46,21 +46,25 @@ const DECODE: Kernel = Kernel {
     name: "attention_decode",
     source: include_str!("../../wgsl/attention_decode.wgsl"),
     entry: "main",
-    libs: &[Lib::AttentionMask],
+    libs: &[Lib::AttentionParams, Lib::AttentionMask],
 };
 
 const COMBINE: Kernel = Kernel {
     name: "attention_combine",
     source: include_str!("../../wgsl/attention_combine.wgsl"),
     entry: "main",
-    libs: &[],
+    libs: &[Lib::AttentionParams],
 };
 
 const PREFILL: Kernel = Kernel {
     name: "attention_prefill",
     source: include_str!("../../wgsl/attention_prefill.wgsl"),
     entry: "main",
-    libs: &[Lib::AttentionMask, Lib::AttentionPrefill],
+    libs: &[
+        Lib::AttentionParams,
+        Lib::AttentionMask,
+        Lib::AttentionPrefill,
+    ],
 };
 
 /// Lanes of a decode workgroup, which is also its keys per tile.

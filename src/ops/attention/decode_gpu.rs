@@ -14,7 +14,7 @@ const DECODE_GPU: Kernel = Kernel {
         include_str!("../../../wgsl/attention_decode_core.wgsl")
     ),
     entry: "main",
-    libs: &[Lib::Reduce, Lib::AttentionMask],
+    libs: &[Lib::Reduce, Lib::AttentionParams, Lib::AttentionMask],
 };
 
 /// Lanes of a workgroup at head_dim < 256; wider heads take `WIDE_WG` (see `constants`).

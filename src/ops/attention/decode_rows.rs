@@ -20,7 +20,7 @@ const DECODE_ROWS: Kernel = Kernel {
         include_str!("../../../wgsl/attention_decode_core.wgsl")
     ),
     entry: "main",
-    libs: &[Lib::Reduce, Lib::AttentionMask],
+    libs: &[Lib::Reduce, Lib::AttentionParams, Lib::AttentionMask],
 };
 
 /// The rows of one batched step as the kernel reads them: one cache of the pool (any slot:
