@@ -173,25 +173,20 @@ fn matmul_coop(
 ) {
     let pipeline = rec.pipeline(&MATMUL_COOP, &w.quant_consts());
     let splits = coop_k_splits(&rec.gpu().caps, [w.rows, w.cols], tokens);
-    if splits == 1 {
-        dispatch_parts(
-            rec,
-            &pipeline,
-            w,
-            [x, out],
-            [COOP_TILE, COOP_TILE, 1],
-            tokens,
-        );
-        return;
-    }
     let outputs = tokens * w.rows;
-    let slices = rec.gpu().kept_storage(
-        "product K slices",
-        u64::from(splits) * u64::from(outputs) * 4,
-    );
+    // Split products write their slices into scratch, which is then summed into `out`.
+    let target = match splits {
+        1 => out.clone(),
+        _ => {
+            let bytes = u64::from(splits) * u64::from(outputs) * 4;
+            rec.gpu().kept_storage("product K slices", bytes)
+        }
+    };
     let tile = [COOP_TILE, COOP_TILE, splits];
-    dispatch_parts(rec, &pipeline, w, [x, &slices], tile, tokens);
-    elementwise::sum_slices(rec, &slices, splits, out, outputs);
+    dispatch_parts(rec, &pipeline, w, [x, &target], tile, tokens);
+    if splits > 1 {
+        elementwise::sum_slices(rec, &target, splits, out, outputs);
+    }
 }
 
 /// One dispatch per weight part over a grid of `tile` = `[rows, tokens, k_splits]` tiles.
