@@ -54,6 +54,10 @@ pub struct ModelArgs {
     /// built-in rule (for measuring it).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), hide = true)]
     pub coop_k_splits: Option<u32>,
+    /// Most tokens multiplied one product per token (a batched step's rows) instead of the
+    /// built-in crossover; more read the weights once (for measuring it; 1: always once).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), hide = true)]
+    pub per_token_products: Option<u32>,
     /// Feed prompt chunks shorter than this one token at a time instead of the built-in
     /// crossover (for measuring it; 0 always batches).
     #[arg(long, hide = true)]
@@ -94,6 +98,7 @@ impl ModelArgs {
             matmul_tile: self.matmul_tile,
             streamed_products: self.streamed_products,
             coop_k_splits: self.coop_k_splits,
+            per_token_products: self.per_token_products,
             storage_bindings_limit: None,
         })
     }

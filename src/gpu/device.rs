@@ -96,6 +96,10 @@ pub struct GpuOptions {
     /// Most workgroups along K of a cooperative-matrix product (1: never split) instead of the
     /// built-in rule (`ops::quant::matmul`), for measuring it (`--coop-k-splits`).
     pub coop_k_splits: Option<u32>,
+    /// Most tokens a GPU multiplies one product per token (a batched step's rows) instead of
+    /// the built-in crossover (`ops::quant::MATVEC_TOKENS_ON_GPU`), for measuring it
+    /// (`--per-token-products`; 1: every product of several tokens reads the weights once).
+    pub per_token_products: Option<u32>,
 }
 
 /// The shader capabilities a kernel variant is compiled for.
@@ -165,6 +169,8 @@ pub struct Caps {
     pub streamed_products: Option<[u64; 2]>,
     /// `GpuOptions::coop_k_splits`.
     pub coop_k_splits: Option<u32>,
+    /// `GpuOptions::per_token_products`.
+    pub per_token_products: Option<u32>,
 }
 
 impl Caps {
@@ -311,6 +317,7 @@ impl Gpu {
             matmul_tile: options.matmul_tile,
             streamed_products: options.streamed_products,
             coop_k_splits: options.coop_k_splits,
+            per_token_products: options.per_token_products,
         };
         tracing::info!(
             adapter = %caps.adapter, backend = %caps.backend, f16 = caps.f16,

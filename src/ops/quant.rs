@@ -297,7 +297,7 @@ pub const MATVEC_TOKENS_ON_CPU: u32 = 16;
 pub fn per_token_products(gpu: &crate::gpu::Gpu, tokens: u32) -> bool {
     let most = match gpu.caps.cpu_work_split {
         true => MATVEC_TOKENS_ON_CPU,
-        false => MATVEC_TOKENS_ON_GPU,
+        false => gpu.caps.per_token_products.unwrap_or(MATVEC_TOKENS_ON_GPU),
     };
     tokens <= most
 }

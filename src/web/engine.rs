@@ -174,6 +174,7 @@ pub(super) async fn open_gpu(
         matmul_tile: None,
         streamed_products: None,
         coop_k_splits: None,
+        per_token_products: None,
         storage_bindings_limit: None,
     };
     Gpu::new(&options).await.map_err(|err| match err {

@@ -108,6 +108,10 @@ pub struct ApiArgs {
     /// see `runner bench --streamed-products`).
     #[arg(long, value_parser = crate::model_args::parse_streamed_products, hide = true)]
     pub streamed_products: Option<[u64; 2]>,
+    /// Most tokens multiplied one product per token (for measuring it; see `runner bench
+    /// --per-token-products`).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), hide = true)]
+    pub per_token_products: Option<u32>,
     /// Speculative decoding for the requests that do not ask themselves (`webshard_spec`):
     /// a request running alone drafts from its prompt and verifies each draft in one step.
     #[command(flatten)]
@@ -128,6 +132,7 @@ impl ApiArgs {
             matmul_tile: None,
             streamed_products: self.streamed_products,
             coop_k_splits: None,
+            per_token_products: self.per_token_products,
             per_token_prefill_below: None,
             quiet: true,
             gpu_mem_mib: None,
@@ -370,6 +375,7 @@ mod tests {
             ice: vec![],
             matvec_batch_split: None,
             streamed_products: None,
+            per_token_products: None,
             spec: SpecArgs::default(),
         };
         assert!(args.names().unwrap_err().to_string().contains("`one`"));
