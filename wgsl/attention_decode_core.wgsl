@@ -45,6 +45,8 @@
 const HD4: u32 = HD / 4u;
 const GROUPS: u32 = WG / HD4;
 const KPP: u32 = WG / LPK;
+// Loop strides: every loop must end (the pipeline drops naga's loop bounding: gpu/pipeline.rs).
+const_assert GROUPS > 0u && KPP > 0u;
 
 // The query row, already multiplied by the attention scale.
 var<workgroup> q_row: array<vec4<f32>, HD4>;

@@ -39,6 +39,8 @@ const BK4: u32 = BK / 4u;
 const UNITS_PER_STEP: u32 = BK / 32u;
 const W_STRIDE4: u32 = BK4 + 1u;
 const XK4: u32 = XK / 4u;
+// A loop stride: every loop must end (the pipeline drops naga's loop bounding).
+const_assert XK4 > 0u;
 const X_STRIDE4: u32 = XK4 + 1u;
 const ROW_THREADS: u32 = TR / LANE;
 const TOKEN_THREADS: u32 = TT / LANE;

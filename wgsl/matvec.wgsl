@@ -67,6 +67,8 @@ struct Params {
 @group(0) @binding(6) var<storage, read> norm_w: array<vec4<f32>>;
 
 const ROW_GROUPS: u32 = WG / TPR;
+// A loop stride: every loop must end (the pipeline drops naga's loop bounding).
+const_assert TPR > 0u && ROW_GROUPS > 0u;
 const SLOTS: u32 = RPT * HALVES;
 // A token's sums: SLOTS dot products, then (NORM) the sum of the squares of x it read.
 const PER_TOKEN: u32 = SLOTS + NORM;

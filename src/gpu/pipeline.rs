@@ -10,11 +10,24 @@
 //! and a barrier, and llvmpipe's barrier lowering (LLVM's coroutine frame) then spends tens of
 //! CPU-seconds on a matmul tile: most of a cold CI run's shader compiles (docs/ci.md). Browsers
 //! still zero-fill (WebGPU requires it), so a kernel that broke the rule would differ there.
+//!
+//! Every loop in `wgsl/` ends: its stride is a positive constant (asserted with `const_assert`
+//! where the header sets it) or the subgroup's size, and its bound is a validated size. So native
+//! pipelines also skip naga's loop bounding (`RUNTIME_CHECKS`), a counter of its own that every
+//! loop iteration updates and tests: on an H100 it cost 7-12% of decode, batched steps and
+//! prefill on all three models (docs/perf.md, session 31). Bounds checks stay. Browsers apply
+//! their own checks whatever this says.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::device::{Gpu, Variant};
+
+/// naga's runtime checks for our kernels: all but the loop bounding (see the module's comment).
+const RUNTIME_CHECKS: wgpu::ShaderRuntimeChecks = wgpu::ShaderRuntimeChecks {
+    force_loop_bounding: false,
+    ..wgpu::ShaderRuntimeChecks::checked()
+};
 
 /// Library snippets a kernel can ask to be prepended, resolved per variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -182,12 +195,15 @@ impl Gpu {
             &key.consts,
             self.caps.wgsl_subgroups_directive,
         );
-        let module = self
-            .device
-            .create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&label),
-                source: wgpu::ShaderSource::Wgsl(source.into()),
-            });
+        let descriptor = wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        };
+        // SAFETY: `RUNTIME_CHECKS` drops only the loop bounding, and every loop in wgsl/ ends.
+        let module = unsafe {
+            self.device
+                .create_shader_module_trusted(descriptor, RUNTIME_CHECKS)
+        };
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
