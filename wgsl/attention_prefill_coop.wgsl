@@ -25,6 +25,10 @@
 // are padded by 8 halves to spread a subgroup's loads over the banks and keep them 16-byte
 // aligned.
 //
+// Indices in range (`Lib::IndicesInRange`: no bounds checks on Vulkan): every workgroup-memory
+// index comes from the lane, the subgroup's id (< SUBGROUPS) and loop counters under constant
+// bounds (ROWS * HD4, BK * HD4, HD16, BK / 16, 8), never from the parameters.
+//
 // Constants: HD (head_dim, a multiple of 16, at most 256), BK (keys per tile, a multiple of 16),
 // CAUSAL, SEGMENTS, PAGED, PAGE (as attention_prefill.wgsl). Needs subgroups of 32 lanes and
 // 16 x 16 x 16 f16 x f16 + f32 matrices (the capability probe in src/gpu/device.rs).

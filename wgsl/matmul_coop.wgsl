@@ -21,6 +21,12 @@
 // workgroups, one per SM, each walking all of K: latency, not throughput (docs/perf.md,
 // session 30).
 //
+// Indices in range (`Lib::IndicesInRange`: no bounds checks on Vulkan): a lane's weight slots
+// are < 2 * WG, so their tile rows are < TR; a unit's 32 values lie inside the step's BK columns
+// for every type (BK is a whole number of blocks or units, and `ops_matmul_coop` checks every
+// type's products); activation slots < 16 * WG give token rows < TT; a subgroup's stage and
+// quarter are fixed by its id (< WG / SUBGROUP), and a lane's stage entries by its index.
+//
 // Needs 16 x 16 x 16 f16 x f16 + f32 matrices at subgroup scope and subgroups of exactly 32
 // lanes (the capability probe in src/gpu/device.rs), which the header enables with
 // `enable wgpu_cooperative_matrix;`.

@@ -15,19 +15,28 @@
 //! where the header sets it) or the subgroup's size, and its bound is a validated size. So native
 //! pipelines also skip naga's loop bounding (`RUNTIME_CHECKS`), a counter of its own that every
 //! loop iteration updates and tests: on an H100 it cost 7-12% of decode, batched steps and
-//! prefill on all three models (docs/perf.md, session 31). Bounds checks stay. Browsers apply
-//! their own checks whatever this says.
+//! prefill on all three models (docs/perf.md, session 31). Bounds checks stay, but for kernels
+//! marked `Lib::IndicesInRange` on Vulkan: naga clamps every workgroup-memory index, and in the
+//! cooperative-matrix kernels, which stage every operand through workgroup memory, that cost
+//! 10-14% of prefill. Browsers apply their own checks whatever this says.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use super::device::{Gpu, Variant};
 
-/// naga's runtime checks for our kernels: all but the loop bounding (see the module's comment).
-const RUNTIME_CHECKS: wgpu::ShaderRuntimeChecks = wgpu::ShaderRuntimeChecks {
-    force_loop_bounding: false,
-    ..wgpu::ShaderRuntimeChecks::checked()
-};
+/// naga's runtime checks for `kernel`: all but the loop bounding, and no bounds checks either
+/// for a kernel whose indices are in range where the driver bounds storage accesses (see the
+/// module's comment). wgpu enables Vulkan's robust buffer access wherever the device has it,
+/// and every conformant desktop driver does.
+fn runtime_checks(kernel: &Kernel, backend: &str) -> wgpu::ShaderRuntimeChecks {
+    let in_range = kernel.libs.contains(&Lib::IndicesInRange) && backend == "Vulkan";
+    wgpu::ShaderRuntimeChecks {
+        force_loop_bounding: false,
+        bounds_checks: !in_range,
+        ..wgpu::ShaderRuntimeChecks::checked()
+    }
+}
 
 /// Library snippets a kernel can ask to be prepended, resolved per variant.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -57,6 +66,10 @@ pub enum Lib {
     /// No source: the kernel uses cooperative matrices, so the header says
     /// `enable wgpu_cooperative_matrix;` (a directive must precede every declaration).
     CooperativeMatrix,
+    /// No source: every workgroup-memory index of the kernel is in range by construction (its
+    /// header says why), so on Vulkan, where the driver's robust buffer access already bounds
+    /// every storage access, the pipeline drops naga's bounds checks too (see `runtime_checks`).
+    IndicesInRange,
 }
 
 impl Lib {
@@ -69,7 +82,7 @@ impl Lib {
 
     fn source(self, variant: Variant) -> &'static str {
         match (self, variant.subgroups) {
-            (Lib::Constants(_) | Lib::CooperativeMatrix, _) => "",
+            (Lib::Constants(_) | Lib::CooperativeMatrix | Lib::IndicesInRange, _) => "",
             (Lib::Reduce, true) => include_str!("../../wgsl/reduce_subgroup.wgsl"),
             (Lib::Reduce, false) => include_str!("../../wgsl/reduce_workgroup.wgsl"),
             (Lib::Dequant, _) => include_str!("../../wgsl/dequant.wgsl"),
@@ -199,11 +212,10 @@ impl Gpu {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
         };
-        // SAFETY: `RUNTIME_CHECKS` drops only the loop bounding, and every loop in wgsl/ ends.
-        let module = unsafe {
-            self.device
-                .create_shader_module_trusted(descriptor, RUNTIME_CHECKS)
-        };
+        let checks = runtime_checks(kernel, &self.caps.backend);
+        // SAFETY: every loop in wgsl/ ends, and a kernel without bounds checks keeps its
+        // workgroup-memory indices in range (`runtime_checks`).
+        let module = unsafe { self.device.create_shader_module_trusted(descriptor, checks) };
         let pipeline = self
             .device
             .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {

@@ -258,6 +258,7 @@ const MATMUL_COOP: Kernel = Kernel {
     entry: "matmul",
     libs: &[
         Lib::CooperativeMatrix,
+        Lib::IndicesInRange,
         Lib::Constants(KERNEL_CODES),
         Lib::Constants(IQ4_NL_CODEBOOK_CONSTS),
         Lib::Dequant,

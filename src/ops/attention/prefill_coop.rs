@@ -17,6 +17,7 @@ pub(super) const PREFILL_COOP: Kernel = Kernel {
     entry: "main",
     libs: &[
         Lib::CooperativeMatrix,
+        Lib::IndicesInRange,
         Lib::AttentionParams,
         Lib::AttentionMask,
         Lib::AttentionPrefill,
