@@ -136,3 +136,26 @@ fn one_byte_row_too_large_for_the_binding_is_an_error() {
     let error = WeightTensor::allocate(&gpu, "huge_row", 4, 4096).unwrap_err();
     assert!(error.to_string().contains("huge_row"), "{error}");
 }
+
+/// The pipelines' runtime checks: loop bounding off for every kernel (every loop in wgsl/ ends),
+/// division checks on, and bounds checks on but for a kernel marked `IndicesInRange` on Vulkan,
+/// where the driver bounds storage accesses; GL, Metal, DX12 and browsers keep them.
+#[test]
+fn runtime_checks_drop_bounds_only_for_kernels_in_range_on_vulkan() {
+    const IN_RANGE: Kernel = Kernel {
+        libs: &[Lib::IndicesInRange],
+        ..ROW_SUM
+    };
+    for (kernel, backend, bounds) in [
+        (&ROW_SUM, "Vulkan", true),
+        (&IN_RANGE, "Vulkan", false),
+        (&IN_RANGE, "Gl", true),
+        (&IN_RANGE, "Metal", true),
+        (&IN_RANGE, "BrowserWebGpu", true),
+    ] {
+        let checks = gpu::runtime_checks(kernel, backend);
+        assert_eq!(checks.bounds_checks, bounds, "{} on {backend}", kernel.name);
+        assert!(!checks.force_loop_bounding, "{} on {backend}", kernel.name);
+        assert!(checks.int_div_checks, "{} on {backend}", kernel.name);
+    }
+}

@@ -17,7 +17,7 @@ mod weights;
 pub use buffer::{poison_f32, read_back, read_f32, storage_buffer, upload_f32, upload_u32, POISON};
 pub use device::{BackendChoice, Caps, Gpu, GpuError, GpuOptions, Variant};
 pub use graph::DispatchGraph;
-pub use pipeline::{specialised_source, Kernel, Lib, PipelineKey};
+pub use pipeline::{runtime_checks, specialised_source, Kernel, Lib, PipelineKey};
 pub use profile::{CounterSnapshot, DispatchKey, GpuCounters, KernelTimes};
 pub use record::{PendingRead, Recorder};
 pub use weights::{WeightPart, WeightTensor};

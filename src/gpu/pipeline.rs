@@ -13,7 +13,7 @@
 //!
 //! Every loop in `wgsl/` ends: its stride is a positive constant (asserted with `const_assert`
 //! where the header sets it) or the subgroup's size, and its bound is a validated size. So native
-//! pipelines also skip naga's loop bounding (`RUNTIME_CHECKS`), a counter of its own that every
+//! pipelines also skip naga's loop bounding (`runtime_checks`), a counter of its own that every
 //! loop iteration updates and tests: on an H100 it cost 7-12% of decode, batched steps and
 //! prefill on all three models (docs/perf.md, session 31). Bounds checks stay, but for kernels
 //! marked `Lib::IndicesInRange` on Vulkan: naga clamps every workgroup-memory index, and in the
@@ -25,11 +25,11 @@ use std::sync::{Arc, Mutex};
 
 use super::device::{Gpu, Variant};
 
-/// naga's runtime checks for `kernel`: all but the loop bounding, and no bounds checks either
-/// for a kernel whose indices are in range where the driver bounds storage accesses (see the
-/// module's comment). wgpu enables Vulkan's robust buffer access wherever the device has it,
-/// and every conformant desktop driver does.
-fn runtime_checks(kernel: &Kernel, backend: &str) -> wgpu::ShaderRuntimeChecks {
+/// naga's runtime checks for `kernel` on `backend` (`Caps::backend`): all but the loop bounding,
+/// and no bounds checks either for a kernel whose indices are in range where the driver bounds
+/// storage accesses (see the module's comment): Vulkan, whose specification requires every
+/// device to offer robust buffer access, and wgpu enables it.
+pub fn runtime_checks(kernel: &Kernel, backend: &str) -> wgpu::ShaderRuntimeChecks {
     let in_range = kernel.libs.contains(&Lib::IndicesInRange) && backend == "Vulkan";
     wgpu::ShaderRuntimeChecks {
         force_loop_bounding: false,
