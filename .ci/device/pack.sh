@@ -13,6 +13,8 @@
 # Beside llama.cpp CUDA (LLAMA_SRC=a llama.cpp checkout; carry .device/llama.tgz too):
 #   run.sh setup && run.sh synth && run.sh llama-build, then run.sh llama-wait and
 #   run.sh llama-bench / run.sh serve-bench
+# Beside llama.cpp Vulkan (VULKAN_TOOLS=1 too; carry .device/vk as well): the same with
+#   LLAMA_BACKEND=vulkan before llama-build, llama-wait and llama-bench
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 source .ci/env.sh
@@ -41,6 +43,21 @@ fi
 if [ -n "${LLAMA_SRC:-}" ]; then
   git -C "$LLAMA_SRC" archive --format=tar HEAD CMakeLists.txt cmake common ggml include src \
     tools vendor scripts licenses LICENSE examples app | gzip -9 > .device/llama.tgz
+fi
+# Debian 13's glslc (with the libraries it needs), Vulkan headers and SPIRV-Headers, for
+# llama.cpp's Vulkan backend built on the device (run.sh LLAMA_BACKEND=vulkan llama-build):
+# Debian 12's glslc (glslang 11) lacks the cooperative-matrix and integer-dot extensions that
+# llama.cpp's fast Vulkan paths compile with. About 8 MB; fetched once.
+if [ "${VULKAN_TOOLS:-0}" = 1 ] && ! ls .device/vk/glslc_*.deb > /dev/null 2>&1; then
+  apt_dir=$(mktemp -d)
+  mkdir -p "$apt_dir/lists/partial" .device/vk
+  echo "deb http://deb.debian.org/debian trixie main" > "$apt_dir/sources.list"
+  apt_options=(-o "Dir::Etc::sourcelist=$apt_dir/sources.list" -o Dir::Etc::sourceparts=-
+    -o "Dir::State::Lists=$apt_dir/lists")
+  apt-get "${apt_options[@]}" update
+  (cd .device/vk && apt-get "${apt_options[@]}" download glslc libshaderc1 libc6 libstdc++6 \
+    libgcc-s1 libvulkan-dev spirv-headers)
+  rm -rf "$apt_dir"
 fi
 head_mib=${HEAD_MIB:-8}
 for model in "${WEBSHARD_MODELS:-models}"/*.gguf; do

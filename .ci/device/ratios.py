@@ -14,7 +14,7 @@ import sys
 
 
 def bench_table(folder):
-    print("| model | test | webshard tok/s | llama.cpp CUDA tok/s | ratio |")
+    print("| model | test | webshard tok/s | llama.cpp tok/s (backend) | ratio |")
     print("|---|---|---:|---:|---:|")
     for path in sorted(glob.glob(os.path.join(folder, "bench-*.json"))):
         name = os.path.basename(path)[len("bench-"):-len(".json")]
@@ -25,10 +25,11 @@ def bench_table(folder):
         peer = {}
         for run in json.load(open(peer_path)):
             test = f"pp{run['n_prompt']}" if run["n_gen"] == 0 else f"tg{run['n_gen']}"
-            peer[test] = run["avg_ts"]
+            peer[test] = (run["avg_ts"], run.get("backends", "?"))
         for test, rate in ours.items():
             if test in peer:
-                print(f"| {name} | {test} | {rate:.1f} | {peer[test]:.1f} | {rate / peer[test]:.2f}× |")
+                theirs, backend = peer[test]
+                print(f"| {name} | {test} | {rate:.1f} | {theirs:.1f} ({backend}) | {rate / theirs:.2f}× |")
 
 
 def serve_table(folder):

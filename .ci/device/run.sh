@@ -34,10 +34,16 @@
 #                    in its own process session on cores 2.. so that it survives between calls
 #                    and leaves cores 0-1 to a benchmark; log in /root/llama/build.log
 #                    (LLAMA_TARGETS: fewer targets, e.g. llama-bench alone, ~2 min less)
+#                    LLAMA_BACKEND=vulkan: llama.cpp's Vulkan backend instead, into build-vk,
+#                    with Debian 13's glslc, Vulkan headers and SPIRV-Headers carried as
+#                    .device/vk/*.deb (pack.sh VULKAN_TOOLS=1: Debian 12's glslc lacks the
+#                    cooperative-matrix and integer-dot extensions llama.cpp's fast paths need);
+#                    glslc runs through Debian 13's own loader and libraries
 #   llama-wait       wait for that build (at most 540 s), then say whether both targets exist
 #   llama-bench [ARGS]
 #                    llama-bench -ngl 99 beside runner bench on every model, one after the
-#                    other, a ratio table at the end (default ARGS: -p 512 -n 128 -r 5)
+#                    other, a ratio table at the end (default ARGS: -p 512 -n 128 -r 5);
+#                    LLAMA_BACKEND=vulkan: the Vulkan build's, JSON into $OUT/vulkan
 #   serve-bench [ARGS]
 #                    runner serve -m and llama-server (where built) on every model, one after the other,
 #                    each driven by .ci/bench_serve.py (ARGS for it; default --streams
@@ -57,6 +63,25 @@ mkdir -p "$models"
 vulkan_env() {
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
   export XDG_RUNTIME_DIR=/tmp/xdg && mkdir -p -m 700 "$XDG_RUNTIME_DIR"
+}
+# llama.cpp's build folder for LLAMA_BACKEND (cuda, the default, or vulkan).
+llama_build_dir() {
+  case "${LLAMA_BACKEND:-cuda}" in
+    vulkan) echo build-vk ;;
+    *) echo build ;;
+  esac
+}
+# Debian 13's glslc, Vulkan headers and SPIRV-Headers unpacked under /root/vk, and a glslc
+# wrapper that runs it through Debian 13's loader and libraries (it needs glibc 2.38).
+vulkan_tools() {
+  mkdir -p /root/vk
+  for f in .device/vk/*.deb; do dpkg -x "$f" /root/vk; done
+  cat > /root/vk/glslc <<'WRAPPER'
+#!/bin/sh
+lib=/root/vk/usr/lib/x86_64-linux-gnu
+exec "$lib/ld-linux-x86-64.so.2" --library-path "$lib" /root/vk/usr/bin/glslc "$@"
+WRAPPER
+  chmod +x /root/vk/glslc
 }
 # Reads one `runner bench --json` run from stdin, adds the KEY=VALUE labels given after the
 # file, appends it to file $1 as a JSON line and prints the labels and each test's tok/s.
@@ -232,33 +257,46 @@ print(sys.argv[1], len(a["prompt_ids"]), "prompt tokens:", same, a["ids"][:8], b
   llama-build)
     mkdir -p /root/llama
     [ -f /root/llama/CMakeLists.txt ] || tar xzf .device/llama.tgz -C /root/llama
+    build=$(llama_build_dir)
+    backend_flags="-DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90"
+    if [ "$build" = build-vk ]; then
+      vulkan_tools
+      backend_flags="-DGGML_VULKAN=ON -DCMAKE_PREFIX_PATH=/root/vk/usr \
+        -DVulkan_INCLUDE_DIR=/root/vk/usr/include -DVulkan_GLSLC_EXECUTABLE=/root/vk/glslc \
+        -DVulkan_LIBRARY=/usr/lib/x86_64-linux-gnu/libvulkan.so.1"
+    fi
     cd /root/llama
-    setsid nohup taskset -c 2-"$(($(nproc) - 1))" bash -c '
-      cmake -B build -G Ninja -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DLLAMA_CURL=OFF \
+    BUILD=$build BACKEND_FLAGS=$backend_flags TARGETS=${LLAMA_TARGETS:-llama-bench llama-server} \
+      setsid nohup taskset -c 2-"$(($(nproc) - 1))" bash -c '
+      cmake -B "$BUILD" -G Ninja $BACKEND_FLAGS -DLLAMA_CURL=OFF \
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON \
         -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_APP=OFF \
-        && cmake --build build --target '"${LLAMA_TARGETS:-llama-bench llama-server}"'; echo "build exit $?"' \
-      > /root/llama/build.log 2>&1 < /dev/null &
-    echo "llama.cpp build started (log /root/llama/build.log)"
+        && cmake --build "$BUILD" --target $TARGETS; echo "build exit $?"' \
+      > "/root/llama/$build.log" 2>&1 < /dev/null &
+    echo "llama.cpp build started (log /root/llama/$build.log)"
     ;;
   llama-wait)
+    build=$(llama_build_dir)
     for _ in $(seq 540); do
-      grep -q "^build exit" /root/llama/build.log 2>/dev/null && break
+      grep -q "^build exit" "/root/llama/$build.log" 2>/dev/null && break
       sleep 1
     done
-    tail -3 /root/llama/build.log
-    ls -la /root/llama/build/bin/llama-bench /root/llama/build/bin/llama-server
+    tail -3 "/root/llama/$build.log"
+    ls -la "/root/llama/$build/bin/llama-bench" "/root/llama/$build/bin/llama-server"
     ;;
   llama-bench)
     shift
     vulkan_env
     [ $# -gt 0 ] || set -- -p 512 -n 128 -r 5
+    build=$(llama_build_dir)
+    out=$OUT
+    [ "$build" = build-vk ] && out=$OUT/vulkan && mkdir -p "$out"
     for model in "$models"/*.gguf; do
       name=$(basename "$model" .gguf)
-      /root/llama/build/bin/llama-bench -m "$model" -ngl 99 -o json "$@" > "$OUT/llama-bench-$name.json"
-      "$runner" bench -m "$model" --quiet --json "$@" > "$OUT/bench-$name.json"
+      "/root/llama/$build/bin/llama-bench" -m "$model" -ngl 99 -o json "$@" > "$out/llama-bench-$name.json"
+      "$runner" bench -m "$model" --quiet --json "$@" > "$out/bench-$name.json"
     done
-    python3 .ci/device/ratios.py bench "$OUT"
+    python3 .ci/device/ratios.py bench "$out"
     ;;
   serve-bench)
     shift
