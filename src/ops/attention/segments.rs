@@ -7,7 +7,8 @@
 
 use crate::gpu::Recorder;
 
-use super::{prefill_masked, AttentionParams, KvCache, PrefillMask, PREFILL_WG};
+use super::prefill::{prefill_masked, PrefillMask, PREFILL_WG};
+use super::{AttentionParams, KvCache};
 
 /// The sequences of one packed call: their lengths in order (host side) and the GPU table of
 /// `segment_table(lengths)`'s words.
