@@ -41,6 +41,7 @@ mod ops_elementwise;
 mod ops_kv_cache;
 mod ops_matmul_coop;
 mod ops_matvec;
+mod ops_matvec_int8;
 mod ops_matvec_residual;
 mod ops_norm;
 mod ops_quant;

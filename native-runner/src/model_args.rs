@@ -58,6 +58,14 @@ pub struct ModelArgs {
     /// built-in crossover; more read the weights once (for measuring it; 1: always once).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), hide = true)]
     pub per_token_products: Option<u32>,
+    /// Products of a few tokens (a batched step's rows) on 8-bit integers, `on` or `off`,
+    /// instead of the built-in choice (for measuring it).
+    #[arg(long, value_parser = parse_on_off, hide = true)]
+    pub int8_products: Option<bool>,
+    /// Work split of the integer products `LANES,LANES_PER_ROW,TOKENS` (tokens per workgroup
+    /// at most, 4 to 16) instead of the built-in one (for measuring it).
+    #[arg(long, value_parser = parse_int8_split, hide = true)]
+    pub int8_split: Option<[u32; 3]>,
     /// Feed prompt chunks shorter than this one token at a time instead of the built-in
     /// crossover (for measuring it; 0 always batches).
     #[arg(long, hide = true)]
@@ -99,6 +107,8 @@ impl ModelArgs {
             streamed_products: self.streamed_products,
             coop_k_splits: self.coop_k_splits,
             per_token_products: self.per_token_products,
+            int8_products: self.int8_products,
+            int8_split: self.int8_split,
             storage_bindings_limit: None,
         })
     }
@@ -216,6 +226,29 @@ pub(crate) fn parse_matvec_batch_split(text: &str) -> Result<[u32; 4], String> {
             Ok([lanes, per_row, rows, tokens])
         }
         _ => Err(format!("`{text}`: TOKENS must be 1, 2, 4 or 8")),
+    }
+}
+
+pub(crate) fn parse_on_off(text: &str) -> Result<bool, String> {
+    match text {
+        "on" => Ok(true),
+        "off" => Ok(false),
+        _ => Err(format!("`{text}`: want `on` or `off`")),
+    }
+}
+
+/// `LANES,LANES_PER_ROW,TOKENS`, a split the integer products can run.
+pub(crate) fn parse_int8_split(text: &str) -> Result<[u32; 3], String> {
+    match parse_numbers(text)?[..] {
+        [lanes, per_row, tokens]
+            if webshard::ops::quant::valid_int8_split([lanes, per_row, tokens]) =>
+        {
+            Ok([lanes, per_row, tokens])
+        }
+        _ => Err(format!(
+            "`{text}`: want LANES,LANES_PER_ROW,TOKENS: powers of two, LANES at most 256, \
+             LANES_PER_ROW at most LANES and at least TOKENS / 4, TOKENS 4, 8, 12 or 16"
+        )),
     }
 }
 

@@ -100,6 +100,12 @@ pub struct GpuOptions {
     /// the built-in crossover (`ops::quant::MATVEC_TOKENS_ON_GPU`), for measuring it
     /// (`--per-token-products`; 1: every product of several tokens reads the weights once).
     pub per_token_products: Option<u32>,
+    /// Whether products of a few tokens run on 8-bit integers (`ops::quant::int8_products`)
+    /// instead of the built-in choice (`--int8-products`).
+    pub int8_products: Option<bool>,
+    /// Their work split `[lanes, lanes per row, most tokens per workgroup]` instead of the
+    /// built-in one, for measuring it (`--int8-split`).
+    pub int8_split: Option<[u32; 3]>,
 }
 
 /// The shader capabilities a kernel variant is compiled for.
@@ -171,6 +177,10 @@ pub struct Caps {
     pub coop_k_splits: Option<u32>,
     /// `GpuOptions::per_token_products`.
     pub per_token_products: Option<u32>,
+    /// Products of a few tokens on 8-bit integers (`GpuOptions::int8_products`; built in: off).
+    pub int8_products: bool,
+    /// `GpuOptions::int8_split`.
+    pub int8_split: Option<[u32; 3]>,
 }
 
 impl Caps {
@@ -318,6 +328,8 @@ impl Gpu {
             streamed_products: options.streamed_products,
             coop_k_splits: options.coop_k_splits,
             per_token_products: options.per_token_products,
+            int8_products: options.int8_products.unwrap_or(false),
+            int8_split: options.int8_split,
         };
         tracing::info!(
             adapter = %caps.adapter, backend = %caps.backend, f16 = caps.f16,
@@ -385,7 +397,8 @@ impl Gpu {
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(name),
             size: bytes,
-            usage: wgpu::BufferUsages::STORAGE,
+            // COPY_SRC: tests read scratch back (the integer products' quantized x).
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: false,
         });
         kept.push((name, buffer.clone()));

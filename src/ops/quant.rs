@@ -5,6 +5,7 @@
 //! per-type block decoding of `wgsl/dequant.wgsl`.
 
 mod dequant;
+mod int8;
 mod matmul;
 mod matvec;
 mod table;
@@ -12,6 +13,10 @@ pub mod testing;
 
 use dequant::IQ4_NL_CODEBOOK_CONSTS;
 pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
+pub use int8::{
+    int8_products, int8_products_reference, integer_type, quantize_block_reference, quantize_int8,
+    quantize_int8_reference, valid_split as valid_int8_split, INT8_MOST_TOKENS,
+};
 pub use matmul::matmul_product;
 pub use matmul::{coop_k_splits, uses_coop_matrix, MatmulTile};
 pub use matvec::{
@@ -324,8 +329,8 @@ fn reads_weights_once(gpu: &crate::gpu::Gpu, w: &QuantMatrix, tokens: u32) -> bo
 
 /// `out[t, n] = sum_k x[t, k] * W[n, k]` for `t < tokens`; `x` is `[tokens, cols]` and `out`
 /// `[tokens, rows]`, both f32. Up to `MATVEC_TOKENS_ON_GPU` tokens on a GPU use the
-/// matrix-vector kernel (`MATVEC_TOKENS_ON_CPU` on a CPU adapter), but for `reads_weights_once`;
-/// the rest use the cooperative-matrix one where `uses_coop_matrix`, else the tiled one.
+/// matrix-vector kernel (`MATVEC_TOKENS_ON_CPU` on a CPU adapter), but for `reads_weights_once`
+/// unless the integer products take them (they decode the weights once for 16 tokens); the rest use the cooperative-matrix one where `uses_coop_matrix`, else the tiled one.
 pub fn matmul(
     rec: &mut Recorder,
     w: &QuantMatrix,
@@ -333,7 +338,11 @@ pub fn matmul(
     out: &wgpu::Buffer,
     tokens: u32,
 ) {
-    if per_token_products(rec.gpu(), tokens) && !reads_weights_once(rec.gpu(), w, tokens) {
+    let gpu = rec.gpu();
+    let per_token = per_token_products(gpu, tokens)
+        && (int8::int8_applies(gpu, w, &Fusion::default(), tokens)
+            || !reads_weights_once(gpu, w, tokens));
+    if per_token {
         matvec::matvec_tokens(rec, w, x, out, &Fusion::default(), tokens);
     } else {
         matmul_product(rec, w, x, out, tokens);

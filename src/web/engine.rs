@@ -175,6 +175,8 @@ pub(super) async fn open_gpu(
         streamed_products: None,
         coop_k_splits: None,
         per_token_products: None,
+        int8_products: None,
+        int8_split: None,
         storage_bindings_limit: None,
     };
     Gpu::new(&options).await.map_err(|err| match err {

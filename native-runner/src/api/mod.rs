@@ -112,6 +112,10 @@ pub struct ApiArgs {
     /// --per-token-products`).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), hide = true)]
     pub per_token_products: Option<u32>,
+    /// Batched steps' products on 8-bit integers, `on` or `off` (for measuring it; see `runner
+    /// bench --int8-products`).
+    #[arg(long, value_parser = crate::model_args::parse_on_off, hide = true)]
+    pub int8_products: Option<bool>,
     /// Speculative decoding for the requests that do not ask themselves (`webshard_spec`):
     /// a request running alone drafts from its prompt and verifies each draft in one step.
     #[command(flatten)]
@@ -133,6 +137,8 @@ impl ApiArgs {
             streamed_products: self.streamed_products,
             coop_k_splits: None,
             per_token_products: self.per_token_products,
+            int8_products: self.int8_products,
+            int8_split: None,
             per_token_prefill_below: None,
             quiet: true,
             gpu_mem_mib: None,
@@ -376,6 +382,7 @@ mod tests {
             matvec_batch_split: None,
             streamed_products: None,
             per_token_products: None,
+            int8_products: None,
             spec: SpecArgs::default(),
         };
         assert!(args.names().unwrap_err().to_string().contains("`one`"));

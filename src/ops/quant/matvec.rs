@@ -153,7 +153,7 @@ pub enum Epilogue<'a> {
 }
 
 impl Epilogue<'_> {
-    fn code(&self) -> u32 {
+    pub(super) fn code(&self) -> u32 {
         match self {
             Epilogue::Store => 0,
             Epilogue::Bias(_) => 1,
@@ -165,7 +165,7 @@ impl Epilogue<'_> {
         }
     }
 
-    fn aux(&self) -> Option<&wgpu::Buffer> {
+    pub(super) fn aux(&self) -> Option<&wgpu::Buffer> {
         match *self {
             Epilogue::Bias(buffer) | Epilogue::Gated(buffer, _) => Some(buffer),
             Epilogue::Store | Epilogue::Accumulate | Epilogue::Glu(..) => None,
@@ -334,6 +334,10 @@ pub fn matvec_tokens(
     tokens: u32,
 ) {
     let gpu = rec.gpu();
+    if super::int8::int8_applies(gpu, w, fusion, tokens) {
+        let xq = super::int8::quantize_int8(rec, x, fusion.norm, tokens, w.cols);
+        return super::int8::int8_products(rec, w, &xq, out, fusion, tokens);
+    }
     let (shape, per_group) = work_split(&gpu.caps, w, fusion, tokens);
     let residual = fusion.residual.is_some();
     let kernel = match (subgroup_kernel(rec), residual) {

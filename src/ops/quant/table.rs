@@ -92,4 +92,20 @@ mod tests {
         }
         assert_eq!(KERNEL_CODES.len(), QuantType::ALL.len());
     }
+
+    /// Every integer type needs its case in the integer products' decoding too.
+    #[test]
+    fn every_integer_type_has_its_case_in_the_integer_products() {
+        let kernels = include_str!("../../../wgsl/dequant_int8.wgsl");
+        for quant in QuantType::ALL
+            .into_iter()
+            .filter(|&q| super::super::integer_type(q))
+        {
+            let name = format!("QUANT_{quant:?}");
+            assert!(
+                kernels.contains(&format!("case {name}:")),
+                "wgsl/dequant_int8.wgsl has no `case {name}:` in int_unit"
+            );
+        }
+    }
 }
