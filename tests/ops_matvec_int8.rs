@@ -1,17 +1,20 @@
-//! The integer products of a few tokens (`quant::int8_products`, through `matvec_tokens` and
-//! `matmul` as a batched step calls them): x quantized to 8 bits (with its RMS norm) against
-//! the CPU reference block by block, then every integer weight type with every epilogue, the
-//! GLU, the norm, and token counts that fill, split and leave short the workgroups of each work
-//! split, against the reference product on the same quantized x, on every device and variant.
+//! The integer products of decode (`quant::int8_products`, through `matvec_tokens` and `matmul`
+//! as decode steps call them): x quantized to 8 bits (with its RMS norm) against the CPU
+//! reference quarter by quarter, then every integer weight type with every epilogue, the GLU,
+//! the norm, one token (a lone step) and token counts that fill, split and leave short the
+//! workgroups of each work split, against the reference product on the same quantized x, on
+//! every device and variant.
 
 use std::sync::Arc;
 
-use webshard::gpu::{self, testing, BackendChoice, Gpu, GpuOptions, Recorder, Variant};
+use webshard::gpu::{
+    self, testing, BackendChoice, Gpu, GpuOptions, Int8Products, Recorder, Variant,
+};
 use webshard::ops::elementwise::{activation_reference, Activation};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
-    int8_products_reference, integer_type, matmul, matvec_tokens, quantize_block_reference,
-    quantize_int8, quantize_int8_reference, Epilogue, Fusion, QuantMatrix, QuantType,
+    int8_products_reference, integer_type, matmul, matvec_tokens, quantize_int8,
+    quantize_int8_reference, quantize_quarter_reference, Epilogue, Fusion, QuantMatrix, QuantType,
     ReferenceEpilogue,
 };
 
@@ -28,7 +31,7 @@ fn int8_devices(turn: usize, seed: u64) -> Vec<(Arc<Gpu>, Variant)> {
             let options = GpuOptions {
                 backend: BackendChoice::parse(&device.caps.backend).unwrap_or_default(),
                 gpu_work_split: true,
-                int8_products: Some(true),
+                int8_products: Some(Int8Products::Decode),
                 int8_split: split,
                 ..Default::default()
             };
@@ -68,8 +71,7 @@ fn run(
 }
 
 /// Each quarter of 8 values: its integers within one of the reference's (a tie may round
-/// either way after the GPU's division), its block's scale, and d times the sum of its own
-/// integers.
+/// either way after the GPU's division), its scale, and d times the sum of its own integers.
 #[test]
 fn quantize_int8_matches_the_reference() {
     let seed = testing::fresh_seed();
@@ -93,33 +95,25 @@ fn quantize_int8_matches_the_reference() {
             let words: Vec<u32> = bytemuck::pod_collect_to_vec(&bytes);
             let what = format!("{} {variant} norm={norm} seed={seed}", gpu.caps.adapter);
             let mut flips = 0;
-            for (block, values) in normed.chunks(32).enumerate() {
-                let (want_q, want_d) = quantize_block_reference(values);
-                for quarter in 0..4 {
-                    let word = &words[(block * 4 + quarter) * 4..][..4];
-                    let q: Vec<i8> = bytemuck::cast_slice::<u32, i8>(&word[..2]).to_vec();
-                    let d = f32::from_bits(word[2]);
-                    assert!(
-                        (d - want_d).abs() <= want_d * 1e-5,
-                        "{what}: block {block} d {d} want {want_d}"
-                    );
-                    for (i, (&got, &want)) in q.iter().zip(&want_q[quarter * 8..][..8]).enumerate()
-                    {
-                        let diff = (i32::from(got) - i32::from(want)).abs();
-                        assert!(
-                            diff <= 1,
-                            "{what}: block {block} value {i}: q {got} want {want}"
-                        );
-                        flips += diff;
-                    }
-                    let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
-                    let got_sum = f32::from_bits(word[3]);
-                    let want_sum = d * sum as f32;
-                    assert!(
-                        (got_sum - want_sum).abs() <= 1e-5 * want_sum.abs().max(1.0),
-                        "{what}: sum"
-                    );
+            for (quarter, values) in normed.chunks(8).enumerate() {
+                let (want_q, want_d) = quantize_quarter_reference(values);
+                let word = &words[quarter * 4..][..4];
+                let q: Vec<i8> = bytemuck::cast_slice::<u32, i8>(&word[..2]).to_vec();
+                let d = f32::from_bits(word[2]);
+                let at = format!("{what}: quarter {quarter}");
+                assert!(
+                    (d - want_d).abs() <= want_d * 1e-5,
+                    "{at}: d {d} want {want_d}"
+                );
+                for (i, (&got, &want)) in q.iter().zip(&want_q).enumerate() {
+                    let diff = (i32::from(got) - i32::from(want)).abs();
+                    assert!(diff <= 1, "{at} value {i}: q {got} want {want}");
+                    flips += diff;
                 }
+                let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+                let (got_sum, want_sum) = (f32::from_bits(word[3]), d * sum as f32);
+                let close = (got_sum - want_sum).abs() <= 1e-5 * want_sum.abs().max(1.0);
+                assert!(close, "{at}: d * sum(q) {got_sum} want {want_sum}");
             }
             assert!(flips <= 2, "{what}: {flips} integers one off the reference");
         }
@@ -214,7 +208,7 @@ fn int8_products_match_the_reference() {
         ReferenceEpilogue::Gated(Activation::Silu),
         ReferenceEpilogue::Gated(Activation::GeluTanh),
     ];
-    let token_counts = [2, 5, 16, 7, 3, 12, 9, 4, 16, 6, 11, 13];
+    let token_counts = [2, 5, 16, 7, 1, 12, 9, 4, 16, 6, 11, 1];
     let types = QuantType::ALL.into_iter().filter(|&q| integer_type(q));
     for (turn, quant) in types.enumerate() {
         let case = Case {
@@ -235,7 +229,7 @@ fn int8_glu_matches_the_reference() {
     let gate_rows = 37;
     for (turn, (quant, tokens, act)) in [
         (QuantType::Q4_K, 16, Activation::GeluTanh),
-        (QuantType::Q8_0, 5, Activation::Silu),
+        (QuantType::Q8_0, 1, Activation::Silu),
         (QuantType::Q6_K, 9, Activation::Silu),
     ]
     .into_iter()
@@ -287,6 +281,54 @@ fn int8_glu_matches_the_reference() {
                 gpu.caps.adapter, gpu.caps.int8_split
             );
             testing::assert_close(&bytemuck::pod_collect_to_vec(&got), &want, 1e-3, &what);
+        }
+    }
+}
+
+/// A token's integer products are the same alone as among others (bit for bit: no sum crosses
+/// tokens), so a batched step's rows keep their single steps' numerics.
+#[test]
+fn int8_products_of_a_token_do_not_depend_on_the_others() {
+    let seed = testing::fresh_seed();
+    let (rows, tokens) = (200usize, 5usize);
+    for (turn, (quant, cols)) in [
+        (QuantType::Q4_K, 2048),
+        (QuantType::Q8_0, 1024),
+        (QuantType::Q5_0, 640),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let bytes = random_weights(quant, rows, cols, seed ^ turn as u64);
+        let x = testing::random_f32(tokens * cols, seed ^ 31);
+        let norm_weight = testing::random_f32(cols, seed ^ 32);
+        for (gpu, variant) in int8_devices(turn, seed) {
+            let tensor = upload_matrix(&gpu, &bytes, rows);
+            let w = QuantMatrix::new(&tensor, quant, cols as u32, rows as u32).expect("matrix");
+            let norm_buf = gpu::upload_f32(&gpu, "norm", &norm_weight);
+            let fusion = Fusion {
+                residual: None,
+                norm: Some((&norm_buf, 1e-6)),
+                epilogue: Epilogue::Store,
+                out_offset: 0,
+            };
+            let x_buf = gpu::upload_f32(&gpu, "x", &x);
+            let together = run(&gpu, variant, tokens * rows, None, |rec, out| {
+                matvec_tokens(rec, &w, &x_buf, out, &fusion, tokens as u32)
+            });
+            let together: Vec<f32> = bytemuck::pod_collect_to_vec(&together);
+            for t in 0..tokens {
+                let one = gpu::upload_f32(&gpu, "x", &x[t * cols..][..cols]);
+                let alone = run(&gpu, variant, rows, None, |rec, out| {
+                    matvec_tokens(rec, &w, &one, out, &fusion, 1)
+                });
+                let alone: Vec<f32> = bytemuck::pod_collect_to_vec(&alone);
+                let what = format!(
+                    "{quant:?} {} {variant} token {t} seed={seed}",
+                    gpu.caps.adapter
+                );
+                assert_eq!(alone, together[t * rows..][..rows], "{what}");
+            }
         }
     }
 }

@@ -16,8 +16,8 @@
 // in loops in memory, docs/perf.md, session 20). The partial sums meet in workgroup memory.
 //
 // x's layout (quantize_int8.wgsl): per token, per 8 values (a quarter) one vec4<u32>: the 8
-// values as signed bytes (xy), their block's scale d (z) and d times the sum of the 8 integers
-// (w), so value = d * q and an offset o adds o * (w) to the quarter's dot product.
+// values as signed bytes (xy), their scale d (z) and d times the sum of the 8 integers (w), so
+// value = d * q and an offset o adds o * (w) to the quarter's dot product.
 // EPILOGUE as in matvec.wgsl: 0 store, 1 bias, 2 accumulate, 3/4 gated by silu/gelu(aux),
 // 5/6 GLU (HALVES = 2, the up rows at up_buffer_row).
 
@@ -44,12 +44,14 @@ struct Params {
 @group(0) @binding(5) var<storage, read> aux: array<f32>;
 
 const ROW_GROUPS: u32 = WG / TPR;
-// Vec4s of four tokens' sums per row.
-const VECS: u32 = TPW / 4u;
+// Vec4s of (up to) four tokens' sums per row, and the tokens each holds: TPW is 1 (a lone
+// decode step) or a multiple of 4.
+const VECS: u32 = max(TPW / 4u, 1u);
+const PER_VEC: u32 = min(TPW, 4u);
 const SUMS: u32 = VECS * HALVES;
 // Loop strides (the pipeline drops naga's loop bounding), and the reduction's VECS lanes.
-const_assert TPR > 0u && ROW_GROUPS > 0u && VECS > 0u && VECS <= 4u && TPR >= VECS;
-const_assert TPW == 4u * VECS;
+const_assert TPR > 0u && ROW_GROUPS > 0u && VECS <= 4u && TPR >= VECS;
+const_assert TPW == 1u || TPW == 4u * VECS;
 
 var<workgroup> partials: array<vec4<f32>, WG * SUMS>;
 // The workgroup's first token.
@@ -77,6 +79,9 @@ fn token_dot(unit: IntUnit, at: vec4<u32>, t: u32) -> f32 {
 
 // The same for tokens t0 .. t0 + 3, spelled out (a vec4 indexed in a loop may live in memory).
 fn unit_dots(unit: IntUnit, at: vec4<u32>, t0: u32) -> vec4<f32> {
+    if (TPW == 1u) {
+        return vec4<f32>(token_dot(unit, at, t0), 0.0, 0.0, 0.0);
+    }
     return vec4<f32>(token_dot(unit, at, t0), token_dot(unit, at, t0 + 1u),
                      token_dot(unit, at, t0 + 2u), token_dot(unit, at, t0 + 3u));
 }
@@ -184,7 +189,7 @@ fn matvec_int8(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocatio
             up = up + partials[(group_lane + j) * SUMS + VECS + thread];
         }
     }
-    for (var c = 0u; c < 4u; c = c + 1u) {
+    for (var c = 0u; c < PER_VEC; c = c + 1u) {
         write_row(4u * thread + c, row, total[c], up[c]);
     }
 }

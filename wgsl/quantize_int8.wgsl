@@ -1,6 +1,6 @@
 // x ([tokens, cols] f32) to the 8-bit activations of matvec_int8.wgsl, one workgroup a token:
-// per block of 32 values, d = max|v| / 127 and q = round(v / d); per 8 values (a quarter) one
-// vec4<u32> of the quarter's q as signed bytes (xy), d (z) and d * sum(q) (w). With NORM = 1
+// per 8 values (a quarter) one vec4<u32> of q = round(v / d) as signed bytes (xy), the
+// quarter's scale d = max|v| / 127 (z) and d * sum(q) (w). With NORM = 1
 // the values are rms_norm(x) * norm_w first, as rms_norm computes them (the norm that a
 // product's input takes, done here once for all of its rows instead of in every product).
 
@@ -41,7 +41,12 @@ fn max4(v: vec4<f32>) -> f32 {
     return max(max(a.x, a.y), max(a.z, a.w));
 }
 
-fn quarter(a: vec4<f32>, b: vec4<f32>, inverse: f32, d: f32) -> vec4<u32> {
+// Eight values as a quarter: their own scale d = max|v| / 127 (one outlier coarsens only its
+// own quarter), q = round(v / d) as signed bytes, and d * sum(q).
+fn quarter(a: vec4<f32>, b: vec4<f32>) -> vec4<u32> {
+    let largest = max(max4(a), max4(b));
+    let d = largest / 127.0;
+    let inverse = select(0.0, 127.0 / largest, largest > 0.0);
     let qa = vec4<i32>(round(a * inverse));
     let qb = vec4<i32>(round(b * inverse));
     let sum = qa + qb;
@@ -60,24 +65,8 @@ fn quantize_int8(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocat
     if (NORM == 1u) {
         factor = norm_factor(base, lane);
     }
-    for (var block = lane; block < params.cols / 32u; block = block + WG) {
-        let at = 8u * block;
-        let v0 = value(base, at, factor);
-        let v1 = value(base, at + 1u, factor);
-        let v2 = value(base, at + 2u, factor);
-        let v3 = value(base, at + 3u, factor);
-        let v4 = value(base, at + 4u, factor);
-        let v5 = value(base, at + 5u, factor);
-        let v6 = value(base, at + 6u, factor);
-        let v7 = value(base, at + 7u, factor);
-        let largest = max(max(max(max4(v0), max4(v1)), max(max4(v2), max4(v3))),
-                          max(max(max4(v4), max4(v5)), max(max4(v6), max4(v7))));
-        let d = largest / 127.0;
-        let inverse = select(0.0, 127.0 / largest, largest > 0.0);
-        let out = token * (params.cols / 8u) + 4u * block;
-        xq[out] = quarter(v0, v1, inverse, d);
-        xq[out + 1u] = quarter(v2, v3, inverse, d);
-        xq[out + 2u] = quarter(v4, v5, inverse, d);
-        xq[out + 3u] = quarter(v6, v7, inverse, d);
+    for (var q = lane; q < params.cols / 8u; q = q + WG) {
+        let at = 2u * q;
+        xq[token * (params.cols / 8u) + q] = quarter(value(base, at, factor), value(base, at + 1u, factor));
     }
 }

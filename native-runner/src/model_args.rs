@@ -58,10 +58,10 @@ pub struct ModelArgs {
     /// built-in crossover; more read the weights once (for measuring it; 1: always once).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), hide = true)]
     pub per_token_products: Option<u32>,
-    /// Products of a few tokens (a batched step's rows) on 8-bit integers, `on` or `off`,
-    /// instead of the built-in choice (for measuring it).
-    #[arg(long, value_parser = parse_on_off, hide = true)]
-    pub int8_products: Option<bool>,
+    /// Decode products on 8-bit integers: `off`, `batched` (steps of several tokens only) or
+    /// `decode` (every step, one token's too), instead of the built-in choice (for measuring it).
+    #[arg(long, value_parser = parse_int8_products, hide = true)]
+    pub int8_products: Option<webshard::gpu::Int8Products>,
     /// Work split of the integer products `LANES,LANES_PER_ROW,TOKENS` (tokens per workgroup
     /// at most, 4 to 16) instead of the built-in one (for measuring it).
     #[arg(long, value_parser = parse_int8_split, hide = true)]
@@ -229,11 +229,13 @@ pub(crate) fn parse_matvec_batch_split(text: &str) -> Result<[u32; 4], String> {
     }
 }
 
-pub(crate) fn parse_on_off(text: &str) -> Result<bool, String> {
+pub(crate) fn parse_int8_products(text: &str) -> Result<webshard::gpu::Int8Products, String> {
+    use webshard::gpu::Int8Products;
     match text {
-        "on" => Ok(true),
-        "off" => Ok(false),
-        _ => Err(format!("`{text}`: want `on` or `off`")),
+        "off" => Ok(Int8Products::Off),
+        "batched" => Ok(Int8Products::Batched),
+        "decode" => Ok(Int8Products::Decode),
+        _ => Err(format!("`{text}`: want `off`, `batched` or `decode`")),
     }
 }
 

@@ -64,6 +64,20 @@ impl BackendChoice {
     }
 }
 
+/// Which decode products run on 8-bit integers (`ops::quant::int8_products`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Int8Products {
+    /// None: every product in f32.
+    #[default]
+    Off,
+    /// Products of several tokens only (batched steps, drafts), for measuring them: a row's
+    /// logits then differ from its single steps' by the quantization of x.
+    Batched,
+    /// Every decode product, one token's too (without the residual fold): a row's tokens are
+    /// the same alone or among others, as the products' arithmetic per token is.
+    Decode,
+}
+
 /// How to set up the device. Defaults use every capability the adapter has.
 #[derive(Debug, Clone, Default)]
 pub struct GpuOptions {
@@ -100,9 +114,9 @@ pub struct GpuOptions {
     /// the built-in crossover (`ops::quant::MATVEC_TOKENS_ON_GPU`), for measuring it
     /// (`--per-token-products`; 1: every product of several tokens reads the weights once).
     pub per_token_products: Option<u32>,
-    /// Whether products of a few tokens run on 8-bit integers (`ops::quant::int8_products`)
-    /// instead of the built-in choice (`--int8-products`).
-    pub int8_products: Option<bool>,
+    /// Which decode products run on 8-bit integers instead of the built-in choice
+    /// (`--int8-products`).
+    pub int8_products: Option<Int8Products>,
     /// Their work split `[lanes, lanes per row, most tokens per workgroup]` instead of the
     /// built-in one, for measuring it (`--int8-split`).
     pub int8_split: Option<[u32; 3]>,
@@ -177,8 +191,8 @@ pub struct Caps {
     pub coop_k_splits: Option<u32>,
     /// `GpuOptions::per_token_products`.
     pub per_token_products: Option<u32>,
-    /// Products of a few tokens on 8-bit integers (`GpuOptions::int8_products`; built in: off).
-    pub int8_products: bool,
+    /// Decode products on 8-bit integers (`GpuOptions::int8_products`; built in: off).
+    pub int8_products: Int8Products,
     /// `GpuOptions::int8_split`.
     pub int8_split: Option<[u32; 3]>,
 }
@@ -328,7 +342,7 @@ impl Gpu {
             streamed_products: options.streamed_products,
             coop_k_splits: options.coop_k_splits,
             per_token_products: options.per_token_products,
-            int8_products: options.int8_products.unwrap_or(false),
+            int8_products: options.int8_products.unwrap_or_default(),
             int8_split: options.int8_split,
         };
         tracing::info!(

@@ -15,7 +15,7 @@ pub mod testing;
 mod weights;
 
 pub use buffer::{poison_f32, read_back, read_f32, storage_buffer, upload_f32, upload_u32, POISON};
-pub use device::{BackendChoice, Caps, Gpu, GpuError, GpuOptions, Variant};
+pub use device::{BackendChoice, Caps, Gpu, GpuError, GpuOptions, Int8Products, Variant};
 pub use graph::DispatchGraph;
 pub use pipeline::{runtime_checks, specialised_source, Kernel, Lib, PipelineKey};
 pub use profile::{CounterSnapshot, DispatchKey, GpuCounters, KernelTimes};

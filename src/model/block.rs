@@ -87,16 +87,14 @@ pub(super) fn qkv_projections_from(rec: &mut Recorder, step: &LayerStep, stream:
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
     stream.check(step);
     if tokens > 1 && fused(rec, step) {
-        for (matrix, bias, out) in separate_projections(step) {
-            let fusion = Fusion {
-                norm: Some((&w.attn_norm.buffer, cfg.rms_eps)),
-                epilogue: bias
-                    .as_ref()
-                    .map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer)),
-                ..Fusion::default()
-            };
-            quant::matvec_tokens(rec, &matrix.view(), &s.hidden, out, &fusion, tokens);
-        }
+        let products = separate_projections(step).map(|(matrix, bias, out)| {
+            let epilogue = bias
+                .as_ref()
+                .map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer));
+            (matrix.view(), out, epilogue)
+        });
+        let norm = Some((&w.attn_norm.buffer, cfg.rms_eps));
+        quant::matvec_tokens_each(rec, &s.hidden, norm, tokens, &products);
         return;
     }
     if tokens == 1 {

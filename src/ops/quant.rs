@@ -14,14 +14,14 @@ pub mod testing;
 use dequant::IQ4_NL_CODEBOOK_CONSTS;
 pub use dequant::{dequant_row_reference, matmul_reference, IQ4_NL_CODEBOOK};
 pub use int8::{
-    int8_products, int8_products_reference, integer_type, quantize_block_reference, quantize_int8,
-    quantize_int8_reference, valid_split as valid_int8_split, INT8_MOST_TOKENS,
+    int8_products, int8_products_reference, integer_type, quantize_int8, quantize_int8_reference,
+    quantize_quarter_reference, valid_split as valid_int8_split, INT8_MOST_TOKENS,
 };
 pub use matmul::matmul_product;
 pub use matmul::{coop_k_splits, uses_coop_matrix, MatmulTile};
 pub use matvec::{
-    matvec, matvec_reference, matvec_tokens, residual_fold_supported, shares_part, Epilogue,
-    Fusion, ReferenceEpilogue, Residual,
+    matvec, matvec_reference, matvec_tokens, matvec_tokens_each, residual_fold_supported,
+    shares_part, Epilogue, Fusion, ReferenceEpilogue, Residual,
 };
 use table::KERNEL_CODES;
 pub use table::{QuantType, ENGINE_SUPPORTED};

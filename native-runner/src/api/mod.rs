@@ -112,10 +112,10 @@ pub struct ApiArgs {
     /// --per-token-products`).
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64), hide = true)]
     pub per_token_products: Option<u32>,
-    /// Batched steps' products on 8-bit integers, `on` or `off` (for measuring it; see `runner
-    /// bench --int8-products`).
-    #[arg(long, value_parser = crate::model_args::parse_on_off, hide = true)]
-    pub int8_products: Option<bool>,
+    /// Decode products on 8-bit integers, `off`, `batched` or `decode` (for measuring it; see
+    /// `runner bench --int8-products`).
+    #[arg(long, value_parser = crate::model_args::parse_int8_products, hide = true)]
+    pub int8_products: Option<webshard::gpu::Int8Products>,
     /// Speculative decoding for the requests that do not ask themselves (`webshard_spec`):
     /// a request running alone drafts from its prompt and verifies each draft in one step.
     #[command(flatten)]

@@ -1,12 +1,12 @@
 //! Integer products of a few tokens (a batched decode step's rows): x quantized to 8 bits per
-//! block of 32 values, its RMS norm folded in (`wgsl/quantize_int8.wgsl`), then each weight unit
+//! 8 values, its RMS norm folded in (`wgsl/quantize_int8.wgsl`), then each weight unit
 //! decoded once to 8-bit integers for up to 16 tokens and multiplied with `dot4I8Packed`
 //! (`wgsl/matvec_int8.wgsl`, the per-type decoding in `wgsl/dequant_int8.wgsl`), with the
 //! epilogues of `matvec`. The f32 products decode each weight once per token, which bounds a
 //! batched step (docs/perf.md, sessions 16-31). CPU references: `quantize_int8_reference` and
 //! `int8_products_reference`.
 
-use crate::gpu::{Gpu, Kernel, Lib, Recorder};
+use crate::gpu::{Gpu, Int8Products, Kernel, Lib, Recorder};
 use crate::ops::norm::rms_norm_reference;
 
 use super::matvec::{matvec_reference, shares_part, Epilogue, Fusion, ReferenceEpilogue};
@@ -36,8 +36,8 @@ const MATVEC_INT8: Kernel = Kernel {
 
 const QUANTIZE_WG: u32 = 64;
 
-/// Values per scale of quantized x.
-const BLOCK: usize = 32;
+/// Values per scale of quantized x (a quarter of a weight unit).
+const QUARTER: usize = 8;
 
 /// Most tokens one workgroup multiplies (four vec4s of sums a row).
 pub const INT8_MOST_TOKENS: u32 = 16;
@@ -51,10 +51,16 @@ pub fn integer_type(quant: QuantType) -> bool {
 }
 
 /// Whether this GPU multiplies `tokens` tokens with `w` on integers: the device's choice
-/// (`Caps::int8_products`), several tokens, an integer type, and no residual fold (one
-/// token's fusion).
+/// (`Caps::int8_products`: several tokens, or every step), an integer type, and no residual
+/// fold (one token's fusion, which `residual_fold_supported` turns down where one token's
+/// products are on integers).
 pub fn int8_applies(gpu: &Gpu, w: &QuantMatrix, fusion: &Fusion, tokens: u32) -> bool {
-    gpu.caps.int8_products && tokens > 1 && fusion.residual.is_none() && integer_type(w.quant)
+    let steps = match gpu.caps.int8_products {
+        Int8Products::Off => false,
+        Int8Products::Batched => tokens > 1,
+        Int8Products::Decode => true,
+    };
+    steps && fusion.residual.is_none() && integer_type(w.quant)
 }
 
 /// Whether a work split `[lanes, lanes per row, most tokens]` is one the kernel takes.
@@ -105,7 +111,7 @@ pub fn quantize_int8(
     tokens: u32,
     cols: u32,
 ) -> wgpu::Buffer {
-    assert!(cols.is_multiple_of(BLOCK as u32), "int8 activations: {cols} columns");
+    assert!(cols.is_multiple_of(32), "int8 activations: {cols} columns");
     let gpu = rec.gpu();
     let xq = gpu.kept_storage("int8 activations", u64::from(tokens) * u64::from(cols) * 2);
     let consts = [("WG", QUANTIZE_WG), ("NORM", u32::from(norm.is_some()))];
@@ -148,7 +154,11 @@ pub fn int8_products(
     );
     let gpu = rec.gpu();
     let [wg, threads_per_row, most] = gpu.caps.int8_split.unwrap_or(DEFAULT_SPLIT);
-    let per_group = tokens.next_multiple_of(4).min(most);
+    // One token (a lone decode step) is a workgroup of its own; more, in fours.
+    let per_group = match tokens {
+        1 => 1,
+        _ => tokens.next_multiple_of(4).min(most),
+    };
     let up_rows = match fusion.epilogue {
         Epilogue::Glu(up, _) => {
             assert!(shares_part(w, &up), "GLU: gate and up in different parts");
@@ -198,11 +208,11 @@ pub fn int8_products(
     }
 }
 
-/// One block of 32 values as the kernel quantizes it: (q, d) with value ≈ d * q.
-pub fn quantize_block_reference(values: &[f32]) -> ([i8; BLOCK], f32) {
+/// One quarter of 8 values as the kernel quantizes it: (q, d) with value ≈ d * q.
+pub fn quantize_quarter_reference(values: &[f32]) -> ([i8; QUARTER], f32) {
     let largest = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let inverse = if largest > 0.0 { 127.0 / largest } else { 0.0 };
-    let mut q = [0i8; BLOCK];
+    let mut q = [0i8; QUARTER];
     for (slot, v) in q.iter_mut().zip(values) {
         *slot = (v * inverse).round_ties_even() as i8;
     }
@@ -210,16 +220,16 @@ pub fn quantize_block_reference(values: &[f32]) -> ([i8; BLOCK], f32) {
 }
 
 /// x (`[tokens, cols]`) as the integer products multiply it: RMS-normalised with `norm` if
-/// given, then each block of 32 values d * q.
+/// given, then each quarter of 8 values d * q.
 pub fn quantize_int8_reference(x: &[f32], norm: Option<(&[f32], f32)>) -> Vec<f32> {
     let input = match norm {
         Some((weight, eps)) => rms_norm_reference(x, weight, eps),
         None => x.to_vec(),
     };
     input
-        .chunks(BLOCK)
-        .flat_map(|block| {
-            let (q, d) = quantize_block_reference(block);
+        .chunks(QUARTER)
+        .flat_map(|quarter| {
+            let (q, d) = quantize_quarter_reference(quarter);
             q.map(|v| d * f32::from(v))
         })
         .collect()

@@ -283,6 +283,7 @@ pub fn residual_fold_supported(rec: &Recorder, w: &QuantMatrix, epilogue: &Epilo
         1
     };
     caps.max_storage_bindings >= RESIDUAL_STORAGE_BINDINGS
+        && caps.int8_products != crate::gpu::Int8Products::Decode
         && stages_x(rec, w, &shape)
         && shape.rows_per_thread * halves <= 4
 }
@@ -417,6 +418,42 @@ pub fn matvec_tokens(
             &bindings,
             [tokens.div_ceil(per_group), groups_x, groups_y],
         );
+    }
+}
+
+/// `matvec_tokens` of one input `x`, normalised with `norm`, by each of `products` (matrix,
+/// output, epilogue) in order. Where the integer products take them all, x is quantized once
+/// for all of them rather than once a product (a batched step's q, k and v: two dispatches
+/// fewer a layer).
+pub fn matvec_tokens_each(
+    rec: &mut Recorder,
+    x: &wgpu::Buffer,
+    norm: Option<(&wgpu::Buffer, f32)>,
+    tokens: u32,
+    products: &[(QuantMatrix, &wgpu::Buffer, Epilogue)],
+) {
+    let fusion = |epilogue| Fusion {
+        residual: None,
+        norm,
+        epilogue,
+        out_offset: 0,
+    };
+    let gpu = rec.gpu();
+    let integer = products
+        .iter()
+        .all(|(w, _, epilogue)| super::int8::int8_applies(gpu, w, &fusion(*epilogue), tokens));
+    match (integer, products.first()) {
+        (true, Some((first, ..))) => {
+            let xq = super::int8::quantize_int8(rec, x, norm, tokens, first.cols);
+            for (w, out, epilogue) in products {
+                super::int8::int8_products(rec, w, &xq, out, &fusion(*epilogue), tokens);
+            }
+        }
+        _ => {
+            for (w, out, epilogue) in products {
+                matvec_tokens(rec, w, x, out, &fusion(*epilogue), tokens);
+            }
+        }
     }
 }
 
