@@ -85,15 +85,36 @@ fn unit_bf16(block: u32) -> Unit {
                 bf16x4(c.xy), bf16x4(c.zw), bf16x4(d.xy), bf16x4(d.zw));
 }
 
-// Sixteen 4- or 5-bit quants from four words: low nibbles are elements 0..16 of the unit,
-// high nibbles 16..32 (fifth bits, if any, already merged in), as q * scale + offset.
-fn nibble_unit(low: vec4<u32>, high: vec4<u32>, scale: f32, offset: f32) -> Unit {
-    let s = vec4<f32>(scale);
-    let o = vec4<f32>(offset);
-    return Unit(fma(bytes_of(low.x), s, o), fma(bytes_of(low.y), s, o),
-                fma(bytes_of(low.z), s, o), fma(bytes_of(low.w), s, o),
-                fma(bytes_of(high.x), s, o), fma(bytes_of(high.y), s, o),
-                fma(bytes_of(high.z), s, o), fma(bytes_of(high.w), s, o));
+// A unit as four quarters of 8 integer values (4 to a word, as bytes) with one scale and one
+// offset each: value = scale[j] * q + offset[j]. Every integer type but Q8_0 and the IQ4
+// codebooks (signed bytes) decodes through it, for the f32 products (`unit_of_quarters`) and
+// the integer ones (wgsl/dequant_int8.wgsl) alike. Quarter j is vec4s 2j and 2j + 1 of the Unit.
+struct IntUnit {
+    // Words of quarters 0 and 1 (xy, zw), then of quarters 2 and 3.
+    low: vec4<u32>,
+    high: vec4<u32>,
+    scale: vec4<f32>,
+    offset: vec4<f32>,
+}
+
+fn nibbles_low(q: vec4<u32>) -> vec4<u32> {
+    return q & vec4<u32>(0x0f0f0f0fu);
+}
+
+fn nibbles_high(q: vec4<u32>) -> vec4<u32> {
+    return (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
+}
+
+// The f32 values of a unit of unsigned integer quarters.
+fn unit_of_quarters(u: IntUnit) -> Unit {
+    return Unit(fma(bytes_of(u.low.x), vec4<f32>(u.scale.x), vec4<f32>(u.offset.x)),
+                fma(bytes_of(u.low.y), vec4<f32>(u.scale.x), vec4<f32>(u.offset.x)),
+                fma(bytes_of(u.low.z), vec4<f32>(u.scale.y), vec4<f32>(u.offset.y)),
+                fma(bytes_of(u.low.w), vec4<f32>(u.scale.y), vec4<f32>(u.offset.y)),
+                fma(bytes_of(u.high.x), vec4<f32>(u.scale.z), vec4<f32>(u.offset.z)),
+                fma(bytes_of(u.high.y), vec4<f32>(u.scale.z), vec4<f32>(u.offset.z)),
+                fma(bytes_of(u.high.z), vec4<f32>(u.scale.w), vec4<f32>(u.offset.w)),
+                fma(bytes_of(u.high.w), vec4<f32>(u.scale.w), vec4<f32>(u.offset.w)));
 }
 
 fn words4_at2(byte: u32) -> vec4<u32> {
@@ -111,38 +132,53 @@ fn fifth_bits4(qh: u32) -> vec4<u32> {
     return ((nibbles * 0x00204081u) & vec4<u32>(0x01010101u)) << vec4<u32>(4u);
 }
 
-// Q4_0: d, qs[16]; value = (q - 8) * d. Word k of qs holds elements 4k.. (low) and 16 + 4k..
-fn unit_q4_0(block: u32) -> Unit {
+// Q4_0: d, qs[16]; value = d * q - 8d. Word k of qs holds elements 4k.. (low nibbles) and
+// 16 + 4k.. (high): quarters 0 and 1 are the low nibbles, 2 and 3 the high ones.
+fn int_q4_0(block: u32) -> IntUnit {
     let d = f16_at(block);
     let q = words4_at2(block + 2u);
-    return nibble_unit(q & vec4<u32>(0x0f0f0f0fu), (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu), d, -8.0 * d);
+    return IntUnit(nibbles_low(q), nibbles_high(q), vec4<f32>(d), vec4<f32>(-8.0 * d));
 }
 
-// Q4_1: d, m, qs[16]; value = q * d + m.
-fn unit_q4_1(block: u32) -> Unit {
+// Q4_1: d, m, qs[16]; value = d * q + m.
+fn int_q4_1(block: u32) -> IntUnit {
     let dm = unpack2x16float(word_at(block));
     let q = words4_at(block + 4u);
-    return nibble_unit(q & vec4<u32>(0x0f0f0f0fu), (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu), dm.x, dm.y);
+    return IntUnit(nibbles_low(q), nibbles_high(q), vec4<f32>(dm.x), vec4<f32>(dm.y));
 }
 
-// Q5_0: d, qh (32 fifth bits), qs[16]; value = (q - 16) * d.
-fn unit_q5_0(block: u32) -> Unit {
+// Q5_0: d, qh (32 fifth bits), qs[16]; value = d * q - 16d, q with its fifth bit.
+fn int_q5_0(block: u32) -> IntUnit {
     let d = f16_at(block);
     let qh = word_at2(block + 2u);
     let q = words4_at2(block + 6u);
-    let low = (q & vec4<u32>(0x0f0f0f0fu)) | fifth_bits4(qh);
-    let high = ((q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu)) | fifth_bits4(qh >> 16u);
-    return nibble_unit(low, high, d, -16.0 * d);
+    return IntUnit(nibbles_low(q) | fifth_bits4(qh), nibbles_high(q) | fifth_bits4(qh >> 16u),
+                   vec4<f32>(d), vec4<f32>(-16.0 * d));
 }
 
-// Q5_1: d, m, qh, qs[16]; value = q * d + m.
-fn unit_q5_1(block: u32) -> Unit {
+// Q5_1: d, m, qh, qs[16]; value = d * q + m.
+fn int_q5_1(block: u32) -> IntUnit {
     let dm = unpack2x16float(word_at(block));
     let qh = word_at(block + 4u);
     let q = words4_at(block + 8u);
-    let low = (q & vec4<u32>(0x0f0f0f0fu)) | fifth_bits4(qh);
-    let high = ((q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu)) | fifth_bits4(qh >> 16u);
-    return nibble_unit(low, high, dm.x, dm.y);
+    return IntUnit(nibbles_low(q) | fifth_bits4(qh), nibbles_high(q) | fifth_bits4(qh >> 16u),
+                   vec4<f32>(dm.x), vec4<f32>(dm.y));
+}
+
+fn unit_q4_0(block: u32) -> Unit {
+    return unit_of_quarters(int_q4_0(block));
+}
+
+fn unit_q4_1(block: u32) -> Unit {
+    return unit_of_quarters(int_q4_1(block));
+}
+
+fn unit_q5_0(block: u32) -> Unit {
+    return unit_of_quarters(int_q5_0(block));
+}
+
+fn unit_q5_1(block: u32) -> Unit {
+    return unit_of_quarters(int_q5_1(block));
 }
 
 fn i8x4(word: u32, d: f32) -> vec4<f32> {
@@ -175,47 +211,52 @@ fn scale_min_k4(scales: vec3<u32>, j: u32) -> vec2<f32> {
 
 // Q4_K and Q5_K unit u: pair p = u / 2 of sub-blocks (2p in the low nibbles, 2p + 1 in the
 // high ones), half u % 2 of the pair's 32 qs bytes: elements 64p + 16h + 0..16 and
-// 64p + 32 + 16h + 0..16. `low`/`high` are the quants with fifth bits merged in.
-fn k_quant_unit(header: vec4<u32>, pair: u32, low: vec4<u32>, high: vec4<u32>) -> Unit {
-    let dm = unpack2x16float(header.x);
-    let scales = header.yzw;
-    let scale_low = scale_min_k4(scales, 2u * pair) * dm;
-    let scale_high = scale_min_k4(scales, 2u * pair + 1u) * dm;
-    let s_low = vec4<f32>(scale_low.x);
-    let o_low = vec4<f32>(-scale_low.y);
-    let s_high = vec4<f32>(scale_high.x);
-    let o_high = vec4<f32>(-scale_high.y);
-    return Unit(fma(bytes_of(low.x), s_low, o_low), fma(bytes_of(low.y), s_low, o_low),
-                fma(bytes_of(low.z), s_low, o_low), fma(bytes_of(low.w), s_low, o_low),
-                fma(bytes_of(high.x), s_high, o_high), fma(bytes_of(high.y), s_high, o_high),
-                fma(bytes_of(high.z), s_high, o_high), fma(bytes_of(high.w), s_high, o_high));
-}
-
-// Q4_K: d, dmin, scales[12], qs[128]; value = d * scale * q - dmin * min.
-fn unit_q4_k(block: u32, unit: u32) -> Unit {
-    let pair = unit / 2u;
-    let q = vec4_at(block + 16u + 32u * pair + 16u * (unit % 2u));
-    let low = q & vec4<u32>(0x0f0f0f0fu);
-    let high = (q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu);
-    return k_quant_unit(vec4_at(block), pair, low, high);
-}
-
+// 64p + 32 + 16h + 0..16. Q4_K: d, dmin, scales[12], qs[128]; value = d * scale * q - dmin * min.
 // Q5_K: Q4_K's layout plus qh[32]; the fifth bit of element l of pair p is bit 2p (low
 // nibbles) or 2p + 1 (high nibbles) of qh[l].
-fn unit_q5_k(block: u32, unit: u32) -> Unit {
+// Q6_K: ql[128], qh[64], scales[16] (i8), d. Unit u covers half n = u / 4 and l in
+// l0 = 8 * (u % 4) .. l0 + 8, i.e. elements 128n + l0 + 32j + 0..8 for the quarters j = 0..3
+// (value = s_j * q - 32 s_j); the 6-bit quants are assembled four at a time with byte-parallel
+// word operations.
+// Q2_K: scales[16], qs[64], d, dmin. Q6_K's units: bytes qs[32n + l0 .. + 8] hold quarter j in
+// bits 2j..2j + 1, with scale byte 8n + 2j + l0 / 16 (low nibble scale, high nibble min).
+// Q3_K: hmask[32], qs[64], scales[12], d. Q2_K's units and element order; the third bit of
+// quarter j of half n is bit 4n + j of hmask[l0 .. l0 + 8]: value = d * scale * (q - 4).
+// The signed 6-bit scale s of Q3_K from its 12 packed bytes: the low four bits are nibble
+// s / 8 of byte s % 8, the top two bits bits 2 * (s / 4) of byte 8 + s % 4; offset 32.
+fn q3_k_scale(scales: vec3<u32>, s: u32) -> f32 {
+    let low = (scale_byte(scales, s % 8u) >> (4u * (s / 8u))) & 0xfu;
+    let high = (scale_byte(scales, 8u + s % 4u) >> (2u * (s / 4u))) & 3u;
+    return f32(i32(low | (high << 4u)) - 32);
+}
+
+// Q4_K and Q5_K: quarters 0 and 1 are sub-block 2p's (low nibbles), 2 and 3 sub-block 2p + 1's.
+fn int_k_quant(header: vec4<u32>, pair: u32, low: vec4<u32>, high: vec4<u32>) -> IntUnit {
+    let dm = unpack2x16float(header.x);
+    let scale_low = scale_min_k4(header.yzw, 2u * pair) * dm;
+    let scale_high = scale_min_k4(header.yzw, 2u * pair + 1u) * dm;
+    return IntUnit(low, high, vec4<f32>(scale_low.xx, scale_high.xx),
+                   -vec4<f32>(scale_low.yy, scale_high.yy));
+}
+
+fn int_q4_k(block: u32, unit: u32) -> IntUnit {
+    let pair = unit / 2u;
+    let q = vec4_at(block + 16u + 32u * pair + 16u * (unit % 2u));
+    return int_k_quant(vec4_at(block), pair, nibbles_low(q), nibbles_high(q));
+}
+
+fn int_q5_k(block: u32, unit: u32) -> IntUnit {
     let pair = unit / 2u;
     let q = vec4_at(block + 48u + 32u * pair + 16u * (unit % 2u));
     let h = vec4_at(block + 16u + 16u * (unit % 2u)) >> vec4<u32>(2u * pair);
     let ones = vec4<u32>(0x01010101u);
-    let low = (q & vec4<u32>(0x0f0f0f0fu)) | ((h & ones) << vec4<u32>(4u));
-    let high = ((q >> vec4<u32>(4u)) & vec4<u32>(0x0f0f0f0fu)) | (((h >> vec4<u32>(1u)) & ones) << vec4<u32>(4u));
-    return k_quant_unit(vec4_at(block), pair, low, high);
+    let low = nibbles_low(q) | ((h & ones) << vec4<u32>(4u));
+    let high = nibbles_high(q) | (((h >> vec4<u32>(1u)) & ones) << vec4<u32>(4u));
+    return int_k_quant(vec4_at(block), pair, low, high);
 }
 
-// Q6_K: ql[128], qh[64], scales[16] (i8), d. Unit u covers half n = u / 4 and l in
-// l0 = 8 * (u % 4) .. l0 + 8, i.e. elements 128n + l0 + 32j + 0..8 for the quarters j = 0..3.
-// The 6-bit quants are assembled four at a time with byte-parallel word operations.
-fn unit_q6_k(block: u32, unit: u32) -> Unit {
+// Q6_K: quarter j is shift j of the unit's bytes, with its own scale: value = s * q - 32s.
+fn int_q6_k(block: u32, unit: u32) -> IntUnit {
     let d = f16_at(block + 208u);
     let half = unit / 4u;
     let l0 = 8u * (unit % 4u);
@@ -224,7 +265,6 @@ fn unit_q6_k(block: u32, unit: u32) -> Unit {
     let scales_high = unpack4xI8(word_at2(block + 196u + 8u * half));
     let scale = d * vec4<f32>(f32(scales_low[is]), f32(scales_low[is + 2u]),
                               f32(scales_high[is]), f32(scales_high[is + 2u]));
-    let offset = -32.0 * scale;
     let ql = block + 64u * half + l0;
     let a = vec2<u32>(word_at2(ql), word_at2(ql + 4u));
     let b = vec2<u32>(word_at2(ql + 32u), word_at2(ql + 36u));
@@ -236,58 +276,29 @@ fn unit_q6_k(block: u32, unit: u32) -> Unit {
     let q2 = (b & nibble) | (((h >> vec2<u32>(2u)) & two) << vec2<u32>(4u));
     let q3 = ((a >> vec2<u32>(4u)) & nibble) | (((h >> vec2<u32>(4u)) & two) << vec2<u32>(4u));
     let q4 = ((b >> vec2<u32>(4u)) & nibble) | (((h >> vec2<u32>(6u)) & two) << vec2<u32>(4u));
-    return Unit(fma(bytes_of(q1.x), vec4<f32>(scale.x), vec4<f32>(offset.x)),
-                fma(bytes_of(q1.y), vec4<f32>(scale.x), vec4<f32>(offset.x)),
-                fma(bytes_of(q2.x), vec4<f32>(scale.y), vec4<f32>(offset.y)),
-                fma(bytes_of(q2.y), vec4<f32>(scale.y), vec4<f32>(offset.y)),
-                fma(bytes_of(q3.x), vec4<f32>(scale.z), vec4<f32>(offset.z)),
-                fma(bytes_of(q3.y), vec4<f32>(scale.z), vec4<f32>(offset.z)),
-                fma(bytes_of(q4.x), vec4<f32>(scale.w), vec4<f32>(offset.w)),
-                fma(bytes_of(q4.y), vec4<f32>(scale.w), vec4<f32>(offset.w)));
+    return IntUnit(vec4<u32>(q1, q2), vec4<u32>(q3, q4), scale, -32.0 * scale);
 }
 
-// Q2_K: scales[16], qs[64], d, dmin. Q6_K's units: unit u covers half n = u / 4 and
-// l0 = 8 * (u % 4); bytes qs[32n + l0 .. + 8] hold elements 128n + l0 + 32j + 0..8 in bits
-// 2j..2j + 1, with scale byte 8n + 2j + l0 / 16 (low nibble scale, high nibble min).
-// value = d * scale * q - dmin * min.
-fn unit_q2_k(block: u32, unit: u32) -> Unit {
+// Q2_K: quarter j is shift 2j of the unit's bytes: value = d * scale * q - dmin * min.
+fn int_q2_k(block: u32, unit: u32) -> IntUnit {
     let dm = unpack2x16float(word_at(block + 80u));
     let half = unit / 4u;
     let l0 = 8u * (unit % 4u);
     let q = vec2<u32>(word_at(block + 16u + 32u * half + l0), word_at(block + 20u + 32u * half + l0));
-    // Scale bytes 8n + h + 2j for j = 0..3: bytes h and h + 2 of each of the half's two words.
     let s = vec2<u32>(word_at(block + 8u * half), word_at(block + 8u * half + 4u));
     let at = 8u * (l0 / 16u);
     let packed = vec4<u32>(s.x >> at, s.x >> (at + 16u), s.y >> at, s.y >> (at + 16u)) & vec4<u32>(0xffu);
-    let scale = dm.x * vec4<f32>(packed & vec4<u32>(0xfu));
-    let offset = -dm.y * vec4<f32>(packed >> vec4<u32>(4u));
     let three = vec2<u32>(0x03030303u);
     let q0 = q & three;
     let q1 = (q >> vec2<u32>(2u)) & three;
     let q2 = (q >> vec2<u32>(4u)) & three;
     let q3 = (q >> vec2<u32>(6u)) & three;
-    return Unit(fma(bytes_of(q0.x), vec4<f32>(scale.x), vec4<f32>(offset.x)),
-                fma(bytes_of(q0.y), vec4<f32>(scale.x), vec4<f32>(offset.x)),
-                fma(bytes_of(q1.x), vec4<f32>(scale.y), vec4<f32>(offset.y)),
-                fma(bytes_of(q1.y), vec4<f32>(scale.y), vec4<f32>(offset.y)),
-                fma(bytes_of(q2.x), vec4<f32>(scale.z), vec4<f32>(offset.z)),
-                fma(bytes_of(q2.y), vec4<f32>(scale.z), vec4<f32>(offset.z)),
-                fma(bytes_of(q3.x), vec4<f32>(scale.w), vec4<f32>(offset.w)),
-                fma(bytes_of(q3.y), vec4<f32>(scale.w), vec4<f32>(offset.w)));
+    return IntUnit(vec4<u32>(q0, q1), vec4<u32>(q2, q3), dm.x * vec4<f32>(packed & vec4<u32>(0xfu)),
+                   -dm.y * vec4<f32>(packed >> vec4<u32>(4u)));
 }
 
-// The signed 6-bit scale s of Q3_K from its 12 packed bytes: the low four bits are nibble
-// s / 8 of byte s % 8, the top two bits bits 2 * (s / 4) of byte 8 + s % 4; offset 32.
-fn q3_k_scale(scales: vec3<u32>, s: u32) -> f32 {
-    let low = (scale_byte(scales, s % 8u) >> (4u * (s / 8u))) & 0xfu;
-    let high = (scale_byte(scales, 8u + s % 4u) >> (2u * (s / 4u))) & 3u;
-    return f32(i32(low | (high << 4u)) - 32);
-}
-
-// Q3_K: hmask[32], qs[64], scales[12], d. Q2_K's units and element order; the third bit of
-// the elements of shift j of half n is bit 4n + j of hmask[l0 .. l0 + 8], and a clear bit
-// subtracts 4: value = d * scale * (q - 4), q = low bits | third bit << 2.
-fn unit_q3_k(block: u32, unit: u32) -> Unit {
+// Q3_K: Q2_K's quarters with the third bit: value = d * scale * q - 4 * d * scale.
+fn int_q3_k(block: u32, unit: u32) -> IntUnit {
     let d = f16_at(block + 108u);
     let half = unit / 4u;
     let l0 = 8u * (unit % 4u);
@@ -295,7 +306,6 @@ fn unit_q3_k(block: u32, unit: u32) -> Unit {
     let first = 8u * half + l0 / 16u;
     let scale = d * vec4<f32>(q3_k_scale(scales, first), q3_k_scale(scales, first + 2u),
                               q3_k_scale(scales, first + 4u), q3_k_scale(scales, first + 6u));
-    let offset = -4.0 * scale;
     let qs = block + 32u + 32u * half + l0;
     let q = vec2<u32>(word_at2(qs), word_at2(qs + 4u));
     let h = vec2<u32>(word_at2(block + l0), word_at2(block + l0 + 4u)) >> vec2<u32>(4u * half);
@@ -305,14 +315,27 @@ fn unit_q3_k(block: u32, unit: u32) -> Unit {
     let q1 = ((q >> vec2<u32>(2u)) & three) | (((h >> vec2<u32>(1u)) & ones) << vec2<u32>(2u));
     let q2 = ((q >> vec2<u32>(4u)) & three) | (((h >> vec2<u32>(2u)) & ones) << vec2<u32>(2u));
     let q3 = ((q >> vec2<u32>(6u)) & three) | (((h >> vec2<u32>(3u)) & ones) << vec2<u32>(2u));
-    return Unit(fma(bytes_of(q0.x), vec4<f32>(scale.x), vec4<f32>(offset.x)),
-                fma(bytes_of(q0.y), vec4<f32>(scale.x), vec4<f32>(offset.x)),
-                fma(bytes_of(q1.x), vec4<f32>(scale.y), vec4<f32>(offset.y)),
-                fma(bytes_of(q1.y), vec4<f32>(scale.y), vec4<f32>(offset.y)),
-                fma(bytes_of(q2.x), vec4<f32>(scale.z), vec4<f32>(offset.z)),
-                fma(bytes_of(q2.y), vec4<f32>(scale.z), vec4<f32>(offset.z)),
-                fma(bytes_of(q3.x), vec4<f32>(scale.w), vec4<f32>(offset.w)),
-                fma(bytes_of(q3.y), vec4<f32>(scale.w), vec4<f32>(offset.w)));
+    return IntUnit(vec4<u32>(q0, q1), vec4<u32>(q2, q3), scale, -4.0 * scale);
+}
+
+fn unit_q4_k(block: u32, unit: u32) -> Unit {
+    return unit_of_quarters(int_q4_k(block, unit));
+}
+
+fn unit_q5_k(block: u32, unit: u32) -> Unit {
+    return unit_of_quarters(int_q5_k(block, unit));
+}
+
+fn unit_q6_k(block: u32, unit: u32) -> Unit {
+    return unit_of_quarters(int_q6_k(block, unit));
+}
+
+fn unit_q2_k(block: u32, unit: u32) -> Unit {
+    return unit_of_quarters(int_q2_k(block, unit));
+}
+
+fn unit_q3_k(block: u32, unit: u32) -> Unit {
+    return unit_of_quarters(int_q3_k(block, unit));
 }
 
 // Level `nibble` of the non-linear codebook: byte nibble % 4 of word nibble / 4, sign-extended.

@@ -9,7 +9,7 @@
 use crate::gpu::{Gpu, Int8Products, Kernel, Lib, Recorder};
 use crate::ops::norm::rms_norm_reference;
 
-use super::matvec::{matvec_reference, shares_part, Epilogue, Fusion, ReferenceEpilogue};
+use super::matvec::{glu_up_rows, matvec_reference, Fusion, ReferenceEpilogue};
 use super::{fold_groups, QuantMatrix, QuantType, IQ4_NL_CODEBOOK_CONSTS, KERNEL_CODES};
 
 const QUANTIZE: Kernel = Kernel {
@@ -159,13 +159,7 @@ pub fn int8_products(
         1 => 1,
         _ => tokens.next_multiple_of(4).min(most),
     };
-    let up_rows = match fusion.epilogue {
-        Epilogue::Glu(up, _) => {
-            assert!(shares_part(w, &up), "GLU: gate and up in different parts");
-            Some(up.row_offset.wrapping_sub(w.row_offset))
-        }
-        _ => None,
-    };
+    let up_rows = glu_up_rows(w, &fusion.epilogue);
     let mut consts = vec![
         ("WG", wg),
         ("TPR", threads_per_row),

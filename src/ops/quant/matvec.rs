@@ -204,6 +204,17 @@ pub fn shares_part(a: &QuantMatrix, b: &QuantMatrix) -> bool {
         && (a.quant, a.cols, a.rows) == (b.quant, b.cols, b.rows)
 }
 
+/// The GLU epilogue's up rows, as a row offset from the gate rows `w` in the same buffer.
+pub(super) fn glu_up_rows(w: &QuantMatrix, epilogue: &Epilogue) -> Option<u32> {
+    match epilogue {
+        Epilogue::Glu(up, _) => {
+            assert!(shares_part(w, up), "GLU: gate and up in different parts");
+            Some(up.row_offset.wrapping_sub(w.row_offset))
+        }
+        _ => None,
+    }
+}
+
 #[repr(C)]
 #[derive(Debug, Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 struct MatvecParams {
@@ -348,14 +359,7 @@ pub fn matvec_tokens(
         (false, true) => &MATVEC_RESIDUAL,
     };
     let threads_per_row = row_threads(rec, &shape);
-    // The GLU epilogue's up rows, as a row offset from the gate rows in the same buffer.
-    let up_rows = match fusion.epilogue {
-        Epilogue::Glu(up, _) => {
-            assert!(shares_part(w, &up), "GLU: gate and up in different parts");
-            Some(up.row_offset.wrapping_sub(w.row_offset))
-        }
-        _ => None,
-    };
+    let up_rows = glu_up_rows(w, &fusion.epilogue);
     let stage = stages_x(rec, w, &shape);
     assert!(
         !residual || (stage && tokens == 1 && per_group == 1),
