@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use webshard::gpu::{self, testing, Gpu, GpuOptions, Recorder, Variant};
 use webshard::ops::attention::{
-    attention_decode, attention_prefill, kv_write, AttentionParams, KvCache,
+    attention_decode, attention_prefill, kv_write, AttentionCall, AttentionParams, KvCache,
 };
 
 /// (name, heads, kv heads, head_dim)
@@ -70,17 +70,25 @@ fn time_calls(
     let mut rec = Recorder::with_variant(gpu, variant);
     kv_write(&mut rec, &cache, 0, &k, &v, 0, ctx);
     rec.submit();
-    let call = if tokens == 1 {
+    let entry = if tokens == 1 {
         attention_decode
     } else {
         attention_prefill
+    };
+    let call = AttentionCall {
+        q: &q,
+        cache: &cache,
+        layer: 0,
+        out: &out,
+        start_pos,
+        tokens,
     };
     let mut best = f64::MAX;
     // The first submit also compiles the pipelines.
     for _ in 0..4 {
         let mut rec = Recorder::with_variant(gpu, variant);
         for _ in 0..calls {
-            call(&mut rec, &q, &cache, 0, &out, start_pos, tokens, p);
+            entry(&mut rec, &call, p);
         }
         let started = Instant::now();
         pollster::block_on(rec.submit_and_read(&out, 0, 4)).expect("read");

@@ -15,7 +15,8 @@ use std::time::Instant;
 use webshard::gpu::{self, testing, BackendChoice, Gpu, GpuOptions, Recorder, Variant};
 use webshard::ops::attention::{
     attention, attention_decode, attention_prefill, attention_reference, bidirectional_attention,
-    bidirectional_attention_reference, decode_supported, kv_write, AttentionParams, KvCache,
+    bidirectional_attention_reference, decode_supported, kv_write, AttentionCall, AttentionParams,
+    KvCache,
 };
 
 #[derive(Debug, Clone, Copy)]
@@ -68,22 +69,6 @@ pub(crate) enum Path {
     Prefill,
     /// `bidirectional_attention`: no causal mask (start_pos 0 only).
     Bidirectional,
-}
-
-/// `bidirectional_attention` in the signature of the causal entry points.
-#[allow(clippy::too_many_arguments)]
-fn bidirectional(
-    rec: &mut Recorder,
-    q: &wgpu::Buffer,
-    cache: &KvCache,
-    layer: u32,
-    out: &wgpu::Buffer,
-    start_pos: u32,
-    tokens: u32,
-    p: &AttentionParams,
-) {
-    assert_eq!(start_pos, 0, "bidirectional cases start at position 0");
-    bidirectional_attention(rec, q, cache, layer, out, tokens, p);
 }
 
 /// The cache holds this layer's data; the layer before it holds different data, so a wrong
@@ -204,15 +189,22 @@ impl Case {
             self.start_pos,
             self.tokens,
         );
-        let call = match path {
+        let entry = match path {
             Path::Auto => attention,
             Path::Decode => attention_decode,
             Path::Prefill => attention_prefill,
-            Path::Bidirectional => bidirectional,
+            Path::Bidirectional => bidirectional_attention,
         };
-        let (start, tokens, p) = (self.start_pos, self.tokens, &self.params);
+        let call = AttentionCall {
+            q: &q,
+            cache: &cache,
+            layer: LAYER,
+            out: &out,
+            start_pos: self.start_pos,
+            tokens: self.tokens,
+        };
         let before = rec.dispatch_count();
-        call(&mut rec, &q, &cache, LAYER, &out, start, tokens, p);
+        entry(&mut rec, &call, &self.params);
         let dispatches = rec.dispatch_count() - before;
         let bytes = pollster::block_on(rec.submit_and_read(&out, 0, (self.q.len() * 4) as u64));
         (bytemuck::pod_collect_to_vec(&bytes.unwrap()), dispatches)

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use webshard::gpu::{self, testing, Gpu, Recorder, Variant};
 use webshard::ops::attention::{
     attention, attention_decode_rows, attention_reference, attention_rows_reference, kv_write,
-    row_table, AttentionParams, DecodeRows, KvCache, ReferenceRow, PAGE_TOKENS,
+    row_table, AttentionCall, AttentionParams, DecodeRows, KvCache, ReferenceRow, PAGE_TOKENS,
 };
 
 const LAYER: u32 = 1;
@@ -219,7 +219,15 @@ fn run_attention(
     let out = gpu::storage_buffer(gpu, "out", q.size());
     gpu::poison_f32(gpu, &out);
     let mut rec = Recorder::with_variant(gpu, variant);
-    attention(&mut rec, &q, cache, LAYER, &out, start, tokens, p);
+    let call = AttentionCall {
+        q: &q,
+        cache,
+        layer: LAYER,
+        out: &out,
+        start_pos: start,
+        tokens,
+    };
+    attention(&mut rec, &call, p);
     let bytes = pollster::block_on(rec.submit_and_read(&out, 0, q.size()));
     bytemuck::pod_collect_to_vec(&bytes.unwrap())
 }

@@ -13,7 +13,7 @@ use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
 use webshard::gpu::{self, testing, Gpu, Recorder, Variant, WeightTensor};
 use webshard::ops::attention::{
     attention_decode, attention_prefill, attention_reference, kv_write, segment_table,
-    segmented_attention, segmented_attention_reference, softmax, softmax_reference,
+    segmented_attention, segmented_attention_reference, softmax, softmax_reference, AttentionCall,
     AttentionParams, KvCache, Segments,
 };
 use webshard::ops::elementwise::{self, Activation};
@@ -355,7 +355,15 @@ async fn gpu_attention(gpu: &Gpu, variant: Variant, case: &AttentionCase<'_>) ->
     } else {
         attention_prefill
     };
-    run(&mut rec, &q, &cache, 1, &out, start_pos, tokens, p);
+    let call = AttentionCall {
+        q: &q,
+        cache: &cache,
+        layer: 1,
+        out: &out,
+        start_pos,
+        tokens,
+    };
+    run(&mut rec, &call, p);
     run_and_read(rec, &out, case.q.len()).await
 }
 

@@ -129,29 +129,79 @@ impl KernelParams {
     }
 }
 
+/// The buffers and positions of one attention call, which every entry point takes with its
+/// `AttentionParams`.
+#[derive(Debug, Clone, Copy)]
+pub struct AttentionCall<'a> {
+    /// The queries: [tokens, heads * head_dim] f32.
+    pub q: &'a wgpu::Buffer,
+    /// The keys and values the queries attend; it must already hold those of positions up to
+    /// start_pos + tokens - 1 (kv_write them first).
+    pub cache: &'a KvCache,
+    /// The cache layer read.
+    pub layer: u32,
+    /// The result: [tokens, heads * head_dim] f32.
+    pub out: &'a wgpu::Buffer,
+    /// The cache position of the first query.
+    pub start_pos: u32,
+    /// Queries, at positions start_pos..start_pos + tokens.
+    pub tokens: u32,
+}
+
+impl AttentionCall<'_> {
+    /// Panics when the shapes disagree with the cache or the positions exceed it: the model
+    /// code bounds them.
+    fn check(&self, p: &AttentionParams) {
+        let AttentionCall {
+            q,
+            cache,
+            layer,
+            out,
+            start_pos,
+            tokens,
+        } = *self;
+        assert!(
+            p.kv_heads == cache.kv_heads && p.head_dim == cache.head_dim,
+            "attention with {} kv heads of {} on a cache of {} kv heads of {}",
+            p.kv_heads,
+            p.head_dim,
+            cache.kv_heads,
+            cache.head_dim
+        );
+        assert!(
+            p.heads > 0 && p.heads.is_multiple_of(p.kv_heads),
+            "{} query heads do not share {} kv heads evenly",
+            p.heads,
+            p.kv_heads
+        );
+        assert!(p.window != Some(0), "a sliding window of 0 sees no key");
+        assert!(layer < cache.layers, "layer {layer} of {}", cache.layers);
+        assert!(
+            u64::from(start_pos) + u64::from(tokens) <= u64::from(cache.max_ctx),
+            "attention at positions {start_pos}..+{tokens} beyond the cache's {} positions",
+            cache.max_ctx
+        );
+        let needed = u64::from(tokens) * u64::from(p.heads) * u64::from(p.head_dim) * 4;
+        assert!(
+            q.size() >= needed && out.size() >= needed,
+            "attention of {tokens} tokens needs {needed}-byte q and out buffers, got {} and {}",
+            q.size(),
+            out.size()
+        );
+    }
+}
+
 /// out[t, h*hd..] = softmax(q·K^T * scale, causal (+window)) V over keys 0..=start_pos+t of
-/// `layer`. `q` and `out` are [tokens, heads * head_dim] f32; the cache must already hold the
-/// keys and values of positions up to start_pos + tokens - 1 (kv_write them first). A seat of
-/// a paged pool takes the prefill kernel for one token too: only it and the batched rows
-/// kernel read pages.
+/// the call's layer (shapes as `AttentionCall`'s). A seat of a paged pool takes the prefill
+/// kernel for one token too: only it and the batched rows kernel read pages.
 ///
 /// Panics when shapes disagree with the cache or positions exceed it: the model code bounds them.
-#[allow(clippy::too_many_arguments)]
-pub fn attention(
-    rec: &mut Recorder,
-    q: &wgpu::Buffer,
-    cache: &KvCache,
-    layer: u32,
-    out: &wgpu::Buffer,
-    start_pos: u32,
-    tokens: u32,
-    p: &AttentionParams,
-) {
-    let decode_fits = decode_supported(rec.gpu(), p) && cache.pages().is_none();
-    if tokens <= DECODE_MAX_TOKENS && decode_fits {
-        attention_decode(rec, q, cache, layer, out, start_pos, tokens, p);
+pub fn attention(rec: &mut Recorder, call: &AttentionCall, p: &AttentionParams) {
+    let decode_fits = decode_supported(rec.gpu(), p) && call.cache.pages().is_none();
+    if call.tokens <= DECODE_MAX_TOKENS && decode_fits {
+        attention_decode(rec, call, p);
     } else {
-        attention_prefill(rec, q, cache, layer, out, start_pos, tokens, p);
+        attention_prefill(rec, call, p);
     }
 }
 
@@ -174,22 +224,20 @@ fn decode_cpu_supported(gpu: &Gpu, p: &AttentionParams) -> bool {
 
 /// Attention through the split decode kernels (any `tokens`, built for few): the GPU kernel
 /// (`attention_decode_gpu`) unless the device splits work for a CPU.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_decode(
-    rec: &mut Recorder,
-    q: &wgpu::Buffer,
-    cache: &KvCache,
-    layer: u32,
-    out: &wgpu::Buffer,
-    start_pos: u32,
-    tokens: u32,
-    p: &AttentionParams,
-) {
+pub fn attention_decode(rec: &mut Recorder, call: &AttentionCall, p: &AttentionParams) {
     if !rec.gpu().caps.cpu_work_split {
-        attention_decode_gpu(rec, q, cache, layer, out, start_pos, tokens, p);
+        attention_decode_gpu(rec, call, p);
         return;
     }
-    check_call(cache, layer, q, out, start_pos, tokens, p);
+    call.check(p);
+    let AttentionCall {
+        q,
+        cache,
+        layer,
+        out,
+        start_pos,
+        tokens,
+    } = *call;
     if tokens == 0 {
         return;
     }
@@ -274,12 +322,7 @@ fn combine(
 
 /// One attention call of a kernel that splits the keys, as its dispatch sees it.
 pub(super) struct SplitCall<'a> {
-    pub q: &'a wgpu::Buffer,
-    pub cache: &'a KvCache,
-    pub layer: u32,
-    pub out: &'a wgpu::Buffer,
-    pub start_pos: u32,
-    pub tokens: u32,
+    pub call: AttentionCall<'a>,
     pub splits: u32,
 }
 
@@ -289,15 +332,16 @@ pub(super) struct SplitCall<'a> {
 pub(super) fn dispatch_split(
     rec: &mut Recorder,
     pipeline: &wgpu::ComputePipeline,
-    call: &SplitCall,
+    split: &SplitCall,
     p: &AttentionParams,
     grid: [u32; 3],
 ) {
-    let params = KernelParams::new(p, call.start_pos, call.tokens, call.splits);
+    let (call, splits) = (&split.call, split.splits);
+    let params = KernelParams::new(p, call.start_pos, call.tokens, splits);
     dispatch_split_with(
         rec,
         pipeline,
-        call,
+        split,
         p,
         grid,
         bytemuck::bytes_of(&params),
@@ -310,14 +354,15 @@ pub(super) fn dispatch_split(
 pub(super) fn dispatch_split_with(
     rec: &mut Recorder,
     pipeline: &wgpu::ComputePipeline,
-    call: &SplitCall,
+    split: &SplitCall,
     p: &AttentionParams,
     grid: [u32; 3],
     uniform: &[u8],
     extra: &[wgpu::BindingResource<'_>],
 ) {
-    let partial_tokens = if call.splits > 1 { call.tokens } else { 1 };
-    let (partial_acc, partial_stats) = partials(rec, call.cache, partial_tokens, p, call.splits);
+    let (call, splits) = (&split.call, split.splits);
+    let partial_tokens = if splits > 1 { call.tokens } else { 1 };
+    let (partial_acc, partial_stats) = partials(rec, call.cache, partial_tokens, p, splits);
     let mut bindings = vec![
         call.q.as_entire_binding(),
         call.cache.k_layer(call.layer),
@@ -328,8 +373,8 @@ pub(super) fn dispatch_split_with(
     ];
     bindings.extend(extra.iter().cloned());
     rec.dispatch_bytes(pipeline, uniform, &bindings, grid);
-    if call.splits > 1 {
-        let params = KernelParams::new(p, call.start_pos, call.tokens, call.splits);
+    if splits > 1 {
+        let params = KernelParams::new(p, call.start_pos, call.tokens, splits);
         combine(
             rec,
             &params,
@@ -351,43 +396,4 @@ fn choose_splits(gpu: &Gpu, p: &AttentionParams, tokens: u32, needed: u32, paral
 
 fn first_visible(pos: u32, window: Option<u32>) -> u32 {
     window.map_or(0, |w| (pos + 1).saturating_sub(w))
-}
-
-fn check_call(
-    cache: &KvCache,
-    layer: u32,
-    q: &wgpu::Buffer,
-    out: &wgpu::Buffer,
-    start_pos: u32,
-    tokens: u32,
-    p: &AttentionParams,
-) {
-    assert!(
-        p.kv_heads == cache.kv_heads && p.head_dim == cache.head_dim,
-        "attention with {} kv heads of {} on a cache of {} kv heads of {}",
-        p.kv_heads,
-        p.head_dim,
-        cache.kv_heads,
-        cache.head_dim
-    );
-    assert!(
-        p.heads > 0 && p.heads.is_multiple_of(p.kv_heads),
-        "{} query heads do not share {} kv heads evenly",
-        p.heads,
-        p.kv_heads
-    );
-    assert!(p.window != Some(0), "a sliding window of 0 sees no key");
-    assert!(layer < cache.layers, "layer {layer} of {}", cache.layers);
-    assert!(
-        u64::from(start_pos) + u64::from(tokens) <= u64::from(cache.max_ctx),
-        "attention at positions {start_pos}..+{tokens} beyond the cache's {} positions",
-        cache.max_ctx
-    );
-    let needed = u64::from(tokens) * u64::from(p.heads) * u64::from(p.head_dim) * 4;
-    assert!(
-        q.size() >= needed && out.size() >= needed,
-        "attention of {tokens} tokens needs {needed}-byte q and out buffers, got {} and {}",
-        q.size(),
-        out.size()
-    );
 }

@@ -3,7 +3,7 @@
 //! dispatches the device allows.
 
 use crate::gpu::Recorder;
-use crate::ops::attention::{self, AttentionParams, KvCache};
+use crate::ops::attention::{self, AttentionCall, AttentionParams, KvCache};
 use crate::ops::rope::{HeadNorms, RopeParams, Section, StoreTarget};
 use crate::ops::{norm, rope};
 
@@ -56,16 +56,15 @@ pub(in crate::model) fn rotate_and_attend(
             unpack_qkv(rec, step);
         }
         rotate_prompt(rec, step, rope_params, norms);
-        attention::attention(
-            rec,
-            &s.q,
-            step.cache,
-            step.cache_layer,
-            &s.attn,
-            step.start_pos,
+        let call = AttentionCall {
+            q: &s.q,
+            cache: step.cache,
+            layer: step.cache_layer,
+            out: &s.attn,
+            start_pos: step.start_pos,
             tokens,
-            &params,
-        );
+        };
+        attention::attention(rec, &call, &params);
         return;
     }
     let target = one.target(step);
@@ -81,16 +80,15 @@ pub(in crate::model) fn rotate_and_attend(
         start,
         rope_params,
     );
-    attention::attention(
-        rec,
-        &s.qkv,
-        step.cache,
-        step.cache_layer,
-        &s.attn,
-        start,
-        1,
-        &params,
-    );
+    let call = AttentionCall {
+        q: &s.qkv,
+        cache: step.cache,
+        layer: step.cache_layer,
+        out: &s.attn,
+        start_pos: start,
+        tokens: 1,
+    };
+    attention::attention(rec, &call, &params);
 }
 
 /// One token's attention at `position` of `cache`, its q, k and v packed in the step's `qkv`.
@@ -266,8 +264,15 @@ fn attend_rows_one_by_one(
     for (index, row) in rows.iter().enumerate() {
         let offset = index as u64 * q_bytes;
         rec.copy(&s.q, offset, &s.qkv, 0, q_bytes);
-        let (cache, layer) = (row.cache, step.cache_layer);
-        attention::attention(rec, &s.qkv, cache, layer, &s.gate, row.position, 1, params);
+        let call = AttentionCall {
+            q: &s.qkv,
+            cache: row.cache,
+            layer: step.cache_layer,
+            out: &s.gate,
+            start_pos: row.position,
+            tokens: 1,
+        };
+        attention::attention(rec, &call, params);
         rec.copy(&s.gate, 0, &s.attn, offset, q_bytes);
     }
 }

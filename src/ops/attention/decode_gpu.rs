@@ -3,9 +3,8 @@
 //! spread over its lanes. CPU adapters keep
 //! `attention_decode.wgsl`, whose work split suits them.
 
-use super::{check_call, dispatch_split, first_visible, AttentionParams, SplitCall};
+use super::{dispatch_split, first_visible, AttentionCall, AttentionParams, SplitCall};
 use crate::gpu::{Gpu, Kernel, Lib, Recorder};
-use crate::ops::attention::KvCache;
 
 const DECODE_GPU: Kernel = Kernel {
     name: "attention_decode_gpu",
@@ -98,18 +97,9 @@ pub(super) fn splits(gpu: &Gpu, p: &AttentionParams, tokens: u32, visible: u32) 
 }
 
 /// Decode attention through the GPU kernel (any `tokens`, built for one); see `attention`.
-#[allow(clippy::too_many_arguments)]
-pub fn attention_decode_gpu(
-    rec: &mut Recorder,
-    q: &wgpu::Buffer,
-    cache: &KvCache,
-    layer: u32,
-    out: &wgpu::Buffer,
-    start_pos: u32,
-    tokens: u32,
-    p: &AttentionParams,
-) {
-    check_call(cache, layer, q, out, start_pos, tokens, p);
+pub fn attention_decode_gpu(rec: &mut Recorder, call: &AttentionCall, p: &AttentionParams) {
+    call.check(p);
+    let (start_pos, tokens) = (call.start_pos, call.tokens);
     if tokens == 0 {
         return;
     }
@@ -122,14 +112,9 @@ pub fn attention_decode_gpu(
     let visible = last_pos - first_visible(last_pos, p.window) + 1;
     let splits = splits(rec.gpu(), p, tokens, visible);
     let pipeline = rec.pipeline(&DECODE_GPU, &constants(p.head_dim));
-    let call = SplitCall {
-        q,
-        cache,
-        layer,
-        out,
-        start_pos,
-        tokens,
+    let split = SplitCall {
+        call: *call,
         splits,
     };
-    dispatch_split(rec, &pipeline, &call, p, [splits, p.heads, tokens]);
+    dispatch_split(rec, &pipeline, &split, p, [splits, p.heads, tokens]);
 }

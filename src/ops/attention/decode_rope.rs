@@ -8,7 +8,8 @@
 
 use super::decode_gpu;
 use super::{
-    dispatch_split_with, first_visible, AttentionParams, KernelParams, SplitCall, PAGE_TOKENS,
+    dispatch_split_with, first_visible, AttentionCall, AttentionParams, KernelParams, SplitCall,
+    PAGE_TOKENS,
 };
 use crate::gpu::{Gpu, Kernel, Lib, Recorder};
 use crate::ops::rope::{HeadNorms, RopeParams, StoreTarget};
@@ -113,7 +114,15 @@ pub fn rope_attention_decode(
         "fused decode attention cannot run head_dim {} here",
         p.head_dim
     );
-    super::check_call(cache, target.cache_layer, qkv, out, start_pos, 1, p);
+    let call = AttentionCall {
+        q: qkv,
+        cache,
+        layer: target.cache_layer,
+        out,
+        start_pos,
+        tokens: 1,
+    };
+    call.check(p);
     let visible = start_pos - first_visible(start_pos, p.window) + 1;
     let splits = decode_gpu::splits(rec.gpu(), p, 1, visible);
     let thetas = pair_thetas(rope, start_pos);
@@ -140,20 +149,12 @@ pub fn rope_attention_decode(
     };
     let mut uniform = bytemuck::bytes_of(&uniform).to_vec();
     uniform.extend_from_slice(bytemuck::cast_slice(&thetas));
-    let call = SplitCall {
-        q: qkv,
-        cache,
-        layer: target.cache_layer,
-        out,
-        start_pos,
-        tokens: 1,
-        splits,
-    };
+    let split = SplitCall { call, splits };
     let placeholder = rec.gpu().placeholder().clone();
     let q_norm = norms.map_or(&placeholder, |n| n.q);
     let k_norm = norms.map_or(&placeholder, |n| n.k);
     let mut extra = vec![q_norm.as_entire_binding(), k_norm.as_entire_binding()];
     extra.extend(cache.page_binding());
     let grid = [splits, p.heads, 1];
-    dispatch_split_with(rec, &pipeline, &call, p, grid, &uniform, &extra);
+    dispatch_split_with(rec, &pipeline, &split, p, grid, &uniform, &extra);
 }

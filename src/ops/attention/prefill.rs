@@ -7,8 +7,8 @@ use crate::gpu::{Gpu, Kernel, Lib, Recorder, Variant};
 
 use super::prefill_coop::{CoopPrefill, PREFILL_COOP};
 use super::{
-    check_call, choose_splits, dispatch_split_with, AttentionParams, KernelParams, KvCache,
-    Segments, SplitCall, PAGE_TOKENS, PARALLEL_SPLITS,
+    choose_splits, dispatch_split_with, AttentionCall, AttentionParams, KernelParams, Segments,
+    SplitCall, PAGE_TOKENS, PARALLEL_SPLITS,
 };
 
 const PREFILL: Kernel = Kernel {
@@ -33,58 +33,25 @@ pub(super) const PREFILL_WG: u32 = 64;
 const PREFILL_MAX_TILE: u32 = 64;
 
 /// Attention through the tiled prefill kernel (any `tokens`, built for many).
-#[allow(clippy::too_many_arguments)]
-pub fn attention_prefill(
-    rec: &mut Recorder,
-    q: &wgpu::Buffer,
-    cache: &KvCache,
-    layer: u32,
-    out: &wgpu::Buffer,
-    start_pos: u32,
-    tokens: u32,
-    p: &AttentionParams,
-) {
-    prefill_masked(
-        rec,
-        q,
-        cache,
-        layer,
-        out,
-        start_pos,
-        tokens,
-        p,
-        PrefillMask::Causal,
-    );
+pub fn attention_prefill(rec: &mut Recorder, call: &AttentionCall, p: &AttentionParams) {
+    prefill_masked(rec, call, p, PrefillMask::Causal);
 }
 
-/// out[t, h*hd..] = softmax(q·K^T * scale) V over keys 0..tokens of `layer`, with no causal
-/// mask: every query sees every key of the sequence (BERT-style encoders). Shapes as
-/// `attention`, at start_pos 0; the cache must hold the keys and values of positions
-/// 0..tokens. A sliding window has no meaning here and is refused.
-pub fn bidirectional_attention(
-    rec: &mut Recorder,
-    q: &wgpu::Buffer,
-    cache: &KvCache,
-    layer: u32,
-    out: &wgpu::Buffer,
-    tokens: u32,
-    p: &AttentionParams,
-) {
+/// out[t, h*hd..] = softmax(q·K^T * scale) V over keys 0..tokens of the call's layer, with no
+/// causal mask: every query sees every key of the sequence (BERT-style encoders). Shapes as
+/// `attention`; the call starts at position 0 (nothing precedes an encoder's sequence), and
+/// the cache must hold the keys and values of positions 0..tokens. A sliding window has no
+/// meaning here and is refused.
+pub fn bidirectional_attention(rec: &mut Recorder, call: &AttentionCall, p: &AttentionParams) {
+    assert_eq!(
+        call.start_pos, 0,
+        "bidirectional attention starts at position 0"
+    );
     assert!(
         p.window.is_none(),
         "bidirectional attention has no sliding window"
     );
-    prefill_masked(
-        rec,
-        q,
-        cache,
-        layer,
-        out,
-        0,
-        tokens,
-        p,
-        PrefillMask::Bidirectional,
-    );
+    prefill_masked(rec, call, p, PrefillMask::Bidirectional);
 }
 
 /// Which keys each query of a prefill call sees.
@@ -99,19 +66,14 @@ pub(super) enum PrefillMask<'a> {
 }
 
 /// The prefill kernel under one of its masks.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn prefill_masked(
     rec: &mut Recorder,
-    q: &wgpu::Buffer,
-    cache: &KvCache,
-    layer: u32,
-    out: &wgpu::Buffer,
-    start_pos: u32,
-    tokens: u32,
+    call: &AttentionCall,
     p: &AttentionParams,
     mask: PrefillMask,
 ) {
-    check_call(cache, layer, q, out, start_pos, tokens, p);
+    call.check(p);
+    let (cache, start_pos, tokens) = (call.cache, call.start_pos, call.tokens);
     if tokens == 0 {
         return;
     }
@@ -148,13 +110,8 @@ pub(super) fn prefill_masked(
     };
     let consts: Vec<_> = lanes.into_iter().chain(shape).collect();
     let pipeline = rec.pipeline(kernel, &consts);
-    let call = SplitCall {
-        q,
-        cache,
-        layer,
-        out,
-        start_pos,
-        tokens,
+    let split = SplitCall {
+        call: *call,
         splits,
     };
     let params = KernelParams::new(p, start_pos, tokens, splits);
@@ -170,7 +127,7 @@ pub(super) fn prefill_masked(
     dispatch_split_with(
         rec,
         &pipeline,
-        &call,
+        &split,
         p,
         grid,
         bytemuck::bytes_of(&params),

@@ -8,7 +8,7 @@
 use crate::gpu::Recorder;
 
 use super::prefill::{prefill_masked, PrefillMask, PREFILL_WG};
-use super::{AttentionParams, KvCache};
+use super::{AttentionCall, AttentionParams, KvCache};
 
 /// The sequences of one packed call: their lengths in order (host side) and the GPU table of
 /// `segment_table(lengths)`'s words.
@@ -91,6 +91,14 @@ pub fn segmented_attention(
         "a segment table of {} bytes for {tokens} tokens",
         segments.table.size()
     );
-    let mask = PrefillMask::Segments(segments);
-    prefill_masked(rec, q, cache, layer, out, 0, tokens, p, mask);
+    // The sequences are packed from position 0 and their lengths give the call's tokens.
+    let call = AttentionCall {
+        q,
+        cache,
+        layer,
+        out,
+        start_pos: 0,
+        tokens,
+    };
+    prefill_masked(rec, &call, p, PrefillMask::Segments(segments));
 }
