@@ -96,12 +96,23 @@ fn shared_scores(region: u32, begin: u32, head: u32, cached: u32, lane: u32) -> 
     return local_max;
 }
 
+// The fresh key's q·k in a cached key's order (key_part's parts, summed as shared_scores sums
+// them), so that a key scores the same bits fresh or read back from the cache, as a batched
+// step's rows read theirs (integer products round x: a last-bit difference could move a value
+// of it a whole step).
 fn fresh_score() -> f32 {
-    var d = vec4<f32>(0.0);
-    for (var c = 0u; c < HD4; c = c + 1u) {
-        d = d + q_row[c] * fresh_k[c];
+    var sum = 0.0;
+    for (var part = 0u; part < LPK; part = part + 1u) {
+        var d = vec4<f32>(0.0);
+        for (var c = part; c < HD4; c = c + 4u * LPK) {
+            d = d + q_row[c] * fresh_k[c];
+            d = d + q_row[c + LPK] * fresh_k[c + LPK];
+            d = d + q_row[c + 2u * LPK] * fresh_k[c + 2u * LPK];
+            d = d + q_row[c + 3u * LPK] * fresh_k[c + 3u * LPK];
+        }
+        sum = sum + (d.x + d.y + d.z + d.w);
     }
-    return capped(d.x + d.y + d.z + d.w, params.softcap);
+    return capped(sum, params.softcap);
 }
 
 // Lane (g, d4)'s share of the probability-weighted values of the first `cached` keys from

@@ -48,13 +48,19 @@ struct Params {
 @group(0) @binding(7) var<storage, read> q_norm: array<f32>;
 @group(0) @binding(8) var<storage, read> k_norm: array<f32>;
 
+// rope.wgsl's: its lanes' strided partials, whatever this workgroup's width, so that a head
+// normalised here and by rope_store_rows (the batched step) has the same bits. The lanes past
+// NORM_LANES add zeros, which the reductions keep exact.
+const NORM_LANES: u32 = 64u;
+const_assert WG >= NORM_LANES;
+
 // The RMS scale of the head row at element `base`; every lane of the workgroup must call it.
 fn row_scale(base: u32, lane: u32) -> f32 {
     if (params.norm == 0u) {
         return 1.0;
     }
     var squares = 0.0;
-    for (var d = lane; d < HD; d = d + WG) {
+    for (var d = lane; d < HD && lane < NORM_LANES; d = d + NORM_LANES) {
         let value = qkv[base + d];
         squares = squares + value * value;
     }

@@ -114,13 +114,20 @@ fn k_value(base: u32, d: u32, scale: f32) -> f32 {
     return k_at(base + d);
 }
 
+// Lanes whose strided partial sums make a norm's sum of squares, the same in
+// attention_decode_rope.wgsl: a head normalised here (a batched step's rows) and there (its
+// single step) then has the same bits, which integer products need (a last-bit difference can
+// round a value of x to the next integer).
+const NORM_LANES: u32 = 64u;
+const_assert WG >= NORM_LANES;
+
 // The RMS scale of a q (is_q) or k row; every lane of the workgroup must call it.
 fn row_scale(is_q: bool, base: u32, lane: u32) -> f32 {
     if (params.norm == 0u) {
         return 1.0;
     }
     var squares = 0.0;
-    for (var d = lane; d < params.head_dim; d = d + WG) {
+    for (var d = lane; d < params.head_dim && lane < NORM_LANES; d = d + NORM_LANES) {
         let value = select(k_at(base + d), x[params.q_offset + base + d], is_q);
         squares = squares + value * value;
     }
