@@ -5,145 +5,18 @@
 //! each backend checks one golden record per model per run, another each run (`checks`).
 
 use crate::support;
+use crate::support::goldens::{
+    check_errors, check_prompt_ids, compare_step, free_running, ids, steps, teacher_forced,
+};
 
 use serde_json::Value;
-use std::ops::ControlFlow;
 
 use webshard::engine::Engine;
-use webshard::front::{GenerateOptions, GenerateRequest, Generator, Prompt};
 use webshard::gpu::{BackendChoice, GpuOptions, Int8Products};
 use webshard::model::StageInput;
-use webshard::sample::SamplerConfig;
 
-const MARGIN: f64 = 0.5;
-const MEAN_LIMIT: f64 = 0.35;
-const MAX_LIMIT: f64 = 2.0;
 /// Free-running steps per record for the models larger than SmolLM2 (see `check_model`).
 const LARGE_MODEL_FREE_STEPS: usize = 8;
-
-struct Step {
-    id: u32,
-    top5: Vec<(u32, f64)>,
-}
-
-fn steps(record: &Value) -> Vec<Step> {
-    record["steps"]
-        .as_array()
-        .expect("steps")
-        .iter()
-        .map(|s| Step {
-            id: s["id"].as_u64().expect("id") as u32,
-            top5: s["top5"]
-                .as_array()
-                .expect("top5")
-                .iter()
-                .map(|p| {
-                    (
-                        p[0].as_u64().expect("id") as u32,
-                        p[1].as_f64().expect("logit"),
-                    )
-                })
-                .collect(),
-        })
-        .collect()
-}
-
-fn ids(value: &Value) -> Vec<u32> {
-    value
-        .as_array()
-        .expect("ids")
-        .iter()
-        .map(|v| v.as_u64().expect("id") as u32)
-        .collect()
-}
-
-fn margin(step: &Step) -> f64 {
-    step.top5[0].1 - step.top5[1].1
-}
-
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in row.iter().enumerate() {
-        if *v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
-/// Teacher-forced comparison of one record; returns the absolute errors of the top-5 logits.
-async fn teacher_forced(engine: &mut Engine, record: &Value, label: &str) -> Vec<f64> {
-    let prompt = ids(&record["prompt_ids"]);
-    let steps = steps(record);
-    let mut sequence = prompt.clone();
-    sequence.extend(steps.iter().take(steps.len() - 1).map(|s| s.id));
-    // Logits of the golden steps' positions only: the prompt's earlier positions need none.
-    let logits = engine
-        .score_from(&sequence, prompt.len() - 1)
-        .await
-        .expect("score");
-    let mut errors = Vec::new();
-    for (i, step) in steps.iter().enumerate() {
-        errors.extend(compare_step(&logits[i], step, &format!("{label} step {i}")));
-    }
-    errors
-}
-
-/// One step's logits against its golden: the top-1 where the golden margin exceeds `MARGIN`
-/// (asserted); returns the absolute errors of the golden top-5 logits.
-fn compare_step(row: &[f32], step: &Step, label: &str) -> Vec<f64> {
-    let ours = argmax(row);
-    if margin(step) > MARGIN {
-        assert_eq!(
-            ours,
-            step.top5[0].0,
-            "{label}: top-1 {ours} vs golden {} (margin {:.3})",
-            step.top5[0].0,
-            margin(step)
-        );
-    }
-    step.top5
-        .iter()
-        .map(|(id, logit)| (f64::from(row[*id as usize]) - logit).abs())
-        .collect()
-}
-
-/// Free-running greedy: identical ids up to the first golden step with margin <= 0.5, over the
-/// first `max_steps` steps. Runs right after `teacher_forced` on the same record.
-async fn free_running(engine: &mut Engine, record: &Value, max_steps: usize, label: &str) {
-    let prompt = ids(&record["prompt_ids"]);
-    let mut steps = steps(record);
-    steps.truncate(max_steps);
-    let options = GenerateOptions {
-        max_tokens: steps.len() as u32,
-        sampler: SamplerConfig::greedy(),
-        stop: Vec::new(),
-        constraint: None,
-        ..GenerateOptions::default()
-    };
-    // No reset: the teacher-forced pass just left this prompt's keys and values in the
-    // cache, computed by the same prefill kernels, so the engine reuses all but the prompt's
-    // last token (its prefix cache) instead of recomputing them. On CPU adapters the prompt
-    // was a third of this test's time; the decode steps are what the free run proves.
-    let request = GenerateRequest::new(Prompt::Ids(prompt.clone()), options);
-    let out = engine
-        .generate_one(&request, &mut |_| ControlFlow::Continue(()))
-        .await
-        .expect("generate");
-    let trusted = steps.iter().take_while(|s| margin(s) > MARGIN).count();
-    let golden: Vec<u32> = steps.iter().map(|s| s.id).collect();
-    let n = trusted.min(out.ids.len());
-    assert!(
-        out.ids.len() >= trusted.min(golden.len()),
-        "{label}: stopped early: {:?}",
-        out.ids
-    );
-    assert_eq!(
-        &out.ids[..n],
-        &golden[..n],
-        "{label}: greedy ids diverge before the first near-tie (step {trusted})"
-    );
-}
 
 /// Golden records each backend checks per run.
 const RECORDS_PER_BACKEND: usize = 1;
@@ -184,29 +57,11 @@ async fn check_model(model: (&str, &str), free_steps: usize) {
                 "{} on {adapter} ({backend:?}) record {r} seed {seed}",
                 model.0
             );
-            let prompt = record["prompt"].as_str().expect("prompt");
-            assert_eq!(
-                engine.tokenize_prompt(prompt),
-                ids(&record["prompt_ids"]),
-                "{label}: prompt ids"
-            );
+            check_prompt_ids(&engine, record, &label);
             errors.extend(teacher_forced(&mut engine, record, &label).await);
             free_running(&mut engine, record, free_steps, &label).await;
         }
-        assert!(!errors.is_empty(), "{}: no record on {backend:?}", model.0);
-        let mean = errors.iter().sum::<f64>() / errors.len() as f64;
-        let max = errors.iter().cloned().fold(0.0, f64::max);
-        println!("fidelity {} on {adapter} ({backend:?}): top-5 logit error mean {mean:.4} max {max:.4} over {} values", model.0, errors.len());
-        assert!(
-            mean <= MEAN_LIMIT,
-            "{}: mean error {mean} > {MEAN_LIMIT}",
-            model.0
-        );
-        assert!(
-            max <= MAX_LIMIT,
-            "{}: max error {max} > {MAX_LIMIT}",
-            model.0
-        );
+        check_errors(&errors, &format!("{} on {adapter} ({backend:?})", model.0));
     }
 }
 
@@ -277,14 +132,7 @@ async fn check_integer_decode(model: (&str, &str)) {
     let engine = support::load_engine(model.1, options).await;
     let label = format!("{} on integers, record {r} seed {seed}", model.0);
     let errors = decode_steps(&engine, &records[r], &label).await;
-    let mean = errors.iter().sum::<f64>() / errors.len() as f64;
-    let max = errors.iter().cloned().fold(0.0, f64::max);
-    println!("{label}: top-5 logit error mean {mean:.4} max {max:.4}");
-    assert!(
-        mean <= MEAN_LIMIT,
-        "{label}: mean error {mean} > {MEAN_LIMIT}"
-    );
-    assert!(max <= MAX_LIMIT, "{label}: max error {max} > {MAX_LIMIT}");
+    check_errors(&errors, &label);
 }
 
 #[test]

@@ -10,10 +10,7 @@
 //! set (their build needs a pip build of llama-cpp-python): docs/ci.md ("Re-quantized SmolLM2")
 //! has that run and its figures.
 
-#[path = "support/breadth.rs"]
-mod breadth;
-
-use breadth::{check_model, Coverage};
+use crate::support::breadth::{check_model, Coverage};
 
 const TINY: Coverage = Coverage {
     records: &[0, 1, 2, 3],

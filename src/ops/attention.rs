@@ -99,6 +99,38 @@ impl AttentionParams {
             softcap: None,
         }
     }
+
+    /// Panics when these shapes disagree with `cache` or `layer` is beyond it, or the heads or
+    /// window are impossible: the model code bounds them.
+    fn check_cache(&self, cache: &KvCache, layer: u32) {
+        assert!(
+            self.kv_heads == cache.kv_heads && self.head_dim == cache.head_dim,
+            "attention with {} kv heads of {} on a cache of {} kv heads of {}",
+            self.kv_heads,
+            self.head_dim,
+            cache.kv_heads,
+            cache.head_dim
+        );
+        assert!(
+            self.heads > 0 && self.heads.is_multiple_of(self.kv_heads),
+            "{} query heads do not share {} kv heads evenly",
+            self.heads,
+            self.kv_heads
+        );
+        assert!(self.window != Some(0), "a sliding window of 0 sees no key");
+        assert!(layer < cache.layers, "layer {layer} of {}", cache.layers);
+    }
+
+    /// Panics when `q` or `out` cannot hold `rows` rows of these heads.
+    fn check_buffers(&self, q: &wgpu::Buffer, out: &wgpu::Buffer, rows: u64) {
+        let needed = rows * u64::from(self.heads) * u64::from(self.head_dim) * 4;
+        assert!(
+            q.size() >= needed && out.size() >= needed,
+            "attention of {rows} rows needs {needed}-byte q and out buffers, got {} and {}",
+            q.size(),
+            out.size()
+        );
+    }
 }
 
 #[repr(C)]
@@ -160,34 +192,13 @@ impl AttentionCall<'_> {
             start_pos,
             tokens,
         } = *self;
-        assert!(
-            p.kv_heads == cache.kv_heads && p.head_dim == cache.head_dim,
-            "attention with {} kv heads of {} on a cache of {} kv heads of {}",
-            p.kv_heads,
-            p.head_dim,
-            cache.kv_heads,
-            cache.head_dim
-        );
-        assert!(
-            p.heads > 0 && p.heads.is_multiple_of(p.kv_heads),
-            "{} query heads do not share {} kv heads evenly",
-            p.heads,
-            p.kv_heads
-        );
-        assert!(p.window != Some(0), "a sliding window of 0 sees no key");
-        assert!(layer < cache.layers, "layer {layer} of {}", cache.layers);
+        p.check_cache(cache, layer);
         assert!(
             u64::from(start_pos) + u64::from(tokens) <= u64::from(cache.max_ctx),
             "attention at positions {start_pos}..+{tokens} beyond the cache's {} positions",
             cache.max_ctx
         );
-        let needed = u64::from(tokens) * u64::from(p.heads) * u64::from(p.head_dim) * 4;
-        assert!(
-            q.size() >= needed && out.size() >= needed,
-            "attention of {tokens} tokens needs {needed}-byte q and out buffers, got {} and {}",
-            q.size(),
-            out.size()
-        );
+        p.check_buffers(q, out, u64::from(tokens));
     }
 }
 

@@ -2,6 +2,9 @@
 //! to load an engine on a given backend.
 #![allow(dead_code)]
 
+pub mod breadth;
+pub mod goldens;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 

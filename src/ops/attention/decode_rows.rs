@@ -130,32 +130,13 @@ fn check_rows(
     p: &AttentionParams,
 ) {
     let cache = rows.cache;
-    assert!(
-        p.kv_heads == cache.kv_heads && p.head_dim == cache.head_dim,
-        "batched attention with {} kv heads of {} on a cache of {} kv heads of {}",
-        p.kv_heads,
-        p.head_dim,
-        cache.kv_heads,
-        cache.head_dim
-    );
-    assert!(
-        p.heads > 0 && p.heads.is_multiple_of(p.kv_heads) && p.window != Some(0),
-        "{} query heads on {} kv heads, window {:?}",
-        p.heads,
-        p.kv_heads,
-        p.window
-    );
-    assert!(layer < cache.layers, "layer {layer} of {}", cache.layers);
+    p.check_cache(cache, layer);
     let count = rows.positions.len() as u64;
     assert!(
         rows.positions.iter().all(|&pos| pos < cache.max_ctx) && rows.table.size() >= count * 8,
         "batched attention rows beyond the cache or the row table"
     );
-    let needed = count * u64::from(p.heads) * u64::from(p.head_dim) * 4;
-    assert!(
-        q.size() >= needed && out.size() >= needed,
-        "batched attention of {count} rows needs {needed}-byte q and out buffers"
-    );
+    p.check_buffers(q, out, count);
 }
 
 /// One row of the CPU reference: the sequence's keys and values ([pos][kv_head][head_dim],
