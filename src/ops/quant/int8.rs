@@ -42,8 +42,11 @@ const QUARTER: usize = 8;
 /// Most tokens one workgroup multiplies (four vec4s of sums a row).
 pub const INT8_MOST_TOKENS: u32 = 16;
 
-/// The built-in work split `[lanes, lanes per row, most tokens per workgroup]`.
-const DEFAULT_SPLIT: [u32; 3] = [64, 8, INT8_MOST_TOKENS];
+/// The built-in work split `[lanes, lanes per row, most tokens per workgroup]`: of eight
+/// measured on the H200 (docs/perf.md, session 34), the one faster than `[64, 8, 16]` at one,
+/// 4 and 16 rows on all three models (four times the workgroups: 16 rows of Qwen2.5 2,208 ->
+/// 3,918 tok/s). Integer products stay off by default all the same: f32 products are faster.
+const DEFAULT_SPLIT: [u32; 3] = [64, 16, 8];
 
 /// Whether `quant` has an integer decoding (`wgsl/dequant_int8.wgsl`): every type but floats.
 pub fn integer_type(quant: QuantType) -> bool {
