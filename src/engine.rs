@@ -10,7 +10,7 @@ use crate::front::{
 };
 use crate::gguf::RangeSource;
 use crate::gpu::Gpu;
-use crate::model::decode::DEFAULT_DEPTH;
+use crate::model::decode::{DEFAULT_DEPTH, MAX_DEPTH};
 use crate::model::{
     self, LoadOptions, LoadProgress, ModelError, OpenModel, Stage, StageInput, StageSpec,
 };
@@ -78,6 +78,8 @@ pub struct Engine {
     on_prefill: Option<Box<OnPrefill>>,
     /// Prompt chunks shorter than this are fed one token at a time (`per_token_prefill_below`).
     per_token_below: usize,
+    /// Greedy decoding's steps in flight (`set_decode_depth`).
+    decode_depth: usize,
     /// The vocabulary as constraints see it, built on first use.
     token_view: Option<TokenView>,
 }
@@ -106,6 +108,7 @@ impl Engine {
             text,
             stage,
             per_token_below,
+            decode_depth: DEFAULT_DEPTH,
             cached: Vec::new(),
             on_prefill: None,
             token_view: None,
@@ -140,6 +143,18 @@ impl Engine {
     /// choice (for measuring the crossover: `runner bench --per-token-prefill-below`).
     pub fn set_per_token_prefill_below(&mut self, tokens: usize) {
         self.per_token_below = tokens;
+    }
+
+    /// Keeps `depth` greedy decoding steps in flight (1..=`MAX_DEPTH`, clamped) instead of
+    /// `DEFAULT_DEPTH`: for measuring where a step's read-back comes late (a browser's
+    /// `mapAsync`), `runner bench --decode-depth` and the page's `decodeDepth`.
+    pub fn set_decode_depth(&mut self, depth: usize) {
+        self.decode_depth = depth.clamp(1, MAX_DEPTH);
+    }
+
+    /// Greedy decoding's steps in flight (`set_decode_depth`).
+    pub fn decode_depth(&self) -> usize {
+        self.decode_depth
     }
 
     /// Reports prefill progress to `on_prefill` from now on (the runner's progress bar).
@@ -263,7 +278,11 @@ impl Engine {
                     let last = *decoding.tokens().last().expect("tokens hold the prompt");
                     if decoder.is_none() {
                         let position = self.cached.len() as u32;
-                        decoder = Some(self.stage.greedy_decoder(last, position, DEFAULT_DEPTH)?);
+                        decoder = Some(self.stage.greedy_decoder(
+                            last,
+                            position,
+                            self.decode_depth,
+                        )?);
                     }
                     let next = decoder
                         .as_mut()

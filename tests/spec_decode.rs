@@ -2,7 +2,8 @@
 //! SmolLM2: the same ids, greedy and sampled, on an answer that copies its prompt (drafts
 //! accepted, so the comparison is not vacuous) and on one that does not; rejected drafts
 //! rolled back (later tokens still right, and the cache the next request reuses still holds
-//! the sequence's keys and values). One model load for the binary.
+//! the sequence's keys and values). Plain greedy decoding at other depths of its pipeline gives
+//! the same ids too. One model load for the binary.
 
 use crate::support;
 
@@ -12,6 +13,7 @@ use std::sync::{Mutex, OnceLock};
 use webshard::engine::Engine;
 use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt};
 use webshard::gpu::GpuOptions;
+use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::sample::{SamplerConfig, SpecConfig};
 use webshard::tokenizer::ChatMessage;
 
@@ -142,5 +144,57 @@ fn the_cache_after_drafts_serves_the_next_request() {
     assert_eq!(
         reused.ids, fresh.ids,
         "continuation after a speculative answer"
+    );
+}
+
+/// Greedy decoding keeps `set_decode_depth` steps in flight, its token fed back on the GPU:
+/// one, the default two and five give the same ids; five deep, a request of 4 tokens submits 4
+/// steps more than one deep (past its stop), and the cache they leave serves the next request,
+/// which continues the sequence exactly.
+#[test]
+fn greedy_ids_are_the_same_at_every_decode_depth() {
+    let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
+    let greedy = options(10, SamplerConfig::greedy());
+    let default = run(&mut engine, chat(FRESH), greedy.clone(), false);
+    let mut submits = Vec::new();
+    for depth in [1, 5] {
+        engine.set_decode_depth(depth);
+        let other = run(&mut engine, chat(FRESH), greedy.clone(), false);
+        assert_eq!(other.ids, default.ids, "{depth} steps in flight");
+        let before = engine.stage.gpu.counters.snapshot();
+        run(
+            &mut engine,
+            chat(FRESH),
+            options(4, SamplerConfig::greedy()),
+            false,
+        );
+        submits.push((engine.stage.gpu.counters.snapshot() - before).submits);
+    }
+    assert_eq!(
+        submits[1],
+        submits[0] + 4,
+        "submits at depth 1 and 5: {submits:?}"
+    );
+    let first = run(
+        &mut engine,
+        chat(FRESH),
+        options(4, SamplerConfig::greedy()),
+        false,
+    );
+    let mut sequence = first.prompt_ids.clone();
+    sequence.extend(&first.ids);
+    let request = GenerateRequest::new(Prompt::Ids(sequence), options(6, SamplerConfig::greedy()));
+    let next =
+        pollster::block_on(engine.generate_one(&request, &mut |_| ControlFlow::Continue(())))
+            .expect("generate");
+    engine.set_decode_depth(DEFAULT_DEPTH);
+    assert!(
+        next.cached_tokens as usize >= first.prompt_ids.len(),
+        "the cache was reused"
+    );
+    assert_eq!(
+        next.ids,
+        default.ids[4..],
+        "the continuation after a stop five steps deep"
     );
 }

@@ -439,11 +439,12 @@ function fleetParams() {
   return overrides;
 }
 
-/** The engine's load settings the URL asks for (cache=0, warmup, subgroups=0). */
+/** The engine's load settings the URL asks for (cache=0, warmup, subgroups=0, depth). */
 function loadSettings() {
   const settings = {};
   if (params.get('cache') === '0') settings.cache = false;
   if (params.get('subgroups') === '0') settings.disableSubgroups = true;
+  if (params.has('depth')) settings.decodeDepth = Number(params.get('depth'));
   if (params.has('warmup')) settings.warmUp = params.get('warmup') === '1';
   return settings;
 }

@@ -101,15 +101,24 @@ if page_f16:
                            "error": page_f16.get("error_driver") or page_f16.get("error_autorun")}
     if native_tg and page_f16.get("warm_decode_tok_s_median"):
         ratios["page_f16_warm_median/native_bench"] = round(page_f16["warm_decode_tok_s_median"] / native_tg, 3)
-page_nosub = load("page-nosub.json")
-if page_nosub:
-    summary["page_nosub"] = {"variant": (page_nosub.get("last") or {}).get("variant"),
-                             "warm_decode_tok_s": [w.get("decode_tok_s") for w in page_nosub.get("warm", [])],
-                             "warm_median": page_nosub.get("warm_decode_tok_s_median"),
-                             "error": page_nosub.get("error_driver") or page_nosub.get("error_autorun")}
-    if summary["page"]["warm_median"] and page_nosub.get("warm_decode_tok_s_median"):
-        ratios["page_warm_median/page_nosub_warm_median"] = round(
-            summary["page"]["warm_median"] / page_nosub["warm_decode_tok_s_median"], 3)
+
+
+def page_variant(file, key):
+    """The page again with one URL setting changed (`page.sh`'s A/B runs), and its ratio."""
+    other = load(file)
+    if not other:
+        return
+    summary[key] = {"variant": (other.get("last") or {}).get("variant"),
+                    "warm_decode_tok_s": [w.get("decode_tok_s") for w in other.get("warm", [])],
+                    "warm_median": other.get("warm_decode_tok_s_median"),
+                    "error": other.get("error_driver") or other.get("error_autorun")}
+    if summary["page"]["warm_median"] and other.get("warm_decode_tok_s_median"):
+        ratios[f"page_warm_median/{key}_warm_median"] = round(
+            summary["page"]["warm_median"] / other["warm_decode_tok_s_median"], 3)
+
+
+page_variant("page-nosub.json", "page_nosub")
+page_variant("page-depth4.json", "page_depth4")
 summary["ratios"] = ratios
 with open(os.path.join(stage, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)

@@ -1,9 +1,10 @@
-// Clear errors for a missing URL, a file that is not a GGUF, and a browser without WebGPU.
+// Clear errors for a missing URL, a file that is not a GGUF, a load option out of bounds, and
+// a browser without WebGPU.
 const { test, expect, chromium } = require('@playwright/test');
 const { autorunResult } = require('./shared.js');
 
-async function autorunError(page, model) {
-  await page.goto(`/?${new URLSearchParams({ model, autorun: '1', n: '1' })}`);
+async function autorunError(page, model, extra = {}) {
+  await page.goto(`/?${new URLSearchParams({ model, autorun: '1', n: '1', ...extra })}`);
   const last = await autorunResult(page);
   expect(last.ids).toBeUndefined();
   return { last, shown: await page.textContent('#error'), kind: await page.getAttribute('#error', 'data-kind') };
@@ -22,6 +23,12 @@ test('a file that is not a GGUF says so', async ({ page }) => {
   expect(last.kind).toBe('not-gguf');
   expect(shown).toContain('not a GGUF');
   expect(shown).toContain('magic');
+});
+
+test('a decode depth out of bounds is refused before the model is read', async ({ page }) => {
+  const { last, shown } = await autorunError(page, '/models/no-such-model.gguf', { depth: '9' });
+  expect(last.kind).toBe('options');
+  expect(shown).toContain('decodeDepth 9 must be 1..=8');
 });
 
 test('without WebGPU the page names the browsers and flags that work', async () => {

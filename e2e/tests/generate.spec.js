@@ -107,13 +107,14 @@ test('a lost GPU device is replaced without reloading the page', async () => {
 // page's greedy ids are llama.cpp's (tests/goldens/) up to the first near-tie. LFM2 runs its
 // short convolutions and their state in the browser. qwen3 loads with the kernels compiled at
 // load (`warmUp`, on by default on a GPU only): its throwaway generation must leave no trace.
-for (const [name, warmup] of [['tiny-qwen3', '1'], ['tiny-lfm2', '0']]) {
-  test(`${name} gives llama.cpp's greedy ids in the page (warm-up ${warmup === '1' ? 'on' : 'off'})`, async ({ browser }) => {
+// LFM2 decodes with 5 steps in flight (`decodeDepth`; 2 by default): the same ids.
+for (const [name, warmup, depth] of [['tiny-qwen3', '1', '2'], ['tiny-lfm2', '0', '5']]) {
+  test(`${name} gives llama.cpp's greedy ids in the page (warm-up ${warmup === '1' ? 'on' : 'off'}, ${depth} steps in flight)`, async ({ browser }) => {
     const file = path.join(__dirname, '..', '..', 'tests', 'goldens', `${name}-f16.generate.json`);
     const record = JSON.parse(fs.readFileSync(file, 'utf8')).records.find((r) => r.prompt === PROMPT);
     const tiny = await browser.newPage();
     try {
-      const query = new URLSearchParams({ model: `/models/${name}.F16.gguf`, prompt: PROMPT, n: String(TOKENS), temp: '0', seed: '0', autorun: '1', warmup });
+      const query = new URLSearchParams({ model: `/models/${name}.F16.gguf`, prompt: PROMPT, n: String(TOKENS), temp: '0', seed: '0', autorun: '1', warmup, depth });
       await tiny.goto(`/?${query}`);
       const result = await autorunResult(tiny);
       expect(result.error, `autorun failed: ${result.error}`).toBeUndefined();

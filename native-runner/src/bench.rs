@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use serde_json::json;
 use webshard::engine::Engine;
-use webshard::model::decode::DEFAULT_DEPTH;
 use webshard::model::StageInput;
 
 use crate::bench_batch::{batch_rates, profile_batch};
@@ -111,7 +110,9 @@ pub(crate) async fn generation_rate(engine: &mut Engine, tokens: u32) -> anyhow:
     engine.reset();
     let token = engine.text.tokenizer.bos_id().unwrap_or(0);
     let started = Instant::now();
-    let mut decoder = engine.stage.greedy_decoder(token, 0, DEFAULT_DEPTH)?;
+    let mut decoder = engine
+        .stage
+        .greedy_decoder(token, 0, engine.decode_depth())?;
     for _ in 0..tokens {
         decoder.next().await?;
     }

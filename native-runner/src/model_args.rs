@@ -70,6 +70,9 @@ pub struct ModelArgs {
     /// crossover (for measuring it; 0 always batches).
     #[arg(long, hide = true)]
     pub per_token_prefill_below: Option<usize>,
+    /// Greedy decoding steps kept in flight instead of the built-in 2 (for measuring it).
+    #[arg(long, value_parser = clap::value_parser!(u8).range(1..=webshard::model::decode::MAX_DEPTH as i64), hide = true)]
+    pub decode_depth: Option<u8>,
     /// No progress bar while loading or processing the prompt.
     #[arg(long)]
     pub quiet: bool,
@@ -139,6 +142,9 @@ impl ModelArgs {
         bar.finish_and_clear();
         if let Some(tokens) = self.per_token_prefill_below {
             engine.set_per_token_prefill_below(tokens);
+        }
+        if let Some(depth) = self.decode_depth {
+            engine.set_decode_depth(depth.into());
         }
         let report = LoadReport {
             seconds: started.elapsed().as_secs_f64(),

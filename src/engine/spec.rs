@@ -16,7 +16,6 @@
 //! greedy tokens come from the pipelined `GreedyDecoder`, as without speculation.
 
 use crate::front::{Decoding, OnEvent};
-use crate::model::decode::DEFAULT_DEPTH;
 use crate::model::StageInput;
 use crate::sample::{DraftLength, SpecConfig};
 
@@ -132,7 +131,9 @@ impl Engine {
     ) -> Result<(), EngineError> {
         let mut fed = *decoding.tokens().last().expect("tokens hold the prompt");
         let position = self.cached.len() as u32;
-        let mut decoder = self.stage.greedy_decoder(fed, position, DEFAULT_DEPTH)?;
+        let mut decoder = self
+            .stage
+            .greedy_decoder(fed, position, self.decode_depth)?;
         let mut ended = false;
         let mut last_at = now_seconds();
         while !ended && self.draft(decoding, config, length.allowed()).is_empty() {

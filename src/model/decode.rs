@@ -16,6 +16,9 @@ use super::ModelError;
 
 /// Steps in flight beyond the one being waited for.
 pub const DEFAULT_DEPTH: usize = 2;
+/// Most steps a decoder keeps in flight (`Engine::set_decode_depth`): past a stop, each costs
+/// a wasted step.
+pub const MAX_DEPTH: usize = 8;
 
 pub struct GreedyDecoder<'s> {
     stage: &'s Stage,

@@ -244,6 +244,7 @@ impl WebEngine {
             load: settings.load_options()?,
             gpu_budget_bytes: settings.gpu_mem_mib.map(|mib| mib.saturating_mul(1 << 20)),
         };
+        let decode_depth = settings.checked_decode_depth()?;
         let gpu = open_gpu(settings.disable_f16, settings.disable_subgroups).await?;
         let disposed = Rc::new(Cell::new(false));
         watch_device(&gpu, hooks.on_device_lost.clone(), disposed.clone());
@@ -261,6 +262,7 @@ impl WebEngine {
             .await
             .map_err(|e| abortable.explain(e.into()))?;
         engine.set_prefill_progress(Box::new(report_prefill));
+        engine.set_decode_depth(decode_depth);
         gpu_errors.check()?;
         let info = engine_info(
             &url,

@@ -7,6 +7,7 @@ use wasm_bindgen::JsValue;
 
 use super::error::WebError;
 use crate::front::GenerateOptions;
+use crate::model::decode::{DEFAULT_DEPTH, MAX_DEPTH};
 use crate::model::LoadOptions;
 use crate::sample::lookup::SpecRequestError;
 use crate::sample::{ConstraintSpec, SamplerConfig, SpecConfig};
@@ -35,6 +36,8 @@ pub struct LoadSettings {
     /// Compile the generation's kernels at load (`WebEngine::warm_up`). `None`: on a GPU, not
     /// on a CPU adapter (SwiftShader), where running the throwaway generation costs seconds.
     pub warm_up: Option<bool>,
+    /// Greedy decoding's steps in flight (`Engine::set_decode_depth`), 1..=8.
+    pub decode_depth: usize,
 }
 
 impl Default for LoadSettings {
@@ -49,6 +52,7 @@ impl Default for LoadSettings {
             disable_subgroups: false,
             gpu_mem_mib: None,
             warm_up: None,
+            decode_depth: DEFAULT_DEPTH,
         }
     }
 }
@@ -71,6 +75,17 @@ impl LoadSettings {
             chunk_bytes: self.chunk_bytes,
             in_flight: self.in_flight,
         })
+    }
+
+    /// `decode_depth`, or an error saying its bounds.
+    pub fn checked_decode_depth(&self) -> Result<usize, WebError> {
+        match (1..=MAX_DEPTH).contains(&self.decode_depth) {
+            true => Ok(self.decode_depth),
+            false => Err(WebError::Options(format!(
+                "decodeDepth {} must be 1..={MAX_DEPTH}",
+                self.decode_depth
+            ))),
+        }
     }
 }
 

@@ -140,6 +140,7 @@ impl ApiArgs {
             int8_products: self.int8_products,
             int8_split: None,
             per_token_prefill_below: None,
+            decode_depth: None,
             quiet: true,
             gpu_mem_mib: None,
         }
