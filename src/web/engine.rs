@@ -211,7 +211,7 @@ pub(super) fn watch_device(gpu: &Gpu, on_lost: Option<Function>, disposed: Rc<Ce
 #[wasm_bindgen(js_class = Engine)]
 impl WebEngine {
     /// `Engine.load(url, { onProgress, onDeviceLost, signal, cache, maxContext, chunkBytes,
-    /// inFlight, disableF16, disableSubgroups, gpuMemMib, warmUp })`.
+    /// inFlight, disableF16, disableSubgroups, gpuMemMib, warmUp, decodeDepth })`.
     pub async fn load(url: String, options: JsValue) -> Result<WebEngine, JsValue> {
         let (mut engine, warm_up) = Self::load_inner(url, options).await?;
         if warm_up {
