@@ -156,18 +156,20 @@ fn greedy_ids_are_the_same_at_every_decode_depth() {
     let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
     let greedy = options(10, SamplerConfig::greedy());
     let default = run(&mut engine, chat(FRESH), greedy.clone(), false);
+    // Four tokens one deep, then five deep: the second run's cache serves the continuation.
     let mut submits = Vec::new();
+    let mut first = None;
     for depth in [1, 5] {
         engine.set_decode_depth(depth);
         let other = run(&mut engine, chat(FRESH), greedy.clone(), false);
         assert_eq!(other.ids, default.ids, "{depth} steps in flight");
         let before = engine.stage.gpu.counters.snapshot();
-        run(
+        first = Some(run(
             &mut engine,
             chat(FRESH),
             options(4, SamplerConfig::greedy()),
             false,
-        );
+        ));
         submits.push((engine.stage.gpu.counters.snapshot() - before).submits);
     }
     assert_eq!(
@@ -175,12 +177,7 @@ fn greedy_ids_are_the_same_at_every_decode_depth() {
         submits[0] + 4,
         "submits at depth 1 and 5: {submits:?}"
     );
-    let first = run(
-        &mut engine,
-        chat(FRESH),
-        options(4, SamplerConfig::greedy()),
-        false,
-    );
+    let first = first.expect("the five-deep run");
     let mut sequence = first.prompt_ids.clone();
     sequence.extend(&first.ids);
     let request = GenerateRequest::new(Prompt::Ids(sequence), options(6, SamplerConfig::greedy()));

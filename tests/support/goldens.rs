@@ -121,8 +121,6 @@ pub async fn free_running(engine: &mut Engine, record: &Value, max_steps: usize,
     let options = GenerateOptions {
         max_tokens: steps.len() as u32,
         sampler: SamplerConfig::greedy(),
-        stop: Vec::new(),
-        constraint: None,
         ..GenerateOptions::default()
     };
     // No reset: the teacher-forced pass just left this prompt's keys and values in the
