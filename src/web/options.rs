@@ -82,7 +82,7 @@ impl LoadSettings {
         match (1..=MAX_DEPTH).contains(&self.decode_depth) {
             true => Ok(self.decode_depth),
             false => Err(WebError::Options(format!(
-                "decodeDepth {} must be 1..={MAX_DEPTH}",
+                "decodeDepth must be a whole number from 1 to {MAX_DEPTH}, not {}",
                 self.decode_depth
             ))),
         }
