@@ -45,16 +45,34 @@ fn options(max_tokens: u32, sampler: SamplerConfig) -> GenerateOptions {
     }
 }
 
-/// One generation from an empty cache, with or without speculation.
-fn run(engine: &mut Engine, prompt: Prompt, mut options: GenerateOptions, spec: bool) -> Generated {
-    engine.reset();
-    // Drafting whatever it costs (`min_gain` 0): on lavapipe a multi-token step costs several
-    // plain ones, and the cost rule would pause the drafts these comparisons need.
-    let config = SpecConfig {
+/// Drafts of up to 6 tokens whatever they cost (`min_gain` 0: on lavapipe a multi-token step
+/// costs several plain ones, and the cost rule would pause the drafts these comparisons need),
+/// each verified as soon as the lookup finds it (`confirm` 0), so that some are rejected.
+fn eager() -> Option<SpecConfig> {
+    Some(SpecConfig {
+        confirm: 0,
+        ..gated().expect("a config")
+    })
+}
+
+/// As `eager`, but a draft is verified only once its lookup has come true for the built-in
+/// number of plain tokens (or while a span goes on), as requests draft by default.
+fn gated() -> Option<SpecConfig> {
+    Some(SpecConfig {
         min_gain: 0.0,
         ..SpecConfig::lookup(6).expect("draft-max 6")
-    };
-    options.speculation = spec.then_some(config);
+    })
+}
+
+/// One generation from an empty cache, with speculation `spec` or without.
+fn run(
+    engine: &mut Engine,
+    prompt: Prompt,
+    mut options: GenerateOptions,
+    spec: Option<SpecConfig>,
+) -> Generated {
+    engine.reset();
+    options.speculation = spec;
     let request = GenerateRequest::new(prompt, options);
     pollster::block_on(engine.generate_one(&request, &mut |_| ControlFlow::Continue(())))
         .expect("generate")
@@ -64,25 +82,51 @@ fn run(engine: &mut Engine, prompt: Prompt, mut options: GenerateOptions, spec: 
 fn greedy_ids_are_the_same_with_drafts_and_drafts_are_accepted() {
     let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
     let greedy = options(14, SamplerConfig::greedy());
-    let plain = run(&mut engine, chat(REPEATS), greedy.clone(), false);
-    let spec = run(&mut engine, chat(REPEATS), greedy, true);
-    assert_eq!(spec.ids, plain.ids, "ids with drafts: {:?}", spec.text);
-    assert!(
-        spec.timings.accepted >= 3,
-        "an answer that copies its prompt accepts drafts: {} of {} ({:?})",
-        spec.timings.accepted,
-        spec.timings.drafted,
-        spec.text
-    );
+    let plain = run(&mut engine, chat(REPEATS), greedy.clone(), None);
     assert_eq!(plain.timings.drafted, 0, "no drafts without --spec");
+    for (name, config) in [("eager", eager()), ("gated", gated())] {
+        let spec = run(&mut engine, chat(REPEATS), greedy.clone(), config);
+        assert_eq!(
+            spec.ids, plain.ids,
+            "{name} ids with drafts: {:?}",
+            spec.text
+        );
+        assert!(
+            spec.timings.accepted >= 3,
+            "{name}: an answer that copies its prompt accepts drafts: {} of {} ({:?})",
+            spec.timings.accepted,
+            spec.timings.drafted,
+            spec.text
+        );
+    }
+}
+
+/// Where the answer repeats nothing, the gated lookup has fewer draft tokens rejected than the
+/// eager one, which verifies every draft it finds; both give the same ids.
+#[test]
+fn a_gated_lookup_verifies_fewer_drafts_where_nothing_recurs() {
+    let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
+    let greedy = options(24, SamplerConfig::greedy());
+    let eager_run = run(&mut engine, chat(FRESH), greedy.clone(), eager());
+    let gated_run = run(&mut engine, chat(FRESH), greedy, gated());
+    assert_eq!(gated_run.ids, eager_run.ids, "{:?}", gated_run.text);
+    let rejected = |run: &Generated| run.timings.drafted - run.timings.accepted;
+    assert!(
+        rejected(&gated_run) < rejected(&eager_run),
+        "draft tokens rejected: gated {} of {}, eager {} of {}",
+        rejected(&gated_run),
+        gated_run.timings.drafted,
+        rejected(&eager_run),
+        eager_run.timings.drafted
+    );
 }
 
 #[test]
 fn greedy_ids_are_the_same_when_drafts_are_rejected() {
     let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
     let greedy = options(24, SamplerConfig::greedy());
-    let plain = run(&mut engine, chat(FRESH), greedy.clone(), false);
-    let spec = run(&mut engine, chat(FRESH), greedy, true);
+    let plain = run(&mut engine, chat(FRESH), greedy.clone(), None);
+    let spec = run(&mut engine, chat(FRESH), greedy, eager());
     assert_eq!(spec.ids, plain.ids, "ids with drafts: {:?}", spec.text);
     assert!(
         spec.timings.drafted > spec.timings.accepted,
@@ -106,9 +150,9 @@ fn sampled_ids_are_the_same_for_a_seed() {
         &mut engine,
         chat(REPEATS),
         options(8, sampler.clone()),
-        false,
+        None,
     );
-    let spec = run(&mut engine, chat(REPEATS), options(8, sampler), true);
+    let spec = run(&mut engine, chat(REPEATS), options(8, sampler), eager());
     assert_eq!(spec.ids, plain.ids, "ids with drafts: {:?}", spec.text);
     assert!(spec.timings.drafted > 0, "the sampled path drafted");
 }
@@ -119,7 +163,7 @@ fn sampled_ids_are_the_same_for_a_seed() {
 fn the_cache_after_drafts_serves_the_next_request() {
     let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
     let greedy = options(10, SamplerConfig::greedy());
-    let first = run(&mut engine, chat(REPEATS), greedy.clone(), true);
+    let first = run(&mut engine, chat(REPEATS), greedy.clone(), eager());
     assert!(first.timings.drafted > first.timings.accepted || first.timings.accepted > 0);
     let mut follow_up = first.prompt_ids.clone();
     follow_up.extend(&first.ids);
@@ -139,7 +183,7 @@ fn the_cache_after_drafts_serves_the_next_request() {
         &mut engine,
         Prompt::Ids(follow_up),
         options(3, SamplerConfig::greedy()),
-        false,
+        None,
     );
     assert_eq!(
         reused.ids, fresh.ids,
@@ -155,20 +199,20 @@ fn the_cache_after_drafts_serves_the_next_request() {
 fn greedy_ids_are_the_same_at_every_decode_depth() {
     let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
     let greedy = options(10, SamplerConfig::greedy());
-    let default = run(&mut engine, chat(FRESH), greedy.clone(), false);
+    let default = run(&mut engine, chat(FRESH), greedy.clone(), None);
     // Four tokens one deep, then five deep: the second run's cache serves the continuation.
     let mut submits = Vec::new();
     let mut first = None;
     for depth in [1, 5] {
         engine.set_decode_depth(depth);
-        let other = run(&mut engine, chat(FRESH), greedy.clone(), false);
+        let other = run(&mut engine, chat(FRESH), greedy.clone(), None);
         assert_eq!(other.ids, default.ids, "{depth} steps in flight");
         let before = engine.stage.gpu.counters.snapshot();
         first = Some(run(
             &mut engine,
             chat(FRESH),
             options(4, SamplerConfig::greedy()),
-            false,
+            None,
         ));
         submits.push((engine.stage.gpu.counters.snapshot() - before).submits);
     }

@@ -14,6 +14,10 @@ pub struct SpecArgs {
     /// grow only while they are accepted whole).
     #[arg(long, requires = "spec", value_parser = parse_draft_max)]
     pub draft_max: Option<u32>,
+    /// Plain tokens a lookup must foretell before its draft is verified (default 2; 0
+    /// verifies every draft found). Hidden: for measuring the rule (docs/perf.md).
+    #[arg(long, requires = "spec", hide = true, value_parser = clap::value_parser!(u32).range(0..=8))]
+    pub spec_confirm: Option<u32>,
 }
 
 #[derive(clap::ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,6 +29,7 @@ impl SpecArgs {
     pub fn config(&self) -> Option<SpecConfig> {
         self.spec.map(|SpecKind::Lookup| SpecConfig {
             draft_max: self.draft_max.unwrap_or(SpecConfig::default().draft_max),
+            confirm: self.spec_confirm.unwrap_or(SpecConfig::default().confirm),
             ..SpecConfig::default()
         })
     }

@@ -58,7 +58,7 @@ impl Engine {
         let mut counts = DraftCounts::default();
         while decoding.finished().is_none() {
             let draft = self.draft(decoding, config, length.allowed());
-            if greedy && draft.is_empty() {
+            if greedy && (draft.is_empty() || !length.due()) {
                 self.decode_undrafted(decoding, config, &mut length, on_event)
                     .await?;
                 continue;
@@ -119,9 +119,10 @@ impl Engine {
     }
 
     /// Greedy tokens through the pipelined decoder while there is nothing to verify (drafting
-    /// paused, or no n-gram recurs): a one-token verification step would wait for its token
-    /// before the next could start, 10-15% slower on the H200 (docs/perf.md, session 22). The
-    /// steps the decoder has in flight when a draft appears are kept, not wasted.
+    /// paused, no n-gram recurs, or no lookup has come true yet: `DraftLength::watch`): a
+    /// one-token verification step would wait for its token before the next could start,
+    /// 10-15% slower on the H200 (docs/perf.md, session 22). The steps the decoder has in
+    /// flight when a draft is due are kept, not wasted, and watched as the others.
     async fn decode_undrafted(
         &mut self,
         decoding: &mut Decoding,
@@ -136,7 +137,7 @@ impl Engine {
             .greedy_decoder(fed, position, self.decode_depth)?;
         let mut ended = false;
         let mut last_at = now_seconds();
-        while !ended && self.draft(decoding, config, length.allowed()).is_empty() {
+        while !ended {
             let next = decoder.next().await?;
             let at = now_seconds();
             length.record_plain((at - last_at) as f32);
@@ -144,6 +145,10 @@ impl Engine {
             self.cached.push(fed);
             fed = next;
             ended = decoding.accept(&self.text, next, on_event).is_some();
+            let due = length.watch(decoding.tokens());
+            if due && !self.draft(decoding, config, length.allowed()).is_empty() {
+                break;
+            }
         }
         for next in decoder.drain().await? {
             if ended {
@@ -152,6 +157,7 @@ impl Engine {
             self.cached.push(fed);
             fed = next;
             ended = decoding.accept(&self.text, next, on_event).is_some();
+            length.watch(decoding.tokens());
         }
         Ok(())
     }

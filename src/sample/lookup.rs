@@ -6,18 +6,27 @@
 //! engine verifies a draft in one multi-token step and keeps the longest prefix that agrees
 //! with what it would have generated, so drafts change speed, never output.
 //!
-//! `DraftLength` decides how long the next draft may be: it doubles after a draft accepted
-//! whole, falls to one past the accepted prefix after a rejection, and stops drafting for a
-//! while (longer each time it fails again) when the recent acceptance rate is low or when the
-//! measured tokens per second of drafting fall below plain decoding's, so an answer that
-//! repeats nothing runs at plain decoding's pace. The second rule matters where a multi-token
-//! step costs several plain ones (CPU adapters: docs/perf.md); on a GPU it rarely fires.
+//! `DraftLength` decides when a draft is verified and how long it may be. A draft is verified
+//! at once only while a span goes on (the last draft was accepted whole); otherwise plain
+//! tokens keep coming from the pipelined decoder, each checked against what the lookup
+//! foretold, and a draft is verified once the lookup has foretold `confirm` plain tokens in a
+//! row. A lookup that fails costs nothing then, where a verification step costs the pipeline's
+//! overlap (about a plain token on the H200): in text that repeats nothing a one-token n-gram
+//! recurs almost everywhere, and verifying each of its drafts lost 4-13% (docs/perf.md).
+//! The length doubles after a draft accepted whole and falls to one past the accepted prefix
+//! after a rejection; drafting stops for a while (longer each time it fails again) when the
+//! recent acceptance rate is low or when the measured tokens per second of drafting fall
+//! below plain decoding's. The cost rule matters where a multi-token step costs several plain
+//! ones (CPU adapters: docs/perf.md); on a GPU it rarely fires.
 
 /// Longest draft a step may verify: the head computes logits for at most 16 rows at once
 /// (the draft plus the token before it).
 pub const MAX_DRAFT: u32 = 15;
 /// Longest n-gram looked up: longer matches are rarer and predict little better.
 pub const DEFAULT_NGRAM_MAX: usize = 3;
+/// Plain tokens a lookup must foretell in a row before its draft is verified: two, since a
+/// one-token n-gram's next token comes true by chance often enough in any text.
+pub const DEFAULT_CONFIRM: u32 = 2;
 
 /// Speculation settings, as `--spec lookup --draft-max K` gives them.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -29,6 +38,9 @@ pub struct SpecConfig {
     /// Drafting pauses when its measured speed falls below this times plain decoding's; 0
     /// keeps drafting whatever it costs (tests that compare outputs).
     pub min_gain: f32,
+    /// Plain tokens a lookup must foretell before its draft is verified, unless a span goes
+    /// on; 0 verifies every draft found (tests that need drafts rejected).
+    pub confirm: u32,
 }
 
 /// Drafts may grow to `MAX_DRAFT`: the length starts at 4 and doubles only while whole drafts
@@ -40,6 +52,7 @@ impl Default for SpecConfig {
             draft_max: MAX_DRAFT,
             ngram_max: DEFAULT_NGRAM_MAX,
             min_gain: 1.0,
+            confirm: DEFAULT_CONFIRM,
         }
     }
 }
@@ -125,6 +138,14 @@ pub struct DraftLength {
     plain_seconds: Option<f32>,
     step_seconds: Option<f32>,
     step_tokens: Option<f32>,
+    /// The next draft is verified at once: the last one was accepted whole, or a lookup has
+    /// foretold `confirm` plain tokens in a row.
+    due: bool,
+    confirm: u32,
+    ngram_max: usize,
+    /// What the latest lookup says the next plain tokens are, and how many came true so far.
+    foretold: Vec<u32>,
+    came_true: u32,
 }
 
 fn running(old: Option<f32>, new: f32) -> f32 {
@@ -145,7 +166,41 @@ impl DraftLength {
             plain_seconds: None,
             step_seconds: None,
             step_tokens: None,
+            due: config.confirm == 0,
+            confirm: config.confirm,
+            ngram_max: config.ngram_max,
+            foretold: Vec::new(),
+            came_true: 0,
         }
+    }
+
+    /// Whether a draft found now is to be verified now: drafting is not paused, and a span
+    /// goes on or a lookup's draft has come true for `confirm` plain tokens. Otherwise plain
+    /// tokens keep coming from the pipelined decoder, each passed to `watch`.
+    pub fn due(&self) -> bool {
+        self.paused_for == 0 && self.due
+    }
+
+    /// After a plain token (the last of `tokens`, prompt and completion so far): checks it
+    /// against what the lookup foretold and looks up what comes next. True once a draft is
+    /// due, for `due` to say.
+    pub fn watch(&mut self, tokens: &[u32]) -> bool {
+        if self.confirm == 0 {
+            return self.due();
+        }
+        let next = tokens.last().copied();
+        if !self.foretold.is_empty() && self.foretold.first().copied() == next {
+            self.foretold.remove(0);
+            self.came_true += 1;
+        } else {
+            self.foretold.clear();
+            self.came_true = 0;
+        }
+        if self.foretold.is_empty() {
+            self.foretold = lookup_draft(tokens, self.ngram_max, self.confirm as usize);
+        }
+        self.due = self.came_true >= self.confirm;
+        self.due()
     }
 
     /// How many draft tokens the next step may verify; 0 while drafting is paused.
@@ -171,6 +226,9 @@ impl DraftLength {
         } else {
             (accepted + 1).min(self.max)
         };
+        self.due = accepted == drafted || self.confirm == 0;
+        self.foretold.clear();
+        self.came_true = 0;
         if self.rate < PAUSE_BELOW || self.gain() < self.min_gain {
             self.pause_drafting();
         } else if fraction >= 0.5 {
@@ -316,6 +374,81 @@ mod tests {
             paused += 1;
         }
         assert!(paused > FIRST_PAUSE, "paused {paused} tokens");
+    }
+
+    #[test]
+    fn a_draft_is_due_once_its_lookup_has_come_true_for_confirm_tokens() {
+        let mut length = DraftLength::new(&uncosted(8));
+        let mut tokens = vec![10, 1, 2, 3, 4, 11, 1];
+        assert!(!length.due(), "nothing foretold yet");
+        assert!(!length.watch(&tokens), "1 foretells 2 3");
+        tokens.push(2);
+        assert!(!length.watch(&tokens), "one of two came true");
+        tokens.push(3);
+        assert!(length.watch(&tokens), "two came true");
+        assert!(length.due());
+        // The draft then verified is rejected after one token: the next must come true again.
+        length.record(4, 1, 1.0);
+        assert!(!length.due());
+        tokens.extend([4, 12]);
+        assert!(!length.watch(&tokens), "12 was not foretold");
+        tokens.push(1);
+        assert!(!length.watch(&tokens));
+        tokens.push(2);
+        assert!(!length.watch(&tokens), "one came true since 12");
+    }
+
+    #[test]
+    fn a_span_accepted_whole_goes_on_without_confirmation() {
+        let mut length = DraftLength::new(&uncosted(8));
+        let mut tokens = vec![5, 6, 7, 8, 9, 5];
+        for next in [6, 7, 8] {
+            tokens.push(next);
+            length.watch(&tokens);
+        }
+        assert!(length.due());
+        length.record(4, 4, 1.0);
+        assert!(length.due(), "a draft accepted whole: its span goes on");
+        length.record(8, 3, 1.0);
+        assert!(!length.due());
+    }
+
+    #[test]
+    fn confirm_zero_verifies_every_draft_unless_paused() {
+        let eager = SpecConfig {
+            confirm: 0,
+            ..uncosted(8)
+        };
+        let mut length = DraftLength::new(&eager);
+        assert!(length.due());
+        assert!(length.watch(&[1, 2, 3]));
+        length.record(4, 0, 1.0);
+        assert!(
+            length.due(),
+            "one bad step after a fair start keeps drafting"
+        );
+        length.record(1, 0, 1.0);
+        assert!(!length.due(), "paused");
+    }
+
+    #[test]
+    fn a_paused_lookup_is_not_due_until_the_pause_ends() {
+        let mut length = DraftLength::new(&SpecConfig::lookup(8).unwrap());
+        let mut tokens = vec![1, 2, 3, 1];
+        for next in [2, 3] {
+            tokens.push(next);
+            length.record_plain(0.1);
+            assert!(
+                !length.watch(&tokens),
+                "the first plain tokens measure plain decoding"
+            );
+        }
+        length.record_plain(0.1);
+        tokens.push(1);
+        assert!(
+            length.watch(&tokens),
+            "the lookup came true twice, and the pause ended"
+        );
     }
 
     #[test]

@@ -452,10 +452,11 @@ impl Scheduler {
             let seq = &mut self.running[index];
             let accepted = match seq.next.take() {
                 Some(next) => {
+                    let accepted = accept_next(seq, text, next).await;
                     if let Some(drafting) = &mut seq.drafting {
-                        drafting.plain_token(alone);
+                        drafting.plain_token(alone, seq.decoding.tokens());
                     }
-                    accept_next(seq, text, next).await
+                    accepted
                 }
                 None => Ok(()),
             };

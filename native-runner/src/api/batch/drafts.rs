@@ -8,9 +8,10 @@
 //! tokens kept (`KvPool::extend`).
 //!
 //! Only a lone sequence drafts: beside others, a batched step already spreads its cost over
-//! every row, while a draft's step would hold them all up. The draft length adapts and
-//! drafting pauses where drafts fail or cost more than they give (`DraftLength`), as in the
-//! engine; plain tokens between drafts still come from the pipelined batched steps.
+//! every row, while a draft's step would hold them all up. As in the engine (`DraftLength`),
+//! a draft is verified at once only while a span goes on, otherwise once its lookup has come
+//! true for a few plain tokens; the length adapts, and drafting pauses where drafts fail or
+//! cost more than they give. Plain tokens between drafts come from the pipelined batched steps.
 
 use webshard::engine::EngineError;
 use webshard::front::GenerateOptions;
@@ -47,15 +48,16 @@ impl Drafting {
         })
     }
 
-    /// A token decoded without a draft; one from a step the sequence ran `alone` times what a
-    /// plain token costs.
-    pub fn plain_token(&mut self, alone: bool) {
+    /// A token decoded without a draft, the last of `tokens`; one from a step the sequence ran
+    /// `alone` times what a plain token costs. The lookup watches it (`DraftLength::watch`).
+    pub fn plain_token(&mut self, alone: bool, tokens: &[u32]) {
         let now = now_seconds();
         let seconds = match (alone, self.last_alone) {
             (true, Some(last)) => (now - last) as f32,
             _ => 0.0,
         };
         self.length.record_plain(seconds);
+        self.length.watch(tokens);
         self.last_alone = alone.then_some(now);
     }
 }
@@ -76,14 +78,15 @@ impl Chosen {
 }
 
 impl Scheduler {
-    /// The draft of the one running sequence, when it drafts and has only its last token to
-    /// feed; `None` while others run, drafting is paused, or no n-gram recurs.
+    /// The draft of the one running sequence, when it drafts, one is due (`DraftLength::due`)
+    /// and it has only its last token to feed; `None` while others run, drafting is paused,
+    /// no lookup has come true yet, or no n-gram recurs.
     pub(super) fn lone_draft(&self) -> Option<Vec<u32>> {
         let [seq] = self.running.as_slice() else {
             return None;
         };
         let drafting = seq.drafting.as_ref()?;
-        if seq.next.is_some() || seq.to_feed(&self.pool).len() != 1 {
+        if !drafting.length.due() || seq.next.is_some() || seq.to_feed(&self.pool).len() != 1 {
             return None;
         }
         let position = self.pool.held(seq.slot) as u32;
