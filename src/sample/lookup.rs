@@ -121,7 +121,8 @@ const PAUSE_BELOW: f32 = 0.25;
 /// Plain tokens of the first pause; each pause that ends in another low rate doubles it.
 const FIRST_PAUSE: u32 = 8;
 const LONGEST_PAUSE: u32 = 256;
-/// The running rate a fresh start (or the end of a pause) assumes: one bad step pauses again.
+/// The running rate a fresh start (or the end of a pause) assumes: two bad steps pause again,
+/// and drafts are verified at once only while the rate stays above it (`DraftLength::due`).
 const START_RATE: f32 = 0.5;
 
 /// The adaptive draft length and the pause after low acceptance or a measured loss.
@@ -175,10 +176,13 @@ impl DraftLength {
     }
 
     /// Whether a draft found now is to be verified now: drafting is not paused, and a span
-    /// goes on or a lookup's draft has come true for `confirm` plain tokens. Otherwise plain
-    /// tokens keep coming from the pipelined decoder, each passed to `watch`.
+    /// goes on, a lookup's draft has come true for `confirm` plain tokens, or drafts have been
+    /// paying (a running acceptance rate above a fresh start's: extraction, where the answer
+    /// moves from one copied line to the next and the first lookup after a rejection is
+    /// usually right). Otherwise plain tokens keep coming from the pipelined decoder, each
+    /// passed to `watch`.
     pub fn due(&self) -> bool {
-        self.paused_for == 0 && self.due
+        self.paused_for == 0 && (self.due || self.rate > START_RATE)
     }
 
     /// After a plain token (the last of `tokens`, prompt and completion so far): checks it
@@ -409,8 +413,10 @@ mod tests {
         assert!(length.due());
         length.record(4, 4, 1.0);
         assert!(length.due(), "a draft accepted whole: its span goes on");
-        length.record(8, 3, 1.0);
-        assert!(!length.due());
+        length.record(8, 4, 1.0);
+        assert!(length.due(), "drafts have been paying: the next is verified at once");
+        length.record(5, 0, 1.0);
+        assert!(!length.due(), "the rate fell to a fresh start's");
     }
 
     #[test]
