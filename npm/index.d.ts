@@ -150,8 +150,8 @@ export interface CreateEngineOptions {
    * first reply does not pay for them. Default: on a GPU, off on a CPU adapter (SwiftShader),
    * where running it takes seconds. */
   warmUp?: boolean;
-  /** Greedy decoding steps kept in flight, 1 to 8; default 2 (more where a GPU read-back
-   * comes late). */
+  /** Greedy decoding steps kept in flight, 1 to 8; default 4 (a browser's GPU read-back
+   * comes later than a step's time: with 2 the GPU waits on it). */
   decodeDepth?: number;
   onProgress?: (event: LoadProgress) => void;
   /** Aborts the load; `createEngine` then rejects with an `EngineError` of kind `aborted`. */

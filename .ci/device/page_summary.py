@@ -118,7 +118,7 @@ def page_variant(file, key):
 
 
 page_variant("page-nosub.json", "page_nosub")
-page_variant("page-depth4.json", "page_depth4")
+page_variant("page-depth2.json", "page_depth2")
 summary["ratios"] = ratios
 with open(os.path.join(stage, "summary.json"), "w") as f:
     json.dump(summary, f, indent=1)

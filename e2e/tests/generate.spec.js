@@ -107,7 +107,7 @@ test('a lost GPU device is replaced without reloading the page', async () => {
 // page's greedy ids are llama.cpp's (tests/goldens/) up to the first near-tie. LFM2 runs its
 // short convolutions and their state in the browser. qwen3 loads with the kernels compiled at
 // load (`warmUp`, on by default on a GPU only): its throwaway generation must leave no trace.
-// LFM2 decodes with 5 steps in flight (`decodeDepth`; 2 by default): the same ids.
+// qwen3 decodes with 2 steps in flight and LFM2 with 5 (`decodeDepth`; 4 by default): the same ids.
 for (const [name, warmup, depth] of [['tiny-qwen3', '1', '2'], ['tiny-lfm2', '0', '5']]) {
   test(`${name} gives llama.cpp's greedy ids in the page (warm-up ${warmup === '1' ? 'on' : 'off'}, ${depth} steps in flight)`, async ({ browser }) => {
     const file = path.join(__dirname, '..', '..', 'tests', 'goldens', `${name}-f16.generate.json`);

@@ -7,7 +7,7 @@ use wasm_bindgen::JsValue;
 
 use super::error::WebError;
 use crate::front::GenerateOptions;
-use crate::model::decode::{DEFAULT_DEPTH, MAX_DEPTH};
+use crate::model::decode::MAX_DEPTH;
 use crate::model::LoadOptions;
 use crate::sample::lookup::SpecRequestError;
 use crate::sample::{ConstraintSpec, SamplerConfig, SpecConfig};
@@ -17,6 +17,12 @@ const MAX_TOKENS: u32 = 1 << 16;
 /// Largest chunk one range request may read.
 const MAX_CHUNK_BYTES: u64 = 64 << 20;
 const MAX_IN_FLIGHT: usize = 16;
+/// Greedy decoding's steps in flight in the page: four, not native's two
+/// (`model::decode::DEFAULT_DEPTH`). A browser's read-back resolves through the GPU process,
+/// later than one step's time, so with two in flight the GPU waited on it: on an H100 the
+/// page decoded at 0.60x the native runner with two and 0.89x with four (docs/perf.md,
+/// session 35); natively four gave nothing (-1%). Past a stop each costs a wasted step.
+const PAGE_DEPTH: usize = 4;
 
 /// The plain-data part of `Engine.load`'s options (callbacks and the signal are read apart).
 #[derive(Debug, Clone, Deserialize)]
@@ -36,7 +42,7 @@ pub struct LoadSettings {
     /// Compile the generation's kernels at load (`WebEngine::warm_up`). `None`: on a GPU, not
     /// on a CPU adapter (SwiftShader), where running the throwaway generation costs seconds.
     pub warm_up: Option<bool>,
-    /// Greedy decoding's steps in flight (`Engine::set_decode_depth`), 1..=8.
+    /// Greedy decoding's steps in flight (`Engine::set_decode_depth`), 1..=8; `PAGE_DEPTH`.
     pub decode_depth: usize,
 }
 
@@ -52,7 +58,7 @@ impl Default for LoadSettings {
             disable_subgroups: false,
             gpu_mem_mib: None,
             warm_up: None,
-            decode_depth: DEFAULT_DEPTH,
+            decode_depth: PAGE_DEPTH,
         }
     }
 }
