@@ -176,13 +176,13 @@ impl DraftLength {
     }
 
     /// Whether a draft found now is to be verified now: drafting is not paused, and a span
-    /// goes on, a lookup's draft has come true for `confirm` plain tokens, or drafts have been
-    /// paying (a running acceptance rate above a fresh start's: extraction, where the answer
-    /// moves from one copied line to the next and the first lookup after a rejection is
-    /// usually right). Otherwise plain tokens keep coming from the pipelined decoder, each
-    /// passed to `watch`.
+    /// goes on, a lookup's draft has come true for `confirm` plain tokens, or drafts have not
+    /// been failing (a running acceptance rate at least a fresh start's: extraction, where
+    /// the answer moves from one copied line to the next and the first lookup after a
+    /// rejection is usually right). Otherwise plain tokens keep coming from the pipelined
+    /// decoder, each passed to `watch`.
     pub fn due(&self) -> bool {
-        self.paused_for == 0 && (self.due || self.rate > START_RATE)
+        self.paused_for == 0 && (self.due || self.rate >= START_RATE)
     }
 
     /// After a plain token (the last of `tokens`, prompt and completion so far): checks it
@@ -384,7 +384,10 @@ mod tests {
     fn a_draft_is_due_once_its_lookup_has_come_true_for_confirm_tokens() {
         let mut length = DraftLength::new(&uncosted(8));
         let mut tokens = vec![10, 1, 2, 3, 4, 11, 1];
-        assert!(!length.due(), "nothing foretold yet");
+        assert!(length.due(), "a fresh start verifies its first draft at once");
+        // That draft is rejected whole: the next must come true first.
+        length.record(4, 0, 1.0);
+        assert!(!length.due());
         assert!(!length.watch(&tokens), "1 foretells 2 3");
         tokens.push(2);
         assert!(!length.watch(&tokens), "one of two came true");
@@ -416,7 +419,7 @@ mod tests {
         length.record(8, 4, 1.0);
         assert!(length.due(), "drafts have been paying: the next is verified at once");
         length.record(5, 0, 1.0);
-        assert!(!length.due(), "the rate fell to a fresh start's");
+        assert!(!length.due(), "the rate fell below a fresh start's");
     }
 
     #[test]
@@ -453,7 +456,7 @@ mod tests {
         tokens.push(1);
         assert!(
             length.watch(&tokens),
-            "the lookup came true twice, and the pause ended"
+            "the pause ended, and drafts have not failed yet"
         );
     }
 
