@@ -1,7 +1,7 @@
 //! The GPU core itself: device probing, specialisation headers, every reduction variant, the
 //! recorder's uniform blocks, read-back, and weight splitting under a forced binding limit.
 
-use webshard::gpu::{self, Gpu, GpuOptions, Kernel, Lib, Recorder, WeightTensor};
+use webshard::gpu::{self, DispatchGraph, Gpu, GpuOptions, Kernel, Lib, Recorder, WeightTensor};
 
 const ROW_SUM: Kernel = Kernel {
     name: "test_row_sum",
@@ -93,6 +93,77 @@ fn reductions_match_cpu_in_every_variant() {
                 assert_eq!(got[r * 2 + 1], want_max, "{variant} wg={wg} row {r}: max");
             }
         }
+    }
+}
+
+/// A recording under a `DispatchGraph` makes its bind groups once: the second recording of the
+/// same dispatches makes none (each dispatch's new parameters still reach it: the scale
+/// changes), and one whose output moves remakes that dispatch's alone.
+#[test]
+fn a_graph_finds_its_bind_groups_from_its_second_recording() {
+    let devices = pollster::block_on(gpu::testing::devices_under_test()).expect("gpu");
+    let (rows, cols, dispatches) = (3usize, 64usize, 3usize);
+    let seed = gpu::testing::fresh_seed();
+    for gpu in &devices {
+        let variant = gpu.caps.all_variants()[0];
+        let pipeline = gpu.pipeline(&ROW_SUM, variant, &[("WG", 32)]);
+        let input = gpu::testing::random_f32(rows * cols, seed);
+        let input_buf = gpu::upload_f32(gpu, "input", &input);
+        let outputs: Vec<wgpu::Buffer> = (0..=dispatches)
+            .map(|_| gpu::storage_buffer(gpu, "output", (rows * 2 * 4) as u64))
+            .collect();
+        let mut graph = DispatchGraph::default();
+        let mut record = |scale: f32, last_output: usize| {
+            for output in &outputs {
+                gpu::poison_f32(gpu, output);
+            }
+            let before = gpu.counters.snapshot();
+            let mut recorder = Recorder::with_graph(gpu, &mut graph);
+            for d in 0..dispatches {
+                let output = &outputs[if d + 1 == dispatches { last_output } else { d }];
+                let params = Params {
+                    cols: cols as u32,
+                    scale: scale * (d + 1) as f32,
+                    pad: [0; 2],
+                };
+                recorder.dispatch(
+                    &pipeline,
+                    &params,
+                    &[input_buf.as_entire_binding(), output.as_entire_binding()],
+                    [rows as u32, 1, 1],
+                );
+            }
+            recorder.submit();
+            let made = (gpu.counters.snapshot() - before).bind_groups;
+            let got = pollster::block_on(gpu::read_f32(gpu, &outputs[last_output], 0, 2)).unwrap();
+            let want: f32 = input[..cols].iter().sum::<f32>() * scale * dispatches as f32;
+            assert!(
+                (got[0] - want).abs() < 1e-3 * want.abs().max(1.0),
+                "{} seed={seed} scale {scale}: {} vs {want}",
+                gpu.caps.adapter,
+                got[0]
+            );
+            made
+        };
+        let last = dispatches - 1;
+        assert_eq!(
+            record(0.5, last),
+            dispatches as u64,
+            "{}: the first recording",
+            gpu.caps.adapter
+        );
+        assert_eq!(
+            record(2.0, last),
+            0,
+            "{}: the second recording",
+            gpu.caps.adapter
+        );
+        assert_eq!(
+            record(3.0, dispatches),
+            1,
+            "{}: the last output moved",
+            gpu.caps.adapter
+        );
     }
 }
 

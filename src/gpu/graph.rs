@@ -11,6 +11,15 @@ use std::num::NonZeroU64;
 
 use super::device::Gpu;
 
+/// A new graph's parameter slots, made before its first recording so that the second
+/// recording already finds its bind groups (a speculative step of a new draft length, a
+/// serving step of a new row count, comes back a few times only). 512 slots hold a step of
+/// the models here (SmolLM2's 335 dispatches for a few tokens); a longer one sizes the buffer
+/// by its first recording and finds its bind groups from its third, as every graph did before.
+/// 256 bytes hold every kernel's parameters (NVIDIA's uniform alignment is 256 already).
+const FIRST_SLOTS: usize = 512;
+const FIRST_SLOT_BYTES: usize = 256;
+
 /// What one cached bind group was made for.
 struct GraphEntry {
     pipeline: wgpu::ComputePipeline,
@@ -66,6 +75,10 @@ impl DispatchGraph {
         self.recorded += 1;
         let fitting = params.len().next_multiple_of(Self::alignment(gpu));
         self.wanted_slot = self.wanted_slot.max(fitting);
+        if self.uniform.is_none() {
+            let slot = FIRST_SLOT_BYTES.next_multiple_of(Self::alignment(gpu));
+            self.allocate(gpu, FIRST_SLOTS, slot);
+        }
         let slot = self.slot;
         let (Some(uniform), true) = (self.uniform.clone(), index < self.slots) else {
             return GraphBinding::NoSlot;
@@ -109,17 +122,25 @@ impl DispatchGraph {
             }
         }
         if self.recorded > self.slots || self.wanted_slot > self.slot {
-            self.slots = self.slots.max(self.recorded);
-            self.slot = self.slot.max(self.wanted_slot);
-            self.entries.clear();
-            self.uniform = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("dispatch graph params"),
-                size: (self.slots * self.slot) as u64,
-                usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }));
+            let slots = self.slots.max(self.recorded);
+            let slot = self.slot.max(self.wanted_slot);
+            self.allocate(gpu, slots, slot);
         }
         self.wanted_slot = 0;
+    }
+
+    /// A parameter buffer of `slots` slots of `slot` bytes; the bind groups made on the old
+    /// one go with it.
+    fn allocate(&mut self, gpu: &Gpu, slots: usize, slot: usize) {
+        self.slots = slots;
+        self.slot = slot;
+        self.entries.clear();
+        self.uniform = Some(gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("dispatch graph params"),
+            size: (slots * slot) as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }));
     }
 }
 

@@ -121,9 +121,12 @@ const PAUSE_BELOW: f32 = 0.25;
 /// Plain tokens of the first pause; each pause that ends in another low rate doubles it.
 const FIRST_PAUSE: u32 = 8;
 const LONGEST_PAUSE: u32 = 256;
-/// The running rate a fresh start (or the end of a pause) assumes: two bad steps pause again,
-/// and drafts are verified at once only while the rate stays above it (`DraftLength::due`).
+/// The running rate a fresh start assumes: two bad steps pause drafting, and drafts are
+/// verified at once only while the rate stays at least this (`DraftLength::due`).
 const START_RATE: f32 = 0.5;
+/// The running rate drafting resumes with after a pause: below a fresh start's, so that drafts
+/// come through the gate (`DraftLength::watch`) until one pays, and two bad steps pause again.
+const RESUME_RATE: f32 = 0.45;
 
 /// The adaptive draft length and the pause after low acceptance or a measured loss.
 #[derive(Debug, Clone)]
@@ -187,9 +190,11 @@ impl DraftLength {
 
     /// After a plain token (the last of `tokens`, prompt and completion so far): checks it
     /// against what the lookup foretold and looks up what comes next. True once a draft is
-    /// due, for `due` to say.
+    /// due, for `due` to say; a draft once due stays due until a step verifies one (`record`),
+    /// so the tokens of the steps still in flight then do not send the caller back to plain
+    /// decoding, which would cost the pipeline's restart for nothing.
     pub fn watch(&mut self, tokens: &[u32]) -> bool {
-        if self.confirm == 0 {
+        if self.confirm == 0 || self.due {
             return self.due();
         }
         let next = tokens.last().copied();
@@ -258,7 +263,7 @@ impl DraftLength {
         };
         self.paused_for = self.pause * step_cost.clamp(1, 16);
         self.pause = (self.pause * 2).min(LONGEST_PAUSE);
-        self.rate = START_RATE;
+        self.rate = RESUME_RATE;
         self.step_tokens = None;
         self.step_seconds = None;
     }
@@ -384,7 +389,10 @@ mod tests {
     fn a_draft_is_due_once_its_lookup_has_come_true_for_confirm_tokens() {
         let mut length = DraftLength::new(&uncosted(8));
         let mut tokens = vec![10, 1, 2, 3, 4, 11, 1];
-        assert!(length.due(), "a fresh start verifies its first draft at once");
+        assert!(
+            length.due(),
+            "a fresh start verifies its first draft at once"
+        );
         // That draft is rejected whole: the next must come true first.
         length.record(4, 0, 1.0);
         assert!(!length.due());
@@ -417,7 +425,10 @@ mod tests {
         length.record(4, 4, 1.0);
         assert!(length.due(), "a draft accepted whole: its span goes on");
         length.record(8, 4, 1.0);
-        assert!(length.due(), "drafts have been paying: the next is verified at once");
+        assert!(
+            length.due(),
+            "drafts have been paying: the next is verified at once"
+        );
         length.record(5, 0, 1.0);
         assert!(!length.due(), "the rate fell below a fresh start's");
     }
@@ -458,6 +469,25 @@ mod tests {
             length.watch(&tokens),
             "the pause ended, and drafts have not failed yet"
         );
+    }
+
+    #[test]
+    fn after_a_pause_a_draft_waits_for_its_lookup_to_come_true() {
+        let mut length = DraftLength::new(&uncosted(8));
+        length.record(4, 0, 1.0);
+        length.record(1, 0, 1.0);
+        let mut tokens = vec![1, 2, 3];
+        while length.allowed() == 0 {
+            tokens.push(100 + tokens.len() as u32);
+            length.record_plain(0.0);
+            length.watch(&tokens);
+        }
+        assert!(!length.due(), "the pause ended, but nothing has come true");
+        tokens.push(1);
+        assert!(!length.watch(&tokens), "1 foretells 2 3");
+        tokens.extend([2, 3]);
+        length.watch(&tokens[..tokens.len() - 1]);
+        assert!(length.watch(&tokens), "2 and 3 came true");
     }
 
     #[test]
