@@ -101,31 +101,13 @@ fn greedy_ids_are_the_same_with_drafts_and_drafts_are_accepted() {
     }
 }
 
-/// Where the answer repeats nothing, the gated lookup has fewer draft tokens rejected than the
-/// eager one, which verifies every draft it finds; both give the same ids.
-#[test]
-fn a_gated_lookup_verifies_fewer_drafts_where_nothing_recurs() {
-    let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
-    let greedy = options(24, SamplerConfig::greedy());
-    let eager_run = run(&mut engine, chat(FRESH), greedy.clone(), eager());
-    let gated_run = run(&mut engine, chat(FRESH), greedy, gated());
-    assert_eq!(gated_run.ids, eager_run.ids, "{:?}", gated_run.text);
-    let rejected = |run: &Generated| run.timings.drafted - run.timings.accepted;
-    assert!(
-        rejected(&gated_run) < rejected(&eager_run),
-        "draft tokens rejected: gated {} of {}, eager {} of {}",
-        rejected(&gated_run),
-        gated_run.timings.drafted,
-        rejected(&eager_run),
-        eager_run.timings.drafted
-    );
-}
-
 #[test]
 fn greedy_ids_are_the_same_when_drafts_are_rejected() {
     let mut engine = engine().lock().unwrap_or_else(|e| e.into_inner());
     let greedy = options(24, SamplerConfig::greedy());
     let plain = run(&mut engine, chat(FRESH), greedy.clone(), None);
+    let gated_run = run(&mut engine, chat(FRESH), greedy.clone(), gated());
+    assert_eq!(gated_run.ids, plain.ids, "gated: {:?}", gated_run.text);
     let spec = run(&mut engine, chat(FRESH), greedy, eager());
     assert_eq!(spec.ids, plain.ids, "ids with drafts: {:?}", spec.text);
     assert!(
