@@ -14,7 +14,7 @@ pub struct SpecArgs {
     /// grow only while they are accepted whole).
     #[arg(long, requires = "spec", value_parser = parse_draft_max)]
     pub draft_max: Option<u32>,
-    /// Plain tokens a lookup must foretell before its draft is verified (default 3; 0
+    /// Plain tokens a lookup must foretell before its draft is verified (default 2; 0
     /// verifies every draft found). Hidden: for measuring the rule (docs/perf.md).
     #[arg(long, requires = "spec", hide = true, value_parser = clap::value_parser!(u32).range(0..=8))]
     pub spec_confirm: Option<u32>,

@@ -25,10 +25,11 @@ pub const MAX_DRAFT: u32 = 15;
 /// Longest n-gram looked up: longer matches are rarer and predict little better.
 pub const DEFAULT_NGRAM_MAX: usize = 3;
 /// Plain tokens a lookup must foretell in a row before its draft is verified: a one-token
-/// n-gram's next token comes true by chance often enough in any text. On an H100 (SmolLM2,
-/// docs/perf.md session 35) three against two: an answer that repeats nothing 0.96x -> 0.98x
-/// plain decoding, extraction unchanged (~3x).
-pub const DEFAULT_CONFIRM: u32 = 3;
+/// n-gram's next token comes true by chance often enough in any text. On an H100
+/// (docs/perf.md, session 35) two took SmolLM2's answer that repeats nothing from 0.93x to
+/// 0.96x plain decoding and left Qwen2.5-Coder's code edit where verifying every draft has it
+/// (the same drafts, ~2.5x); three gave 0.98x on the first but 1.7x on the second.
+pub const DEFAULT_CONFIRM: u32 = 2;
 
 /// Speculation settings, as `--spec lookup --draft-max K` gives them.
 #[derive(Debug, Clone, Copy, PartialEq)]
