@@ -39,6 +39,34 @@ struct Params {
     pad: [u32; 2],
 }
 
+/// One `ROW_SUM` dispatch: each of `rows` rows of `input` summed (times a scale) and its
+/// maximum, into `output`.
+struct RowSums<'a> {
+    input: &'a wgpu::Buffer,
+    output: &'a wgpu::Buffer,
+    rows: usize,
+    cols: usize,
+}
+
+impl RowSums<'_> {
+    fn dispatch(&self, recorder: &mut Recorder, pipeline: &wgpu::ComputePipeline, scale: f32) {
+        let params = Params {
+            cols: self.cols as u32,
+            scale,
+            pad: [0; 2],
+        };
+        recorder.dispatch(
+            pipeline,
+            &params,
+            &[
+                self.input.as_entire_binding(),
+                self.output.as_entire_binding(),
+            ],
+            [self.rows as u32, 1, 1],
+        );
+    }
+}
+
 #[test]
 fn reductions_match_cpu_in_every_variant() {
     let devices = pollster::block_on(gpu::testing::devices_under_test()).expect("gpu");
@@ -55,17 +83,13 @@ fn reductions_match_cpu_in_every_variant() {
             gpu::poison_f32(gpu, &output);
             let pipeline = gpu.pipeline(&ROW_SUM, variant, &[("WG", wg)]);
             let mut recorder = Recorder::new(gpu);
-            let params = Params {
-                cols: cols as u32,
-                scale: 0.5,
-                pad: [0; 2],
+            let sums = RowSums {
+                input: &input_buf,
+                output: &output,
+                rows,
+                cols,
             };
-            recorder.dispatch(
-                &pipeline,
-                &params,
-                &[input_buf.as_entire_binding(), output.as_entire_binding()],
-                [rows as u32, 1, 1],
-            );
+            sums.dispatch(&mut recorder, &pipeline, 0.5);
             recorder.submit();
             let got =
                 pollster::block_on(gpu::read_f32(gpu, &output, 0, (rows * 2) as u64)).unwrap();
@@ -121,17 +145,13 @@ fn a_graph_finds_its_bind_groups_from_its_second_recording() {
             let mut recorder = Recorder::with_graph(gpu, &mut graph);
             for d in 0..dispatches {
                 let output = &outputs[if d + 1 == dispatches { last_output } else { d }];
-                let params = Params {
-                    cols: cols as u32,
-                    scale: scale * (d + 1) as f32,
-                    pad: [0; 2],
+                let sums = RowSums {
+                    input: &input_buf,
+                    output,
+                    rows,
+                    cols,
                 };
-                recorder.dispatch(
-                    &pipeline,
-                    &params,
-                    &[input_buf.as_entire_binding(), output.as_entire_binding()],
-                    [rows as u32, 1, 1],
-                );
+                sums.dispatch(&mut recorder, &pipeline, scale * (d + 1) as f32);
             }
             recorder.submit();
             let made = (gpu.counters.snapshot() - before).bind_groups;

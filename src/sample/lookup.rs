@@ -7,12 +7,12 @@
 //! with what it would have generated, so drafts change speed, never output.
 //!
 //! `DraftLength` decides when a draft is verified and how long it may be. A draft is verified
-//! at once only while a span goes on (the last draft was accepted whole); otherwise plain
-//! tokens keep coming from the pipelined decoder, each checked against what the lookup
-//! foretold, and a draft is verified once the lookup has foretold `confirm` plain tokens in a
-//! row. A lookup that fails costs nothing then, where a verification step costs the pipeline's
-//! overlap (about a plain token on the H200): in text that repeats nothing a one-token n-gram
-//! recurs almost everywhere, and verifying each of its drafts lost 4-13% (docs/perf.md).
+//! at once only while a span goes on (the last draft was accepted whole) or drafts have been
+//! paying; otherwise plain tokens keep coming from the pipelined decoder, each checked against
+//! what the lookup foretold, and a draft is verified once the lookup has foretold `confirm`
+//! plain tokens in a row. A lookup that fails costs nothing then, where a failed verification
+//! step costs about three plain tokens' time (an H100: docs/perf.md, session 35): in text
+//! that repeats nothing a one-token n-gram recurs almost everywhere.
 //! The length doubles after a draft accepted whole and falls to one past the accepted prefix
 //! after a rejection; drafting stops for a while (longer each time it fails again) when the
 //! recent acceptance rate is low or when the measured tokens per second of drafting fall
@@ -158,8 +158,8 @@ pub struct DraftLength {
     plain_seconds: Option<f32>,
     step_seconds: Option<f32>,
     step_tokens: Option<f32>,
-    /// The next draft is verified at once: the last one was accepted whole, or a lookup has
-    /// foretold `confirm` plain tokens in a row.
+    /// The last draft was accepted whole, or a lookup has foretold `confirm` plain tokens in a
+    /// row (with `confirm` 0 every draft is due: `due`).
     due: bool,
     confirm: u32,
     ngram_max: usize,
@@ -186,7 +186,7 @@ impl DraftLength {
             plain_seconds: None,
             step_seconds: None,
             step_tokens: None,
-            due: config.confirm == 0,
+            due: false,
             confirm: config.confirm,
             ngram_max: config.ngram_max,
             foretold: Vec::new(),
@@ -201,7 +201,7 @@ impl DraftLength {
     /// usually right). Otherwise plain tokens keep coming from the pipelined
     /// decoder, each passed to `watch`.
     pub fn due(&self) -> bool {
-        self.paused_for == 0 && (self.due || self.rate > START_RATE)
+        self.paused_for == 0 && (self.confirm == 0 || self.due || self.rate > START_RATE)
     }
 
     /// After a plain token (the last of `tokens`, prompt and completion so far): checks it
@@ -252,7 +252,7 @@ impl DraftLength {
         } else {
             (accepted + 1).min(self.max)
         };
-        self.due = accepted == drafted || self.confirm == 0;
+        self.due = accepted == drafted;
         self.foretold.clear();
         self.came_true = 0;
         if self.rate < PAUSE_BELOW || self.gain() < self.min_gain {
