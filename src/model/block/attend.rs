@@ -287,7 +287,11 @@ fn unpack_qkv(rec: &mut Recorder, step: &LayerStep) {
     rec.copy(&s.qkv, q_bytes + kv_bytes, &s.v, 0, kv_bytes);
 }
 
-/// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v.
+/// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v. One
+/// `rope_store` dispatch does all of it where the cache is the stage's own; a seat of a paged
+/// pool (which only the rows kernel reads through its pages) takes the separate kernels. Three
+/// dispatches a layer (seven with per-head norms) were a third of a few-token step's, which a
+/// speculative verification waits on (docs/perf.md, session 36).
 fn rotate_prompt(
     rec: &mut Recorder,
     step: &LayerStep,
@@ -295,12 +299,27 @@ fn rotate_prompt(
     norms: Option<QkNorms>,
 ) {
     let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
+    let scaling = step.rope_scaling.as_ref();
+    let start = step.start_pos;
+    if step.cache.pages().is_none() {
+        let target = StoreTarget {
+            q: Section::from(&s.q),
+            k: Section::from(&s.k),
+            v: Section::from(&s.v),
+            cache: step.cache,
+            cache_layer: step.cache_layer,
+            heads: cfg.n_heads,
+            kv_heads: cfg.n_kv_heads,
+        };
+        let head_norms = head_norms(norms.as_ref(), step);
+        let (norms, params) = (head_norms.as_ref(), rope_params);
+        rope::rope_store_scaled(rec, &target, norms, scaling, tokens, start, params);
+        return;
+    }
     if let Some(norms) = &norms {
         head_norm(rec, &s.q, norms.q, tokens * cfg.n_heads, step);
         head_norm(rec, &s.k, norms.k, tokens * cfg.n_kv_heads, step);
     }
-    let scaling = step.rope_scaling.as_ref();
-    let start = step.start_pos;
     rope::rope_scaled(rec, &s.q, tokens, cfg.n_heads, start, rope_params, scaling);
     rope::rope_scaled(
         rec,
