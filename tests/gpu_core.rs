@@ -187,6 +187,84 @@ fn a_graph_finds_its_bind_groups_from_its_second_recording() {
     }
 }
 
+const AFFINE: Kernel = Kernel {
+    name: "test_affine",
+    source: r#"
+struct Params { scale: f32, add: f32, pad0: u32, pad1: u32 }
+@group(0) @binding(0) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@compute @workgroup_size(WG)
+fn main(@builtin(global_invocation_id) id: vec3<u32>) {
+    if (id.x < arrayLength(&x)) {
+        x[id.x] = x[id.x] * params.scale + params.add;
+    }
+}
+"#,
+    entry: "main",
+    libs: &[],
+};
+
+#[repr(C)]
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+struct AffineParams {
+    scale: f32,
+    add: f32,
+    pad: [u32; 2],
+}
+
+/// A recording submitted in parts (`Recorder::submit_in_parts`) runs its dispatches in order
+/// with their own parameters, as one submit does: a chain of in-place `x * s + a` steps whose
+/// signs flip (so any reordering or misplaced parameter shows), integers throughout (exact in
+/// f32 on every device), uncached and under a graph recorded twice.
+#[test]
+fn a_recording_submitted_in_parts_runs_as_one_submit() {
+    let devices = pollster::block_on(gpu::testing::devices_under_test()).expect("gpu");
+    let (len, dispatches) = (100usize, 200usize);
+    let seed = gpu::testing::fresh_seed();
+    for gpu in &devices {
+        let pipeline = gpu.pipeline(&AFFINE, gpu.caps.all_variants()[0], &[("WG", 64)]);
+        let start: Vec<f32> = gpu::testing::random_f32(len, seed)
+            .iter()
+            .map(|v| (v * 1000.0).round())
+            .collect();
+        let steps: Vec<(f32, f32)> = (0..dispatches)
+            .map(|d| (if d % 3 == 0 { -1.0 } else { 1.0 }, (d % 17) as f32 - 8.0))
+            .collect();
+        let want: Vec<f32> = start
+            .iter()
+            .map(|&v| steps.iter().fold(v, |x, &(s, a)| x * s + a))
+            .collect();
+        let mut graph = DispatchGraph::default();
+        for use_graph in [false, true, true] {
+            let x = gpu::upload_f32(gpu, "x", &start);
+            let before = gpu.counters.snapshot();
+            let mut recorder = match use_graph {
+                true => Recorder::with_graph(gpu, &mut graph),
+                false => Recorder::new(gpu),
+            };
+            recorder.submit_in_parts();
+            for &(scale, add) in &steps {
+                let params = AffineParams {
+                    scale,
+                    add,
+                    pad: [0; 2],
+                };
+                let groups = (len as u32).div_ceil(64);
+                recorder.dispatch(&pipeline, &params, &[x.as_entire_binding()], [groups, 1, 1]);
+            }
+            recorder.submit();
+            let submits = (gpu.counters.snapshot() - before).submits;
+            let got = pollster::block_on(gpu::read_f32(gpu, &x, 0, len as u64)).unwrap();
+            assert_eq!(
+                got, want,
+                "{} seed={seed} graph {use_graph}",
+                gpu.caps.adapter
+            );
+            assert!(submits >= 4, "{}: {submits} submits", gpu.caps.adapter);
+        }
+    }
+}
+
 #[test]
 fn weights_split_at_row_boundaries_under_a_small_binding_limit() {
     let options = GpuOptions {

@@ -271,9 +271,12 @@ fn bench_profile_accounts_for_a_decode_token() {
         (30.0..600.0).contains(&dispatches),
         "{dispatches} dispatches"
     );
-    // One submit per token (the decoder's steps), and one host sync per token read back.
+    // One submit per token (the decoder's steps) but for the first, which finds the GPU idle
+    // and goes in parts of 64 dispatches; and one host sync per token read back.
+    let first_step_parts = (dispatches / 64.0).ceil();
+    let submits = (3.0 + first_step_parts) / 4.0;
     assert!(
-        (per_token("submits_per_token") - 1.0).abs() < 0.3,
+        (per_token("submits_per_token") - submits).abs() < 0.3,
         "{profile}"
     );
     assert!(

@@ -40,8 +40,9 @@ pub struct DispatchGraph {
     /// The slot size this recording's parameters asked for.
     wanted_slot: usize,
     entries: Vec<GraphEntry>,
-    /// This recording's parameters, slot by slot.
+    /// This recording's parameters, slot by slot, and how many bytes of them are written.
     bytes: Vec<u8>,
+    written: usize,
     recorded: usize,
 }
 
@@ -56,6 +57,7 @@ pub(super) enum GraphBinding {
 impl DispatchGraph {
     pub(super) fn begin(&mut self) {
         self.bytes.clear();
+        self.written = 0;
         self.recorded = 0;
     }
 
@@ -113,14 +115,22 @@ impl DispatchGraph {
         GraphBinding::Bound(bind_group)
     }
 
-    /// Writes this recording's parameters, and sizes the slots for the next recording when
-    /// this one ran out of them.
-    pub(super) fn finish(&mut self, gpu: &Gpu) {
+    /// Writes the parameters recorded since the last write (a part submitted early, or the
+    /// whole recording).
+    pub(super) fn write_params(&mut self, gpu: &Gpu) {
         if let Some(uniform) = &self.uniform {
-            if !self.bytes.is_empty() {
-                gpu.queue.write_buffer(uniform, 0, &self.bytes);
+            if self.bytes.len() > self.written {
+                let offset = self.written as u64;
+                gpu.queue
+                    .write_buffer(uniform, offset, &self.bytes[self.written..]);
+                self.written = self.bytes.len();
             }
         }
+    }
+
+    /// Sizes the slots for the next recording when this one ran out of them (after its
+    /// parameters are written: `write_params`, which `Recorder::finish` calls next).
+    pub(super) fn finish(&mut self, gpu: &Gpu) {
         if self.recorded > self.slots || self.wanted_slot > self.slot {
             let slots = self.slots.max(self.recorded);
             let slot = self.slot.max(self.wanted_slot);

@@ -4,6 +4,12 @@
 //! pool on the `Gpu` once submitted. Reusing a block in the next submit is safe because queue
 //! writes and submits execute in queue order. A recorder given a `DispatchGraph` instead reuses the
 //! bind groups of the graph's previous recording (see `graph.rs`).
+//!
+//! A step the host waits on with nothing else in flight (a speculative verification, a
+//! pipeline's first step, a prompt) can be submitted in parts (`submit_in_parts`): recording
+//! costs the host ~3-5 µs a dispatch, so a 300-dispatch step recorded whole left the GPU idle
+//! for ~1 ms first (docs/perf.md, session 35); in parts, the GPU starts on the first while the
+//! host records the rest.
 
 use super::device::{Gpu, Variant};
 use super::graph::{make_bind_group, DispatchGraph, GraphBinding};
@@ -11,9 +17,16 @@ use super::pipeline::Kernel;
 
 const UNIFORM_BLOCK_BYTES: u64 = 64 * 1024;
 
+/// Dispatches per part of a recording submitted in parts: recording one costs the host about
+/// half what running one costs an H100 (~6 µs for a step's dispatch), so equal parts keep the
+/// GPU fed after the first, and 64 make that first wait ~0.2 ms.
+const PART_DISPATCHES: u32 = 64;
+
 struct UniformBlock {
     buffer: wgpu::Buffer,
     bytes: Vec<u8>,
+    /// Bytes already written to the buffer (by an earlier part's submit).
+    written: usize,
 }
 
 /// Records dispatches for one submit.
@@ -25,6 +38,9 @@ pub struct Recorder<'g> {
     blocks: Vec<UniformBlock>,
     graph: Option<&'g mut DispatchGraph>,
     dispatches: u32,
+    /// Dispatches per early submit (`submit_in_parts`), and the count at the last one.
+    part: Option<u32>,
+    submitted: u32,
 }
 
 impl<'g> Recorder<'g> {
@@ -43,7 +59,15 @@ impl<'g> Recorder<'g> {
             blocks: Vec::new(),
             graph: None,
             dispatches: 0,
+            part: None,
+            submitted: 0,
         }
+    }
+
+    /// Submits what is recorded every `PART_DISPATCHES` dispatches from now on, so that an
+    /// idle GPU starts while the host records the rest (for steps the host then waits on).
+    pub fn submit_in_parts(&mut self) {
+        self.part = Some(PART_DISPATCHES);
     }
 
     /// A recorder for a sequence recorded again and again (a decode step), reusing the bind
@@ -121,6 +145,22 @@ impl<'g> Recorder<'g> {
             self.pass = None;
         }
         self.dispatches += 1;
+        if self
+            .part
+            .is_some_and(|part| self.dispatches - self.submitted >= part)
+        {
+            self.submit_part();
+        }
+    }
+
+    /// Submits the dispatches recorded so far and goes on in a new command buffer.
+    fn submit_part(&mut self) {
+        let commands = self.finish_part();
+        self.gpu.counters.add_submit();
+        self.gpu.queue.submit([commands]);
+        let encoder = self.gpu.device.create_command_encoder(&Default::default());
+        self.encoder = Some(encoder);
+        self.submitted = self.dispatches;
     }
 
     /// Copies bytes between buffers in stream order with the dispatches around it.
@@ -192,15 +232,30 @@ impl<'g> Recorder<'g> {
     }
 
     fn finish(&mut self) -> wgpu::CommandBuffer {
-        self.pass = None;
-        self.gpu.counters.add_dispatches(u64::from(self.dispatches));
+        let commands = self.finish_part();
         if let Some(graph) = self.graph.as_deref_mut() {
             graph.finish(self.gpu);
         }
+        commands
+    }
+
+    /// The command buffer of the dispatches since the last part, with their parameters
+    /// written (a part's are written before its submit, in queue order, as a whole one's).
+    fn finish_part(&mut self) -> wgpu::CommandBuffer {
+        self.pass = None;
+        let new = self.dispatches - self.submitted;
+        self.gpu.counters.add_dispatches(u64::from(new));
+        if let Some(graph) = self.graph.as_deref_mut() {
+            graph.write_params(self.gpu);
+        }
         let gpu = self.gpu;
         gpu.resolve_profile(self.encoder());
-        for block in &self.blocks {
-            self.gpu.queue.write_buffer(&block.buffer, 0, &block.bytes);
+        for block in &mut self.blocks {
+            if block.bytes.len() > block.written {
+                let (offset, bytes) = (block.written as u64, &block.bytes[block.written..]);
+                self.gpu.queue.write_buffer(&block.buffer, offset, bytes);
+                block.written = block.bytes.len();
+            }
         }
         self.encoder
             .take()
@@ -277,6 +332,7 @@ impl<'g> Recorder<'g> {
         UniformBlock {
             buffer,
             bytes: Vec::with_capacity(UNIFORM_BLOCK_BYTES as usize),
+            written: 0,
         }
     }
 }

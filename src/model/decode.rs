@@ -26,6 +26,9 @@ pub struct GreedyDecoder<'s> {
     next_position: u32,
     in_flight: VecDeque<PendingRead>,
     depth: usize,
+    /// Whether no step has been submitted yet: the first finds the GPU idle (a restart after
+    /// a verification step), so it is submitted in parts.
+    first: bool,
 }
 
 impl Stage {
@@ -50,6 +53,7 @@ impl Stage {
             next_position: position,
             in_flight: VecDeque::new(),
             depth: depth.max(1),
+            first: true,
         })
     }
 }
@@ -86,7 +90,11 @@ impl GreedyDecoder<'_> {
         let stage = self.stage;
         let position = self.next_position;
         stage.check_batch(1, position)?;
+        let first = std::mem::replace(&mut self.first, false);
         let pending = stage.with_recorder(("greedy", 1), |mut rec| {
+            if first {
+                rec.submit_in_parts();
+            }
             stage.record_embedding(&mut rec, 1)?;
             stage.record_blocks(&mut rec, position, 1);
             stage.record_argmax(&mut rec, 1)?;

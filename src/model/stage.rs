@@ -247,6 +247,9 @@ impl Stage {
     ) -> Result<u32, ModelError> {
         let tokens = input.tokens(self.cfg.d_model) as u32;
         self.check_batch(tokens, start_pos)?;
+        // The host waits on every step that records the layers (a prompt, a verification, a
+        // donor's step) with nothing else in flight.
+        rec.submit_in_parts();
         let s = &self.scratch;
         match input {
             StageInput::Tokens(ids) => {
