@@ -150,6 +150,11 @@ impl Engine {
                 break;
             }
         }
+        if ended {
+            // The steps still in flight are past the end: dropped unread, as plain decoding
+            // drops them (waiting for them cost up to two steps' time at every request's end).
+            return Ok(());
+        }
         for next in decoder.drain().await? {
             if ended {
                 break;
