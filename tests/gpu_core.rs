@@ -227,15 +227,20 @@ fn a_recording_submitted_in_parts_runs_as_one_submit() {
             .iter()
             .map(|v| (v * 1000.0).round())
             .collect();
-        let steps: Vec<(f32, f32)> = (0..dispatches)
-            .map(|d| (if d % 3 == 0 { -1.0 } else { 1.0 }, (d % 17) as f32 - 8.0))
-            .collect();
-        let want: Vec<f32> = start
-            .iter()
-            .map(|&v| steps.iter().fold(v, |x, &(s, a)| x * s + a))
-            .collect();
         let mut graph = DispatchGraph::default();
-        for use_graph in [false, true, true] {
+        // Each recording its own parameters: a part that ran with the last recording's (or
+        // none) would show.
+        for (recording, use_graph) in [false, true, true].into_iter().enumerate() {
+            let steps: Vec<(f32, f32)> = (0..dispatches)
+                .map(|d| {
+                    let scale = if d % 3 == 0 { -1.0 } else { 1.0 };
+                    (scale, ((d + 5 * recording) % 17) as f32 - 8.0)
+                })
+                .collect();
+            let want: Vec<f32> = start
+                .iter()
+                .map(|&v| steps.iter().fold(v, |x, &(s, a)| x * s + a))
+                .collect();
             let x = gpu::upload_f32(gpu, "x", &start);
             let before = gpu.counters.snapshot();
             let mut recorder = match use_graph {
