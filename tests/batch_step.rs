@@ -231,3 +231,72 @@ fn batched_rows_match_their_single_steps_gemma3_folded() {
         Pool::Slots,
     ));
 }
+
+/// A few tokens in a seat of a paged pool (a speculative verification through the HTTP API)
+/// go as rows at consecutive positions (`rope_store_rows`, the rows attention over pages); a
+/// longer prompt before them takes the prompt path over pages. Every position's logits match
+/// the same tokens in the stage's own contiguous cache (the prompt path's `rope_store` and
+/// prefill attention), and the keys they leave serve the next step alike.
+async fn few_tokens_on_pages_match_the_own_cache(file: &str, seed: u64) {
+    let options = GpuOptions {
+        backend: BackendChoice::Vulkan,
+        gpu_work_split: true,
+        ..Default::default()
+    };
+    let mut engine = support::load_engine(file, options).await;
+    let vocab = engine.model.cfg.vocab;
+    let ids = |count: usize, salt: u64| -> Vec<u32> {
+        let values = testing::random_f32(count, seed ^ salt);
+        values
+            .iter()
+            .map(|v| ((v.abs() * 1e6) as u32) % vocab)
+            .collect()
+    };
+    // A prompt that ends mid-page, then 2..=5 tokens crossing a page boundary, then one.
+    let (prompt, few, next) = (ids(PAGE_TOKENS as usize + 13, 1), ids(5, 2), ids(1, 3));
+    let run = async |engine: &Engine| -> Vec<Vec<f32>> {
+        let stage = &engine.stage;
+        stage
+            .forward(&StageInput::Tokens(&prompt), 0)
+            .expect("prompt");
+        let mut rows = Vec::new();
+        let mut at = prompt.len() as u32;
+        for piece in [&few[..2], &few[2..]] {
+            let step = StageInput::Tokens(piece);
+            let got = stage.forward_logits(&step, at, piece.len() as u32).await;
+            rows.extend(got.expect("few tokens"));
+            at += piece.len() as u32;
+        }
+        let last = stage
+            .forward_logits(&StageInput::Tokens(&next), at, 1)
+            .await;
+        rows.extend(last.expect("the next step"));
+        rows
+    };
+    let own = run(&engine).await;
+    let mut seats = caches(&engine, Pool::Pages);
+    let paged = in_slot(&mut engine, &mut seats, 2, run).await;
+    assert_eq!(own.len(), paged.len());
+    for (row, (got, want)) in paged.iter().zip(&own).enumerate() {
+        let what = format!("{file} position {row} of the few tokens, seed {seed}");
+        testing::assert_close(got, want, 2e-3, &what);
+    }
+}
+
+#[test]
+fn few_tokens_on_pages_match_the_own_cache_qwen25() {
+    let seed = testing::fresh_seed();
+    pollster::block_on(few_tokens_on_pages_match_the_own_cache(
+        support::QWEN25.1,
+        seed,
+    ));
+}
+
+#[test]
+fn few_tokens_on_pages_match_the_own_cache_gemma3() {
+    let seed = testing::fresh_seed();
+    pollster::block_on(few_tokens_on_pages_match_the_own_cache(
+        support::GEMMA3.1,
+        seed,
+    ));
+}

@@ -151,10 +151,39 @@ impl Stage {
         })
     }
 
+    /// `tokens` tokens of this stage's own cache from `start_pos`, when it is a seat of a
+    /// paged pool and they are few (a speculative verification through the HTTP API), as a
+    /// batched step's rows at consecutive positions, their table written: each row's rope and
+    /// cache write then go in one `rope_store_rows` dispatch a layer over all rows, where the
+    /// prompt path takes three (`rope_store` has no binding left for a page table), and row
+    /// `i` attends over keys up to its own position, as the prompt path's causal mask does.
+    /// `None`: the prompt path.
+    pub(super) fn seat_rows(&self, start_pos: u32, tokens: u32) -> Option<Vec<BatchRow<'_>>> {
+        let pages = self.cache.pages()?;
+        let few = (2..=HEAD_ROWS).contains(&tokens) && 2 * tokens <= pages.row_words;
+        if !few || !crate::ops::rope::rope_store_rows_supported(&self.gpu) {
+            return None;
+        }
+        let positions: Vec<u32> = (start_pos..start_pos + tokens).collect();
+        let caches = vec![&self.cache; tokens as usize];
+        let words = attention::row_table(&caches, &positions).ok()?;
+        self.gpu
+            .queue
+            .write_buffer(&pages.table, 0, bytemuck::cast_slice(&words));
+        // The tokens are in the scratch already (embedded by the caller): the rows kernels
+        // read each row's cache and position only.
+        let row = |position| BatchRow {
+            token: 0,
+            position,
+            cache: &self.cache,
+        };
+        Some(positions.into_iter().map(row).collect())
+    }
+
     /// The blocks over one row per sequence; one row is an ordinary decode step in its cache,
     /// except in a seat of a paged pool, whose attention `block::attend` sends through its pages
     /// (the fused one-token kernel where it runs, else the rows kernels).
-    fn record_row_blocks(&self, rec: &mut Recorder, step_rows: StepRows<'_>) {
+    pub(super) fn record_row_blocks(&self, rec: &mut Recorder, step_rows: StepRows<'_>) {
         let rows = step_rows.rows;
         let single = rows.len() == 1 && rows[0].cache.pages().is_none();
         for (index, weights) in self.layers.iter().enumerate() {

@@ -106,7 +106,7 @@ pub struct Stage {
     edges: EdgeWeights,
     /// RoPE frequency factors of the model (Llama 3, Phi-3), shared by its blocks.
     rope_factors: Option<Vector>,
-    cache: KvCache,
+    pub(super) cache: KvCache,
     pub(super) scratch: Scratch,
     /// Bind groups of the step shapes this stage records again and again, by the KV cache
     /// they ran with (`KvCache::id`) and (step, tokens): a host that swaps caches between
@@ -291,6 +291,11 @@ impl Stage {
 
     /// The stage's blocks over the residual stream of `tokens` tokens at `start_pos..`.
     pub(super) fn record_blocks(&self, rec: &mut Recorder, start_pos: u32, tokens: u32) {
+        if let Some(rows) = self.seat_rows(start_pos, tokens) {
+            let table = self.cache.pages().map(|pages| &pages.table);
+            self.record_row_blocks(rec, super::batch::StepRows { rows: &rows, table });
+            return;
+        }
         let s = &self.scratch;
         for (index, weights) in self.layers.iter().enumerate() {
             let layer = self.spec.layers.start + index as u32;
