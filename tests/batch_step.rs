@@ -277,9 +277,13 @@ async fn few_tokens_on_pages_match_the_own_cache(file: &str, seed: u64) {
     let mut seats = caches(&engine, Pool::Pages);
     let paged = in_slot(&mut engine, &mut seats, 2, run).await;
     assert_eq!(own.len(), paged.len());
+    // The two caches' steps take different kernels all along (the prompt over pages through
+    // the prefill attention and `kv_write`, in the own cache through `rope_store`; then the
+    // rows attention against the few-token one): 0.4-2.3e-3 on lavapipe over seeds, where rows
+    // one position off gave 0.08-0.97.
     for (row, (got, want)) in paged.iter().zip(&own).enumerate() {
         let what = format!("{file} position {row} of the few tokens, seed {seed}");
-        testing::assert_close(got, want, 2e-3, &what);
+        testing::assert_close(got, want, 1e-2, &what);
     }
 }
 
