@@ -17,15 +17,18 @@ use webshard::ops::attention::{KvCache, PAGE_TOKENS};
 
 const ROWS: usize = 5;
 
+/// `count` random ids below `vocab`, from `seed` and a `salt` for each list.
+fn random_ids(vocab: u32, seed: u64, count: usize, salt: u64) -> Vec<u32> {
+    let values = testing::random_f32(count, seed ^ salt);
+    values
+        .iter()
+        .map(|v| ((v.abs() * 1e6) as u32) % vocab)
+        .collect()
+}
+
 /// Random prompts of 3 + `step` * row ids, and each one's next token.
 fn prompts(vocab: u32, seed: u64, step: usize) -> Vec<(Vec<u32>, u32)> {
-    let ids = |count: usize, salt: u64| -> Vec<u32> {
-        let values = testing::random_f32(count, seed ^ salt);
-        values
-            .iter()
-            .map(|v| ((v.abs() * 1e6) as u32) % vocab)
-            .collect()
-    };
+    let ids = |count: usize, salt: u64| random_ids(vocab, seed, count, salt);
     (0..ROWS)
         .map(|row| {
             let prompt = ids(3 + step * row, row as u64 * 31 + 1);
@@ -245,13 +248,7 @@ async fn few_tokens_on_pages_match_the_own_cache(file: &str, seed: u64) {
     };
     let mut engine = support::load_engine(file, options).await;
     let vocab = engine.model.cfg.vocab;
-    let ids = |count: usize, salt: u64| -> Vec<u32> {
-        let values = testing::random_f32(count, seed ^ salt);
-        values
-            .iter()
-            .map(|v| ((v.abs() * 1e6) as u32) % vocab)
-            .collect()
-    };
+    let ids = |count: usize, salt: u64| random_ids(vocab, seed, count, salt);
     // A prompt that ends mid-page, then 2..=5 tokens crossing a page boundary, then one.
     let (prompt, few, next) = (ids(PAGE_TOKENS as usize + 13, 1), ids(5, 2), ids(1, 3));
     let run = async |engine: &Engine| -> Vec<Vec<f32>> {
