@@ -11,8 +11,9 @@
 //! paying; otherwise plain tokens keep coming from the pipelined decoder, each checked against
 //! what the lookup foretold, and a draft is verified once the lookup has foretold `confirm`
 //! plain tokens in a row. A lookup that fails costs nothing then, where a failed verification
-//! step costs about three plain tokens' time (an H100: docs/perf.md, session 35): in text
-//! that repeats nothing a one-token n-gram recurs almost everywhere.
+//! step costs about two plain tokens' time, and cost three before session 36's cheaper
+//! few-token steps (an H100: docs/perf.md): in text that repeats nothing a one-token n-gram
+//! recurs almost everywhere.
 //! The length doubles after a draft accepted whole and falls to one past the accepted prefix
 //! after a rejection; drafting stops for a while (longer each time it fails again) when the
 //! recent acceptance rate is low or when the measured tokens per second of drafting fall
@@ -209,7 +210,7 @@ impl DraftLength {
     /// due, for `due` to say. The tokens of the steps still in flight when a draft fell due
     /// are watched too: one the lookup did not foretell sends the caller back to plain
     /// decoding, which costs the pipeline's restart (~0.5 ms on an H100) where verifying the
-    /// draft would likely cost a failed step (~3 ms).
+    /// draft would likely cost a failed step (1.7-2.2 ms, docs/perf.md session 36).
     pub fn watch(&mut self, tokens: &[u32]) -> bool {
         if self.confirm == 0 {
             return self.due();
