@@ -14,8 +14,8 @@ use webshard::gpu::{
 use webshard::ops::elementwise::{activation_reference, Activation};
 use webshard::ops::quant::testing::random_weights;
 use webshard::ops::quant::{
-    matmul, matvec, matvec_reference, matvec_tokens, Epilogue, Fusion, QuantMatrix, QuantType,
-    ReferenceEpilogue,
+    matmul, matvec, matvec_reference, matvec_sections, matvec_tokens, Epilogue, Fusion,
+    QuantMatrix, QuantType, ReferenceEpilogue,
 };
 
 fn upload_weights(gpu: &Gpu, bytes: &[u8], rows: usize) -> WeightTensor {
@@ -342,9 +342,10 @@ fn glu_matvec_matches_gate_and_up_references() {
 }
 
 /// `matvec_tokens` runs one product per row of x into the same row of a poisoned output, with
-/// each row's own norm and the bias of every row; `quant::matmul` takes it for a GPU's few-token
-/// products (and the tiled kernel on CPU adapters): both against the reference, row by row;
-/// and the GLU epilogue (gate and up rows of one matrix) over the same tokens.
+/// each row's own norm and the bias of every row, and likewise into sections (`matvec_sections`,
+/// two products of rows of the matrix); `quant::matmul` takes it for a GPU's few-token products
+/// (and the tiled kernel on CPU adapters): all against the reference, row by row; and the GLU
+/// epilogue (gate and up rows of one matrix) over the same tokens.
 /// The token counts give workgroups of 4 tokens (the last one short: 5, 7) and of 2 (2, 3).
 #[test]
 fn matvec_over_several_tokens_matches_the_reference_per_row() {
@@ -411,6 +412,20 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
             });
             testing::assert_close(&got, &want_bias, 2e-4, &format!("matvec_tokens {what}"));
             let got = run_tokens(&gpu, variant, tokens * rows, |rec, out| {
+                for (run, out_offset) in [
+                    (w.rows(0..SPLIT_ROW), 0),
+                    (w.rows(SPLIT_ROW..75), SPLIT_ROW),
+                ] {
+                    let fusion = Fusion {
+                        out_offset,
+                        ..fusion
+                    };
+                    matvec_sections(rec, &run, &x_buf, out, &fusion, tokens as u32, SECTION_ENDS);
+                }
+            });
+            let want = in_sections(&want_bias, tokens);
+            testing::assert_close(&got, &want, 2e-4, &format!("matvec_sections {what}"));
+            let got = run_tokens(&gpu, variant, tokens * rows, |rec, out| {
                 matmul(rec, &w, &x_buf, out, tokens as u32)
             });
             testing::assert_close(&got, &want_plain, 2e-4, &format!("matmul {what}"));
@@ -431,6 +446,26 @@ fn matvec_over_several_tokens_matches_the_reference_per_row() {
 
 /// The gate rows of the several-token GLU product (up's follow them; the matrix has 75).
 const GLU_ROWS: usize = 37;
+
+/// The 75 rows as a batched step's q, k and v (`matvec_sections`), written by two products
+/// split at `SPLIT_ROW` (the first spans q and k, as where q and k share a tensor and v not).
+const SECTION_ENDS: [u32; 3] = [41, 58, 75];
+const SPLIT_ROW: u32 = 50;
+
+/// Rows of tokens (`[tokens, 75]`) laid out as `matvec_sections` writes them: each section a
+/// `[tokens, length]` block, one after another.
+fn in_sections(by_token: &[f32], tokens: usize) -> Vec<f32> {
+    let rows = SECTION_ENDS[2] as usize;
+    let mut starts = vec![0];
+    starts.extend(SECTION_ENDS[..2].iter().map(|&end| end as usize));
+    let mut out = Vec::with_capacity(by_token.len());
+    for (&start, &end) in starts.iter().zip(&SECTION_ENDS) {
+        for t in 0..tokens {
+            out.extend_from_slice(&by_token[t * rows + start..t * rows + end as usize]);
+        }
+    }
+    out
+}
 
 /// Records `body` into a poisoned output of `len` values and reads it back.
 fn run_tokens(

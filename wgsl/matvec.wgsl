@@ -56,6 +56,10 @@ struct Params {
     tokens: u32,
     // The residual fold's post-norm epsilon (matvec_residual.wgsl).
     post_eps: f32,
+    // SECTIONS = 1: where the output's sections end (`out_index`).
+    section_end0: u32,
+    section_end1: u32,
+    section_end2: u32,
 }
 
 @group(0) @binding(0) var<uniform> params: Params;
@@ -287,6 +291,28 @@ fn thread_partials(first: u32, lane: u32) -> array<f32, SUMS> {
     return sums;
 }
 
+// Where output row g (numbered from the output's start) of token `token` goes: at
+// token * out_stride + g, or with SECTIONS = 1 (a batched step's q, k and v in one product:
+// docs/perf.md, session 37) in its section's own [tokens, length] block, the three sections
+// (ending at rows section_end0, 1 and 2) one block after another, as the attention kernels
+// read q, k and v. One token's index is g either way.
+fn out_index(token: u32, g: u32) -> u32 {
+    if (SECTIONS == 0u) {
+        return token * params.out_stride + g;
+    }
+    var start = 0u;
+    var end = params.section_end0;
+    if (g >= params.section_end0) {
+        start = params.section_end0;
+        end = params.section_end1;
+    }
+    if (g >= params.section_end1) {
+        start = params.section_end1;
+        end = params.section_end2;
+    }
+    return params.tokens * start + token * (end - start) + (g - start);
+}
+
 // Writes row `row` of token t from its dot product and (GLU) its up row's, both still to be
 // multiplied by `factor` (the fused norm's).
 fn write_row(t: u32, row: u32, dot_sum: f32, up_sum: f32, factor: f32) {
@@ -295,7 +321,7 @@ fn write_row(t: u32, row: u32, dot_sum: f32, up_sum: f32, factor: f32) {
     }
     let value = dot_sum * factor;
     let up = up_sum * factor;
-    let i = (first_token + t) * params.out_stride + params.out_offset + params.first_row + row;
+    let i = out_index(first_token + t, params.out_offset + params.first_row + row);
     switch EPILOGUE {
         case 1u: { out[i] = value + aux[params.out_offset + params.first_row + row]; }
         case 2u: { out[i] = out[i] + value; }

@@ -75,17 +75,61 @@ fn fused(rec: &Recorder, step: &LayerStep) -> bool {
 
 /// q, k and v = W · rms_norm(hidden) (+ bias), with the block's attention norm. One token
 /// computes them one after another into `qkv`, a single product for each run of them sharing
-/// a tensor, with the norm and bias fused; a batched step's rows likewise into `q`, `k` and
-/// `v` (where its attention reads them); more normalise once into `normed` for the tiled
-/// products into `q`, `k` and `v`.
+/// a tensor, with the norm and bias fused; a few tokens (a batched step's rows, a speculative
+/// verification) likewise into `qkv`'s sections where `qkv_in_sections` says so, else each
+/// into `q`, `k` and `v`; more normalise once into `normed` for the tiled products into `q`,
+/// `k` and `v`. `block::attend` reads them where they are.
 pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
     qkv_projections_from(rec, step, Stream::hidden(step));
+}
+
+/// Whether several tokens' q, k and v go into sections of `qkv` (`quant::matvec_sections`: q
+/// `[tokens, q_dim]`, then k and v `[tokens, kv_dim]`), one product for each run of them
+/// sharing a tensor: the fused products' path, within `qkv`'s rows, without integer products.
+/// A 16-row step of SmolLM2 spent 60 dispatches (~0.47 ms of 2.4 on an H100) on its separate
+/// k and v products (docs/perf.md, session 37).
+pub(super) fn qkv_in_sections(rec: &Recorder, step: &LayerStep) -> bool {
+    let tokens = step.tokens;
+    let a = step.weights.attention();
+    tokens > 1
+        && tokens <= step.scratch.qkv_rows
+        && fused(rec, step)
+        && runs(&[&a.wq, &a.wk, &a.wv])
+            .iter()
+            .all(|run| quant::sections_supported(rec.gpu(), run, tokens))
 }
 
 /// `qkv_projections` reading the residual stream from `stream`.
 pub(super) fn qkv_projections_from(rec: &mut Recorder, step: &LayerStep, stream: Stream) {
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
     stream.check(step);
+    if tokens == 1 || qkv_in_sections(rec, step) {
+        let norm = Some((&w.attn_norm.buffer, cfg.rms_eps));
+        let epilogue = w
+            .qkv_bias
+            .as_ref()
+            .map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer));
+        let (q, kv) = (cfg.q_dim(), cfg.kv_dim());
+        let mut out_offset = 0;
+        let a = w.attention();
+        for run in runs(&[&a.wq, &a.wk, &a.wv]) {
+            let fusion = Fusion {
+                residual: stream.fold,
+                norm,
+                epilogue,
+                out_offset,
+            };
+            match tokens {
+                1 => quant::matvec(rec, &run, stream.base, &s.qkv, &fusion),
+                _ => {
+                    let ends = [q, q + kv, q + 2 * kv];
+                    quant::matvec_sections(rec, &run, stream.base, &s.qkv, &fusion, tokens, ends)
+                }
+            }
+            out_offset += run.rows;
+        }
+        return;
+    }
     if tokens > 1 && fused(rec, step) {
         let products = separate_projections(step).map(|(matrix, bias, out)| {
             let epilogue = bias
@@ -95,25 +139,6 @@ pub(super) fn qkv_projections_from(rec: &mut Recorder, step: &LayerStep, stream:
         });
         let norm = Some((&w.attn_norm.buffer, cfg.rms_eps));
         quant::matvec_tokens_each(rec, &s.hidden, norm, tokens, &products);
-        return;
-    }
-    if tokens == 1 {
-        let epilogue = w
-            .qkv_bias
-            .as_ref()
-            .map_or(Epilogue::Store, |b| Epilogue::Bias(&b.buffer));
-        let mut out_offset = 0;
-        let a = w.attention();
-        for run in runs(&[&a.wq, &a.wk, &a.wv]) {
-            let fusion = Fusion {
-                residual: stream.fold,
-                norm: Some((&w.attn_norm.buffer, cfg.rms_eps)),
-                epilogue,
-                out_offset,
-            };
-            quant::matvec(rec, &run, stream.base, &s.qkv, &fusion);
-            out_offset += run.rows;
-        }
         return;
     }
     norm::rms_norm(

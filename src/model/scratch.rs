@@ -16,8 +16,10 @@ pub struct Scratch {
     pub q: wgpu::Buffer,
     pub k: wgpu::Buffer,
     pub v: wgpu::Buffer,
-    /// One token's q, k and v one after another (decode computes them into one buffer).
+    /// q, k and v of one token one after another (decode computes them into one buffer), or
+    /// of up to `qkv_rows` tokens in sections (`rope::StoreTarget::sections`).
     pub qkv: wgpu::Buffer,
+    pub qkv_rows: u32,
     pub attn: wgpu::Buffer,
     /// A block's output before it joins the residual stream.
     pub delta: wgpu::Buffer,
@@ -50,8 +52,9 @@ impl Scratch {
     pub fn bytes(cfg: &ModelConfig, max_batch: u32) -> u64 {
         // ids and the row table, then hidden..act as listed in `new`.
         let per_row = 3 + 3 * cfg.d_model + 2 * cfg.q_dim() + 2 * cfg.kv_dim() + 3 * cfg.ff_dim;
-        // qkv and hidden_alt.
-        let one_token = cfg.q_dim() + 2 * cfg.kv_dim() + cfg.d_model;
+        // qkv (below) and hidden_alt.
+        let sections = qkv_rows(max_batch) * (cfg.q_dim() + 2 * cfg.kv_dim());
+        let one_token = sections + cfg.d_model;
         let head = 2 * cfg.d_model + cfg.vocab;
         // argmax (one per head row), the allowed set, top-k ids (with room for the values)
         // and values.
@@ -75,7 +78,12 @@ impl Scratch {
             q: f32s("q", cfg.q_dim()),
             k: f32s("k", cfg.kv_dim()),
             v: f32s("v", cfg.kv_dim()),
-            qkv: storage_buffer(gpu, "qkv", u64::from(cfg.q_dim() + 2 * cfg.kv_dim()) * 4),
+            qkv: storage_buffer(
+                gpu,
+                "qkv",
+                u64::from(qkv_rows(max_batch) * (cfg.q_dim() + 2 * cfg.kv_dim())) * 4,
+            ),
+            qkv_rows: qkv_rows(max_batch),
             attn: f32s("attn", cfg.q_dim()),
             delta: f32s("delta", cfg.d_model),
             hidden_alt: storage_buffer(gpu, "hidden alt", u64::from(cfg.d_model) * 4),
@@ -93,6 +101,12 @@ impl Scratch {
             row_table: storage_buffer(gpu, "row table", rows * 8),
         }
     }
+}
+
+/// Tokens whose q, k and v `qkv` holds: as many as a batched step's products take one product
+/// per token for (`quant::MATVEC_TOKENS_ON_GPU`), at most the stage's batch.
+fn qkv_rows(max_batch: u32) -> u32 {
+    max_batch.clamp(1, crate::ops::quant::MATVEC_TOKENS_ON_GPU)
 }
 
 fn mixer_bytes(cfg: &ModelConfig, max_batch: u32) -> u64 {

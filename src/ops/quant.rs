@@ -20,8 +20,9 @@ pub use int8::{
 pub use matmul::matmul_product;
 pub use matmul::{coop_k_splits, uses_coop_matrix, MatmulTile};
 pub use matvec::{
-    matvec, matvec_reference, matvec_tokens, matvec_tokens_each, residual_fold_supported,
-    shares_part, Epilogue, Fusion, ReferenceEpilogue, Residual,
+    matvec, matvec_reference, matvec_sections, matvec_tokens, matvec_tokens_each,
+    residual_fold_supported, sections_supported, shares_part, Epilogue, Fusion, ReferenceEpilogue,
+    Residual,
 };
 use table::KERNEL_CODES;
 pub use table::{QuantType, ENGINE_SUPPORTED};

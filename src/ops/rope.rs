@@ -260,6 +260,19 @@ impl<'a> StoreTarget<'a> {
         cache: &'a KvCache,
         cache_layer: u32,
     ) -> StoreTarget<'a> {
+        StoreTarget::sections(qkv, 1, heads, cache, cache_layer)
+    }
+
+    /// `tokens` tokens' q, k and v in sections of `qkv`: q `[tokens, heads · head_dim]`, then k
+    /// and v `[tokens, kv_heads · head_dim]` (as `quant::matvec_sections` leaves a batched
+    /// step's products); one token's are `packed`.
+    pub fn sections(
+        qkv: &'a wgpu::Buffer,
+        tokens: u32,
+        heads: u32,
+        cache: &'a KvCache,
+        cache_layer: u32,
+    ) -> StoreTarget<'a> {
         let (kv_heads, head_dim) = (cache.kv_heads, cache.head_dim);
         let section = |offset| Section {
             buffer: qkv,
@@ -267,8 +280,8 @@ impl<'a> StoreTarget<'a> {
         };
         StoreTarget {
             q: section(0),
-            k: section(heads * head_dim),
-            v: section((heads + kv_heads) * head_dim),
+            k: section(tokens * heads * head_dim),
+            v: section(tokens * (heads + kv_heads) * head_dim),
             cache,
             cache_layer,
             heads,

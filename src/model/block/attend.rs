@@ -50,14 +50,11 @@ pub(in crate::model) fn rotate_and_attend(
         return;
     }
     // A seat of a paged pool that the fused kernel cannot serve takes the prompt path for one
-    // token too (it and the rows kernels read pages), its q, k and v moved out of `qkv` first.
+    // token too (it and the rows kernels read pages).
     if tokens > 1 || step.cache.pages().is_some() {
-        if tokens == 1 {
-            unpack_qkv(rec, step);
-        }
-        rotate_prompt(rec, step, rope_params, norms);
+        let q = rotate_prompt(rec, step, rope_params, norms);
         let call = AttentionCall {
-            q: &s.q,
+            q,
             cache: step.cache,
             layer: step.cache_layer,
             out: &s.attn,
@@ -167,33 +164,30 @@ fn attend_rows(
             return;
         }
     }
-    let (cfg, s) = (step.cfg, step.scratch);
     let head_norms = head_norms(norms, step);
     let scaling = step.rope_scaling.as_ref();
-    // One row (a paged pool's seat alone in its step) has its q, k and v packed in `qkv`, as
-    // every one-token step does.
     let (layer, cache) = (step.cache_layer, rows[0].cache);
-    let target = match rows.len() {
-        1 => StoreTarget::packed(&s.qkv, cfg.n_heads, cache, layer),
-        _ => StoreTarget {
-            q: Section::from(&s.q),
-            k: Section::from(&s.k),
-            v: Section::from(&s.v),
-            cache,
-            cache_layer: layer,
-            heads: cfg.n_heads,
-            kv_heads: cfg.n_kv_heads,
-        },
-    };
-    let table = step_rows.table;
-    if let Some(row_table) = table.filter(|_| rope::rope_store_rows_supported(rec.gpu())) {
+    let gpu = rec.gpu();
+    let store_table = step_rows
+        .table
+        .filter(|_| rope::rope_store_rows_supported(gpu));
+    let attend_table = step_rows
+        .table
+        .filter(|_| attention::decode_rows_supported(gpu, params));
+    // The kernels row by row read `q`, `k` and `v` (`qkv` holds the rows they take one by one).
+    let one_dispatch = store_table.is_some() && attend_table.is_some();
+    if !one_dispatch {
+        unpack_sections(rec, step);
+    }
+    let target = step_target(step, cache, one_dispatch && in_sections(rec, step));
+    if let Some(row_table) = store_table {
         let count = rows.len() as u32;
         let norms = head_norms.as_ref();
         rope::rope_store_rows(rec, &target, norms, scaling, count, row_table, rope_params);
     } else {
         store_rows_one_by_one(rec, step, rows, rope_params, head_norms.as_ref());
     }
-    if let Some(row_table) = table.filter(|_| attention::decode_rows_supported(rec.gpu(), params)) {
+    if let Some(row_table) = attend_table {
         let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
         let table = attention::DecodeRows {
             cache,
@@ -201,7 +195,8 @@ fn attend_rows(
             positions: &positions,
         };
         let q = target.q.buffer;
-        attention::attention_decode_rows(rec, q, &table, layer, &s.attn, params);
+        let out = &step.scratch.attn;
+        attention::attention_decode_rows(rec, q, &table, layer, out, params);
         return;
     }
     attend_rows_one_by_one(rec, step, rows, params);
@@ -277,45 +272,67 @@ fn attend_rows_one_by_one(
     }
 }
 
-/// Copies one token's q, k and v from `qkv` (where its products put them) into `q`, `k` and
-/// `v` (where the prompt path reads them).
-fn unpack_qkv(rec: &mut Recorder, step: &LayerStep) {
+/// Whether the step's q, k and v are in sections of `qkv` (one token's always are), not in
+/// `q`, `k` and `v`.
+fn in_sections(rec: &Recorder, step: &LayerStep) -> bool {
+    step.tokens == 1 || super::qkv_in_sections(rec, step)
+}
+
+/// The step's q, k and v for `cache`: in `qkv`'s sections, or in `q`, `k` and `v`.
+fn step_target<'a>(step: &LayerStep<'a>, cache: &'a KvCache, sections: bool) -> StoreTarget<'a> {
     let (cfg, s) = (step.cfg, step.scratch);
-    let (q_bytes, kv_bytes) = (u64::from(cfg.q_dim()) * 4, u64::from(cfg.kv_dim()) * 4);
+    if sections {
+        return StoreTarget::sections(&s.qkv, step.tokens, cfg.n_heads, cache, step.cache_layer);
+    }
+    StoreTarget {
+        q: Section::from(&s.q),
+        k: Section::from(&s.k),
+        v: Section::from(&s.v),
+        cache,
+        cache_layer: step.cache_layer,
+        heads: cfg.n_heads,
+        kv_heads: cfg.n_kv_heads,
+    }
+}
+
+/// Copies the step's q, k and v from `qkv`'s sections (where its products put them) into `q`,
+/// `k` and `v`, for the kernels that read them there (the separate rope and cache write on a
+/// paged seat, the rows one by one); nothing where they are there already.
+fn unpack_sections(rec: &mut Recorder, step: &LayerStep) {
+    if !in_sections(rec, step) {
+        return;
+    }
+    let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
+    let q_bytes = u64::from(tokens * cfg.q_dim()) * 4;
+    let kv_bytes = u64::from(tokens * cfg.kv_dim()) * 4;
     rec.copy(&s.qkv, 0, &s.q, 0, q_bytes);
     rec.copy(&s.qkv, q_bytes, &s.k, 0, kv_bytes);
     rec.copy(&s.qkv, q_bytes + kv_bytes, &s.v, 0, kv_bytes);
 }
 
-/// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v. One
-/// `rope_store` dispatch does all of it where the cache is the stage's own; a seat of a paged
-/// pool (which only the rows kernel reads through its pages) takes the separate kernels. Three
-/// dispatches a layer (seven with per-head norms) were a third of a few-token step's, which a
-/// speculative verification waits on (docs/perf.md, session 36).
-fn rotate_prompt(
+/// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v; returns the
+/// buffer its rotated q is in (from row 0). One `rope_store` dispatch does all of it where the
+/// cache is the stage's own; a seat of a paged pool (which only the rows kernel reads through
+/// its pages) takes the separate kernels. Three dispatches a layer (seven with per-head norms)
+/// were a third of a few-token step's, which a speculative verification waits on
+/// (docs/perf.md, session 36).
+fn rotate_prompt<'a>(
     rec: &mut Recorder,
-    step: &LayerStep,
+    step: &LayerStep<'a>,
     rope_params: &RopeParams,
     norms: Option<QkNorms>,
-) {
+) -> &'a wgpu::Buffer {
     let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
     let scaling = step.rope_scaling.as_ref();
     let start = step.start_pos;
     if step.cache.pages().is_none() {
-        let target = StoreTarget {
-            q: Section::from(&s.q),
-            k: Section::from(&s.k),
-            v: Section::from(&s.v),
-            cache: step.cache,
-            cache_layer: step.cache_layer,
-            heads: cfg.n_heads,
-            kv_heads: cfg.n_kv_heads,
-        };
+        let target = step_target(step, step.cache, in_sections(rec, step));
         let head_norms = head_norms(norms.as_ref(), step);
         let (norms, params) = (head_norms.as_ref(), rope_params);
         rope::rope_store_scaled(rec, &target, norms, scaling, tokens, start, params);
-        return;
+        return target.q.buffer;
     }
+    unpack_sections(rec, step);
     if let Some(norms) = &norms {
         head_norm(rec, &s.q, norms.q, tokens * cfg.n_heads, step);
         head_norm(rec, &s.k, norms.k, tokens * cfg.n_kv_heads, step);
@@ -339,6 +356,7 @@ fn rotate_prompt(
         step.start_pos,
         tokens,
     );
+    &s.q
 }
 
 /// RMSNorm of each head's vector in `x` (rows of head_dim), through `attn`, back into `x`.

@@ -232,6 +232,7 @@ struct MatvecParams {
     out_stride: u32,
     tokens: u32,
     post_eps: f32,
+    section_ends: [u32; 3],
 }
 
 /// The work split of one product: `shape`, and tokens per workgroup (`TPW` in the kernel).
@@ -350,6 +351,60 @@ pub fn matvec_tokens(
         let xq = super::int8::quantize_int8(rec, x, fusion.norm, tokens, w.cols);
         return super::int8::int8_products(rec, w, &xq, out, fusion, tokens);
     }
+    record_matvec(rec, w, x, out, fusion, tokens, None);
+}
+
+/// Whether `tokens` tokens' product of `w` can go into sections (`matvec_sections`): not where
+/// integer products take it.
+pub fn sections_supported(gpu: &crate::gpu::Gpu, w: &QuantMatrix, tokens: u32) -> bool {
+    !super::int8::int8_applies(gpu, w, &Fusion::default(), tokens)
+}
+
+/// `matvec_tokens` into sections of `out`: the output rows, numbered from `fusion.out_offset`,
+/// fall in three sections ending at rows `section_ends`, and each section is a `[tokens,
+/// length]` block of its own, the blocks one after another. A batched step's q, k and v (one
+/// tensor's rows, see `Matrix::followed_by`) so take one product instead of three, and lie where
+/// the attention kernels read them. Where `sections_supported` says so; a store
+/// or bias epilogue only (the bias indexed by output row).
+pub fn matvec_sections(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    fusion: &Fusion,
+    tokens: u32,
+    section_ends: [u32; 3],
+) {
+    assert!(
+        sections_supported(rec.gpu(), w, tokens),
+        "matvec_sections: integer products write rows of tokens only"
+    );
+    assert!(
+        matches!(fusion.epilogue, Epilogue::Store | Epilogue::Bias(_)) && fusion.residual.is_none(),
+        "matvec_sections: a store or bias epilogue, no residual fold"
+    );
+    let ends_rise = section_ends[0] <= section_ends[1] && section_ends[1] <= section_ends[2];
+    assert!(
+        ends_rise && fusion.out_offset + w.rows <= section_ends[2],
+        "matvec_sections: rows {}..{} outside sections ending at {section_ends:?}",
+        fusion.out_offset,
+        fusion.out_offset + w.rows
+    );
+    record_matvec(rec, w, x, out, fusion, tokens, Some(section_ends));
+}
+
+/// The matrix-vector kernel's dispatch: `sections` as `matvec_sections` says, `None` rows of
+/// tokens.
+fn record_matvec(
+    rec: &mut Recorder,
+    w: &QuantMatrix,
+    x: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+    fusion: &Fusion,
+    tokens: u32,
+    sections: Option<[u32; 3]>,
+) {
+    let gpu = rec.gpu();
     let (shape, per_group) = work_split(&gpu.caps, w, fusion, tokens);
     let residual = fusion.residual.is_some();
     let kernel = match (subgroup_kernel(rec), residual) {
@@ -376,6 +431,7 @@ pub fn matvec_tokens(
         ("TPW", per_group),
         ("STAGE", u32::from(stage)),
         ("STAGED", if stage { 8 * (threads_per_row + 1) } else { 1 }),
+        ("SECTIONS", u32::from(sections.is_some())),
     ];
     consts.extend(w.quant_consts());
     let pipeline = rec.pipeline(kernel, &consts);
@@ -400,6 +456,7 @@ pub fn matvec_tokens(
             out_stride: w.rows,
             tokens,
             post_eps: fusion.residual.map_or(0.0, |r| r.eps),
+            section_ends: sections.unwrap_or_default(),
         };
         let mut bindings = vec![
             part.buffer.as_entire_binding(),
