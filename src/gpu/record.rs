@@ -155,9 +155,12 @@ impl<'g> Recorder<'g> {
 
     /// Submits the dispatches recorded so far and goes on in a new command buffer.
     fn submit_part(&mut self) {
+        let started = web_time::Instant::now();
         let commands = self.finish_part();
         self.gpu.counters.add_submit();
         self.gpu.queue.submit([commands]);
+        let spent = started.elapsed().as_nanos().try_into().unwrap_or(u64::MAX);
+        self.gpu.counters.add_submit_time(spent);
         let encoder = self.gpu.device.create_command_encoder(&Default::default());
         self.encoder = Some(encoder);
         self.submitted = self.dispatches;
