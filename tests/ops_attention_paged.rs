@@ -2,8 +2,8 @@
 //! references: `kv_write` through a seat's pages (every byte of the pool checked: the rows
 //! where the pages say, poison everywhere else), prefill attention and one-token attention
 //! over pages, the batched rows kernel and `rope_store_rows` with the row words in the pool's
-//! table, and the fused one-token kernel (`rope_attention_decode`) writing and reading a seat
-//! through its pages. Pages are shuffled, two seats share their first pages (a shared prompt prefix),
+//! table, `rope_store` writing a prompt through a seat's pages, and the fused one-token kernel
+//! (`rope_attention_decode`) writing and reading a seat through its pages. Pages are shuffled, two seats share their first pages (a shared prompt prefix),
 //! the pool and outputs are poisoned first, and the layer before the one attended holds decoys.
 
 use std::sync::Arc;
@@ -310,28 +310,120 @@ fn rope_store_rows_writes_through_the_pages() {
         let count = order.len() as u32;
         rope::rope_store_rows(&mut rec, &target, None, None, count, table, &rope_params);
         rec.submit();
-        let mut want_k = before_k;
-        let mut want_v = before_v;
         let row = (kv_heads * head_dim) as usize;
-        for (r, (&seat, &position)) in order.iter().zip(&positions).enumerate() {
-            let mut rotated = k[r * row..(r + 1) * row].to_vec();
-            rope::rope_reference(&mut rotated, 1, kv_heads, position, &rope_params);
-            let page = pool.lists[seat][(position / PAGE_TOKENS) as usize] as usize;
-            let at = (page * PAGE_TOKENS as usize + (position % PAGE_TOKENS) as usize) * row;
-            want_k[at..at + row].copy_from_slice(&rotated);
-            want_v[at..at + row].copy_from_slice(&v[r * row..(r + 1) * row]);
-        }
-        let what = format!("{} {variant} seed {seed}", gpu.caps.adapter);
-        let got_k = read_layer(&gpu, &pool.seats[0].k, &pool.seats[0]);
-        let got_v = read_layer(&gpu, &pool.seats[0].v, &pool.seats[0]);
-        // Poison (NaN) must stay bit for bit; the rotated keys within rounding.
-        let close = |(a, b): (&f32, &f32)| a.to_bits() == b.to_bits() || (a - b).abs() <= 1e-5;
-        assert!(got_k.iter().zip(&want_k).all(close), "keys: {what}");
-        let same_v = got_v
+        let rewrites: Vec<Rewrite> = order
             .iter()
-            .zip(&want_v)
-            .all(|(a, b)| a.to_bits() == b.to_bits());
-        assert!(same_v, "values: {what}");
+            .zip(&positions)
+            .enumerate()
+            .map(|(r, (&seat, &position))| {
+                let mut rotated = k[r * row..(r + 1) * row].to_vec();
+                rope::rope_reference(&mut rotated, 1, kv_heads, position, &rope_params);
+                (seat, position, rotated, v[r * row..(r + 1) * row].to_vec())
+            })
+            .collect();
+        let what = format!("{} {variant} seed {seed}", gpu.caps.adapter);
+        assert_rewritten(&gpu, &pool, [before_k, before_v], &rewrites, &what);
+    }
+}
+
+/// A seat's position rewritten: (seat, position, its rotated key row, its value row).
+type Rewrite = (usize, u32, Vec<f32>, Vec<f32>);
+
+/// The pool's layer `LAYER` is `before` (keys, values) with each rewrite's rows where its seat's
+/// page says: poison (NaN) and untouched rows bit for bit, the rotated keys within rounding.
+fn assert_rewritten(
+    gpu: &Gpu,
+    pool: &Pool,
+    before: [Vec<f32>; 2],
+    rewrites: &[Rewrite],
+    what: &str,
+) {
+    let [mut want_k, mut want_v] = before;
+    for (seat, position, k_row, v_row) in rewrites {
+        let row = k_row.len();
+        let page = pool.lists[*seat][(position / PAGE_TOKENS) as usize] as usize;
+        let at = (page * PAGE_TOKENS as usize + (position % PAGE_TOKENS) as usize) * row;
+        want_k[at..at + row].copy_from_slice(k_row);
+        want_v[at..at + row].copy_from_slice(v_row);
+    }
+    let got_k = read_layer(gpu, &pool.seats[0].k, &pool.seats[0]);
+    let got_v = read_layer(gpu, &pool.seats[0].v, &pool.seats[0]);
+    let close = |(a, b): (&f32, &f32)| a.to_bits() == b.to_bits() || (a - b).abs() <= 1e-5;
+    assert!(got_k.iter().zip(&want_k).all(close), "keys: {what}");
+    let same_v = got_v
+        .iter()
+        .zip(&want_v)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    assert!(same_v, "values: {what}");
+}
+
+/// `rope_store` over a seat's pages (a prompt chunk of the HTTP API): the last `TOKENS`
+/// positions of seat 2, across a page's end, rewritten through its page table with their
+/// rotated keys and their values, q rotated in place, nothing else in the pool changed.
+#[test]
+fn rope_store_writes_a_prompt_through_the_pages() {
+    use webshard::ops::rope::{self, RopeParams, Section, StoreTarget};
+    const TOKENS: u32 = 40;
+    let seed = testing::fresh_seed();
+    let (heads, kv_heads, head_dim) = (4u32, 2u32, 64u32);
+    let params = AttentionParams::standard(heads, kv_heads, head_dim);
+    let rope_params = RopeParams {
+        head_dim,
+        rope_dims: head_dim,
+        freq_base: 10_000.0,
+        freq_scale: 1.0,
+        neox: false,
+    };
+    for (gpu, variant) in device_variants() {
+        if !rope::rope_store_rows_supported(&gpu) {
+            continue;
+        }
+        let pool = filled_pool(&gpu, variant, &params, seed);
+        let before = [
+            read_layer(&gpu, &pool.seats[0].k, &pool.seats[0]),
+            read_layer(&gpu, &pool.seats[0].v, &pool.seats[0]),
+        ];
+        let (seat, start) = (2, LENGTHS[2] - TOKENS);
+        let (hd, row) = (head_dim as usize, (kv_heads * head_dim) as usize);
+        let q = testing::random_f32(TOKENS as usize * heads as usize * hd, seed ^ 5);
+        let k = testing::random_f32(TOKENS as usize * row, seed ^ 6);
+        let v = testing::random_f32(TOKENS as usize * row, seed ^ 7);
+        let (qb, kb, vb) = (
+            gpu::upload_f32(&gpu, "q", &q),
+            gpu::upload_f32(&gpu, "k", &k),
+            gpu::upload_f32(&gpu, "v", &v),
+        );
+        let target = StoreTarget {
+            q: Section::from(&qb),
+            k: Section::from(&kb),
+            v: Section::from(&vb),
+            cache: &pool.seats[seat],
+            cache_layer: LAYER,
+            heads,
+            kv_heads,
+        };
+        let mut rec = Recorder::with_variant(&gpu, variant);
+        rope::rope_store(&mut rec, &target, None, TOKENS, start, &rope_params);
+        let read = rec.submit_and_read(&qb, 0, (q.len() * 4) as u64);
+        let got_q: Vec<f32> = bytemuck::pod_collect_to_vec(&pollster::block_on(read).unwrap());
+        let mut want_q = q.clone();
+        rope::rope_reference(&mut want_q, TOKENS, heads, start, &rope_params);
+        let what = format!("{} {variant} seed {seed}", gpu.caps.adapter);
+        testing::assert_close(&got_q, &want_q, 1e-5, &format!("q: {what}"));
+        let mut rotated = k.clone();
+        rope::rope_reference(&mut rotated, TOKENS, kv_heads, start, &rope_params);
+        let rewrites: Vec<Rewrite> = (0..TOKENS as usize)
+            .map(|t| {
+                let rows = t * row..(t + 1) * row;
+                (
+                    seat,
+                    start + t as u32,
+                    rotated[rows.clone()].to_vec(),
+                    v[rows].to_vec(),
+                )
+            })
+            .collect();
+        assert_rewritten(&gpu, &pool, before, &rewrites, &what);
     }
 }
 

@@ -157,6 +157,18 @@ fn rope_store_rows(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invoc
     store_head_row(group.x, token, place, lane);
 }
 
+// rope_store on a seat of a paged pool (a prompt or a lone token through the HTTP API):
+// row_table is the seat's page table, position p in page row_table[p / PAGE]; cache_offset is
+// unused. An entry of its own, so that rope_store binds no table.
+@compute @workgroup_size(WG)
+fn rope_store_pages(@builtin(workgroup_id) group: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
+    let token = group.y;
+    let kv_row = params.kv_heads * params.head_dim;
+    let pos = params.start_pos + token;
+    let row = (row_table[pos / PAGE] * PAGE + pos % PAGE) * kv_row;
+    store_head_row(group.x, token, vec2<u32>(pos, row), lane);
+}
+
 // Head row `row` of token `token` (q rotated in place, k rotated into the cache, v copied into
 // it), the token at position place.x with its k and v rows at cache element place.y.
 fn store_head_row(row: u32, token: u32, place: vec2<u32>, lane: u32) {

@@ -27,7 +27,14 @@ const ROPE_STORE_ROWS: Kernel = Kernel {
     entry: "rope_store_rows",
     libs: &[Lib::Reduce, Lib::Rotary],
 };
-/// Storage buffers `rope_store_rows` binds (one more than `rope_store`: the row table).
+const ROPE_STORE_PAGES: Kernel = Kernel {
+    name: "rope_store_pages",
+    source: include_str!("../../wgsl/rope.wgsl"),
+    entry: "rope_store_pages",
+    libs: &[Lib::Reduce, Lib::Rotary],
+};
+/// Storage buffers `rope_store_rows` and `rope_store` on pages bind (one more than `rope_store`:
+/// the row table or the seat's page table).
 const ROWS_STORAGE_BINDINGS: u32 = 9;
 const ROPE_AT: Kernel = Kernel {
     name: "rope_at",
@@ -300,6 +307,8 @@ pub struct HeadNorms<'a> {
 /// A step's q/k/v epilogue in one dispatch: optional per-head norms of q and k, rope on both,
 /// q left in place, k and v written into the cache layer at `start_pos..`. The same as `rope`
 /// on q and k followed by `attention::kv_write` (and, with norms, `rms_norm` per head first).
+/// On a seat of a paged pool through its pages, where `rope_store_rows_supported` (a ninth
+/// storage binding, the seat's page table).
 pub fn rope_store(
     rec: &mut Recorder,
     target: &StoreTarget,
@@ -410,15 +419,15 @@ fn record_rope_store(
         Place::From(start) => (start, None),
         Place::Rows(table) => (0, Some(table)),
     };
-    let kernel = if table.is_some() {
-        &ROPE_STORE_ROWS
-    } else {
-        &ROPE_STORE
-    };
     let paged = u32::from(cache.pages().is_some());
+    let kernel = match (table.is_some(), paged) {
+        (true, _) => &ROPE_STORE_ROWS,
+        (false, 1) => &ROPE_STORE_PAGES,
+        (false, _) => &ROPE_STORE,
+    };
     assert!(
-        paged == 0 || table.is_some(),
-        "rope_store on a seat of a paged pool: only rope_store_rows reads pages"
+        paged == 0 || rope_store_rows_supported(rec.gpu()),
+        "rope_store on a seat of a paged pool needs a ninth storage binding"
     );
     let pipeline = rec.pipeline(kernel, &rope_constants(u32::from(packed), paged));
     let placeholder = rec.gpu().placeholder();
@@ -474,7 +483,7 @@ fn record_rope_store(
             norms.map_or(placeholder, |n| n.k).as_entire_binding(),
         ]
         .into_iter()
-        .chain(table.map(wgpu::Buffer::as_entire_binding))
+        .chain(table.map_or_else(|| cache.page_binding(), |t| Some(t.as_entire_binding())))
         .collect::<Vec<_>>(),
         [rows, tokens, 1],
     );

@@ -311,11 +311,11 @@ fn unpack_sections(rec: &mut Recorder, step: &LayerStep) {
 }
 
 /// A prompt's q/k epilogue: per-head norms, rope, and the cache write of k and v; returns the
-/// buffer its rotated q is in (from row 0). One `rope_store` dispatch does all of it where the
-/// cache is the stage's own; a seat of a paged pool (which only the rows kernel reads through
-/// its pages) takes the separate kernels. Three dispatches a layer (seven with per-head norms)
-/// were a third of a few-token step's, which a speculative verification waits on
-/// (docs/perf.md, session 36).
+/// buffer its rotated q is in (from row 0). One `rope_store` dispatch does all of it, through
+/// the pages on a seat of a paged pool where the device has a ninth storage binding; else the
+/// separate kernels. Three dispatches a layer (seven with per-head norms) were a third of a
+/// few-token step's, which a speculative verification waits on (docs/perf.md, session 36),
+/// and of the HTTP API's prompt chunks before session 37.
 fn rotate_prompt<'a>(
     rec: &mut Recorder,
     step: &LayerStep<'a>,
@@ -325,7 +325,7 @@ fn rotate_prompt<'a>(
     let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
     let scaling = step.rope_scaling.as_ref();
     let start = step.start_pos;
-    if step.cache.pages().is_none() {
+    if step.cache.pages().is_none() || rope::rope_store_rows_supported(rec.gpu()) {
         let target = step_target(step, step.cache, in_sections(rec, step));
         let head_norms = head_norms(norms.as_ref(), step);
         let (norms, params) = (head_norms.as_ref(), rope_params);

@@ -119,7 +119,7 @@ impl KvCache {
     }
 
     /// The binding of this seat's entries (kernels that attend or write one sequence).
-    pub(super) fn page_binding(&self) -> Option<wgpu::BindingResource<'_>> {
+    pub(crate) fn page_binding(&self) -> Option<wgpu::BindingResource<'_>> {
         let seat = self.pages.as_ref()?;
         Some(wgpu::BindingResource::Buffer(wgpu::BufferBinding {
             buffer: &seat.table,
