@@ -13,6 +13,7 @@ use webshard::ops::attention::{
     attention, attention_decode_rows, attention_reference, attention_rows_reference, kv_write,
     row_table, AttentionCall, AttentionParams, DecodeRows, KvCache, ReferenceRow, PAGE_TOKENS,
 };
+use webshard::ops::rope::{self, RopeParams, Section, StoreTarget};
 
 const LAYER: u32 = 1;
 const CONTEXT: u32 = 600;
@@ -262,50 +263,22 @@ fn run_rows(
 /// position maps to, and nothing else in the pool changes.
 #[test]
 fn rope_store_rows_writes_through_the_pages() {
-    use webshard::ops::rope::{self, RopeParams, Section, StoreTarget};
     let seed = testing::fresh_seed();
-    let (heads, kv_heads, head_dim) = (4u32, 2u32, 64u32);
-    let params = AttentionParams::standard(heads, kv_heads, head_dim);
-    let rope_params = RopeParams {
-        head_dim,
-        rope_dims: head_dim,
-        freq_base: 10_000.0,
-        freq_scale: 1.0,
-        neox: true,
-    };
-    for (gpu, variant) in device_variants() {
-        if !rope::rope_store_rows_supported(&gpu) {
-            continue;
-        }
-        let pool = filled_pool(&gpu, variant, &params, seed);
-        let before_k = read_layer(&gpu, &pool.seats[0].k, &pool.seats[0]);
-        let before_v = read_layer(&gpu, &pool.seats[0].v, &pool.seats[0]);
+    let (params, rope_params) = rope_shape(true);
+    let (kv_heads, head_dim) = (params.kv_heads, params.head_dim);
+    for (gpu, variant, pool) in rope_store_pools(&params, seed) {
+        let before = layers(&gpu, &pool);
         // Row r rewrites position LENGTHS[s] - 5 of seat s = order[r], in its last page.
         let order = [1usize, 2];
         let positions: Vec<u32> = order.iter().map(|&s| LENGTHS[s] - 5).collect();
-        let hd = head_dim as usize;
-        let q = testing::random_f32(order.len() * (heads as usize) * hd, seed ^ 5);
-        let k = testing::random_f32(order.len() * (kv_heads as usize) * hd, seed ^ 6);
-        let v = testing::random_f32(order.len() * (kv_heads as usize) * hd, seed ^ 7);
+        let new = NewRows::upload(&gpu, &params, order.len(), seed);
+        let (k, v) = (&new.k, &new.v);
         let caches: Vec<&KvCache> = order.iter().map(|&s| &pool.seats[s]).collect();
         let words = row_table(&caches, &positions).unwrap();
         let table = &pool.seats[0].pages().unwrap().table;
         gpu.queue
             .write_buffer(table, 0, bytemuck::cast_slice(&words));
-        let (qb, kb, vb) = (
-            gpu::upload_f32(&gpu, "q", &q),
-            gpu::upload_f32(&gpu, "k", &k),
-            gpu::upload_f32(&gpu, "v", &v),
-        );
-        let target = StoreTarget {
-            q: Section::from(&qb),
-            k: Section::from(&kb),
-            v: Section::from(&vb),
-            cache: caches[0],
-            cache_layer: LAYER,
-            heads,
-            kv_heads,
-        };
+        let target = new.target(caches[0], &params);
         let mut rec = Recorder::with_variant(&gpu, variant);
         let count = order.len() as u32;
         rope::rope_store_rows(&mut rec, &target, None, None, count, table, &rope_params);
@@ -322,8 +295,77 @@ fn rope_store_rows_writes_through_the_pages() {
             })
             .collect();
         let what = format!("{} {variant} seed {seed}", gpu.caps.adapter);
-        assert_rewritten(&gpu, &pool, [before_k, before_v], &rewrites, &what);
+        assert_rewritten(&gpu, &pool, before, &rewrites, &what);
     }
+}
+
+/// The rope_store tests' attention shape (4 q heads, 2 kv heads of 64) and their rope, NeoX's
+/// pairs or ggml's normal ones.
+fn rope_shape(neox: bool) -> (AttentionParams, RopeParams) {
+    let params = AttentionParams::standard(4, 2, 64);
+    let rope = RopeParams {
+        head_dim: params.head_dim,
+        rope_dims: params.head_dim,
+        freq_base: 10_000.0,
+        freq_scale: 1.0,
+        neox,
+    };
+    (params, rope)
+}
+
+/// A filled pool on each device and variant whose `rope_store` kernels read pages (a ninth
+/// storage binding).
+fn rope_store_pools(params: &AttentionParams, seed: u64) -> Vec<(Arc<Gpu>, Variant, Pool)> {
+    let devices = device_variants().into_iter();
+    let paged = devices.filter(|(gpu, _)| rope::rope_store_rows_supported(gpu));
+    paged
+        .map(|(gpu, variant)| {
+            let pool = filled_pool(&gpu, variant, params, seed);
+            (gpu, variant, pool)
+        })
+        .collect()
+}
+
+/// q, k and v of `tokens` new tokens of the `params` shape, random, on the host and uploaded.
+struct NewRows {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    buffers: [wgpu::Buffer; 3],
+}
+
+impl NewRows {
+    fn upload(gpu: &Gpu, params: &AttentionParams, tokens: usize, seed: u64) -> NewRows {
+        let hd = params.head_dim as usize;
+        let q = testing::random_f32(tokens * params.heads as usize * hd, seed ^ 5);
+        let k = testing::random_f32(tokens * params.kv_heads as usize * hd, seed ^ 6);
+        let v = testing::random_f32(tokens * params.kv_heads as usize * hd, seed ^ 7);
+        let buffers = [("q", &q), ("k", &k), ("v", &v)].map(|(l, x)| gpu::upload_f32(gpu, l, x));
+        NewRows { q, k, v, buffers }
+    }
+
+    /// Their `rope_store` target in `cache` at layer `LAYER`.
+    fn target<'a>(&'a self, cache: &'a KvCache, params: &AttentionParams) -> StoreTarget<'a> {
+        let [q, k, v] = &self.buffers;
+        StoreTarget {
+            q: Section::from(q),
+            k: Section::from(k),
+            v: Section::from(v),
+            cache,
+            cache_layer: LAYER,
+            heads: params.heads,
+            kv_heads: params.kv_heads,
+        }
+    }
+}
+
+/// The pool's layer `LAYER` as it is: keys, values.
+fn layers(gpu: &Gpu, pool: &Pool) -> [Vec<f32>; 2] {
+    let seat = &pool.seats[0];
+    [
+        read_layer(gpu, &seat.k, seat),
+        read_layer(gpu, &seat.v, seat),
+    ]
 }
 
 /// A seat's position rewritten: (seat, position, its rotated key row, its value row).
@@ -362,49 +404,20 @@ fn assert_rewritten(
 /// rotated keys and their values, q rotated in place, nothing else in the pool changed.
 #[test]
 fn rope_store_writes_a_prompt_through_the_pages() {
-    use webshard::ops::rope::{self, RopeParams, Section, StoreTarget};
     const TOKENS: u32 = 40;
     let seed = testing::fresh_seed();
-    let (heads, kv_heads, head_dim) = (4u32, 2u32, 64u32);
-    let params = AttentionParams::standard(heads, kv_heads, head_dim);
-    let rope_params = RopeParams {
-        head_dim,
-        rope_dims: head_dim,
-        freq_base: 10_000.0,
-        freq_scale: 1.0,
-        neox: false,
-    };
-    for (gpu, variant) in device_variants() {
-        if !rope::rope_store_rows_supported(&gpu) {
-            continue;
-        }
-        let pool = filled_pool(&gpu, variant, &params, seed);
-        let before = [
-            read_layer(&gpu, &pool.seats[0].k, &pool.seats[0]),
-            read_layer(&gpu, &pool.seats[0].v, &pool.seats[0]),
-        ];
+    let (params, rope_params) = rope_shape(false);
+    let (heads, kv_heads, head_dim) = (params.heads, params.kv_heads, params.head_dim);
+    for (gpu, variant, pool) in rope_store_pools(&params, seed) {
+        let before = layers(&gpu, &pool);
         let (seat, start) = (2, LENGTHS[2] - TOKENS);
-        let (hd, row) = (head_dim as usize, (kv_heads * head_dim) as usize);
-        let q = testing::random_f32(TOKENS as usize * heads as usize * hd, seed ^ 5);
-        let k = testing::random_f32(TOKENS as usize * row, seed ^ 6);
-        let v = testing::random_f32(TOKENS as usize * row, seed ^ 7);
-        let (qb, kb, vb) = (
-            gpu::upload_f32(&gpu, "q", &q),
-            gpu::upload_f32(&gpu, "k", &k),
-            gpu::upload_f32(&gpu, "v", &v),
-        );
-        let target = StoreTarget {
-            q: Section::from(&qb),
-            k: Section::from(&kb),
-            v: Section::from(&vb),
-            cache: &pool.seats[seat],
-            cache_layer: LAYER,
-            heads,
-            kv_heads,
-        };
+        let row = (kv_heads * head_dim) as usize;
+        let new = NewRows::upload(&gpu, &params, TOKENS as usize, seed);
+        let (q, k, v) = (&new.q, &new.k, &new.v);
+        let target = new.target(&pool.seats[seat], &params);
         let mut rec = Recorder::with_variant(&gpu, variant);
         rope::rope_store(&mut rec, &target, None, TOKENS, start, &rope_params);
-        let read = rec.submit_and_read(&qb, 0, (q.len() * 4) as u64);
+        let read = rec.submit_and_read(&new.buffers[0], 0, (q.len() * 4) as u64);
         let got_q: Vec<f32> = bytemuck::pod_collect_to_vec(&pollster::block_on(read).unwrap());
         let mut want_q = q.clone();
         rope::rope_reference(&mut want_q, TOKENS, heads, start, &rope_params);
@@ -434,7 +447,6 @@ fn rope_store_writes_a_prompt_through_the_pages() {
 #[test]
 fn fused_one_token_attention_goes_through_the_pages() {
     use webshard::ops::attention::{rope_attention_decode, rope_attention_supported};
-    use webshard::ops::rope::{rope_reference, RopeParams, StoreTarget};
     let seed = testing::fresh_seed();
     // CPU adapters once more with the GPU work split, where the fused kernel runs.
     let devices = pollster::block_on(testing::device_variants_both_splits()).unwrap();
@@ -474,9 +486,9 @@ fn fused_one_token_attention_goes_through_the_pages() {
                 let got: Vec<f32> = bytemuck::pod_collect_to_vec(&bytes.unwrap());
 
                 let mut q = qkv[..q_len].to_vec();
-                rope_reference(&mut q, 1, p.heads, position, &rope);
+                rope::rope_reference(&mut q, 1, p.heads, position, &rope);
                 let mut k_row = qkv[q_len..q_len + row].to_vec();
-                rope_reference(&mut k_row, 1, p.kv_heads, position, &rope);
+                rope::rope_reference(&mut k_row, 1, p.kv_heads, position, &rope);
                 let v_row = &qkv[q_len + row..];
                 let (k, v) = &pool.seqs[seat];
                 let last = position as usize * row;
