@@ -13,21 +13,21 @@ use webshard::ops::attention::{
 use webshard::ops::norm::rms_norm_reference;
 use webshard::ops::rope::{rope_reference, HeadNorms, RopeParams, StoreTarget};
 
-const MAX_CTX: u32 = 1024;
-const LAYER: u32 = 1;
-const EPS: f32 = 1e-6;
+pub(crate) const MAX_CTX: u32 = 1024;
+pub(crate) const LAYER: u32 = 1;
+pub(crate) const EPS: f32 = 1e-6;
 
 /// (name, heads, kv_heads, rope, per-head norms, window)
-struct Model {
-    name: &'static str,
-    heads: u32,
-    kv_heads: u32,
-    rope: RopeParams,
-    norms: bool,
-    window: Option<u32>,
+pub(crate) struct Model {
+    pub name: &'static str,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub rope: RopeParams,
+    pub norms: bool,
+    pub window: Option<u32>,
 }
 
-fn models() -> Vec<Model> {
+pub(crate) fn models() -> Vec<Model> {
     let rope = |head_dim, rope_dims, freq_base, neox| RopeParams {
         head_dim,
         rope_dims,
@@ -82,16 +82,16 @@ fn models() -> Vec<Model> {
 
 /// Random inputs of one case: packed q/k/v of the new token, the norms' weights, and the
 /// cache layer's keys and values of every earlier position.
-struct Inputs {
-    qkv: Vec<f32>,
-    q_norm: Vec<f32>,
-    k_norm: Vec<f32>,
-    k_cache: Vec<f32>,
-    v_cache: Vec<f32>,
+pub(crate) struct Inputs {
+    pub qkv: Vec<f32>,
+    pub q_norm: Vec<f32>,
+    pub k_norm: Vec<f32>,
+    pub k_cache: Vec<f32>,
+    pub v_cache: Vec<f32>,
 }
 
 impl Inputs {
-    fn new(m: &Model, pos: u32, seed: u64) -> Inputs {
+    pub(crate) fn new(m: &Model, pos: u32, seed: u64) -> Inputs {
         let hd = m.rope.head_dim as usize;
         let q_len = m.heads as usize * hd;
         let kv_len = m.kv_heads as usize * hd;
@@ -114,13 +114,13 @@ impl Inputs {
 }
 
 /// What the fused kernel should leave: the attention output and the new cache rows.
-struct Expected {
-    out: Vec<f32>,
-    k_row: Vec<f32>,
-    v_row: Vec<f32>,
+pub(crate) struct Expected {
+    pub out: Vec<f32>,
+    pub k_row: Vec<f32>,
+    pub v_row: Vec<f32>,
 }
 
-fn reference(m: &Model, x: &Inputs, pos: u32) -> Expected {
+pub(crate) fn reference(m: &Model, x: &Inputs, pos: u32) -> Expected {
     let hd = m.rope.head_dim as usize;
     let q_len = m.heads as usize * hd;
     let kv_len = m.kv_heads as usize * hd;
@@ -139,7 +139,7 @@ fn reference(m: &Model, x: &Inputs, pos: u32) -> Expected {
     Expected { out, k_row, v_row }
 }
 
-fn params(m: &Model) -> AttentionParams {
+pub(crate) fn params(m: &Model) -> AttentionParams {
     AttentionParams {
         window: m.window,
         ..AttentionParams::standard(m.heads, m.kv_heads, m.rope.head_dim)

@@ -47,6 +47,7 @@ mod ops_norm;
 mod ops_quant;
 mod ops_rope;
 mod ops_rope_attention;
+mod ops_rope_attention_rows;
 mod ops_rope_scaled;
 mod ops_row_views;
 mod ops_select;

@@ -1,17 +1,23 @@
-// Decode attention for one token with the step's q/k/v epilogue fused in, sparing rope_store's
-// dispatch and the barrier between it and attention. Each workgroup RMS-normalises (Gemma 3's
-// per-head norms, when `norm` = 1) and rotates its own query head into q_row; the workgroups of
-// the last split, whose share ends at the position being decoded, also normalise and rotate
-// their kv head's new key and attend to it and its value from workgroup memory (fresh_k,
-// fresh_v), since nothing orders them after the cache write. The first query head of each kv
-// group writes that key and value into the cache for the steps after this one. The arithmetic
-// is rope_store's, in the same order, so both give the same values. q, k and v are sections of
-// one buffer (the decode step's packed q/k/v) at element offsets. Where the rows of the cache
-// lie comes after this file: attention_decode_rope_slots.wgsl (one sequence's contiguous
-// cache), or attention_decode_rope_pages.wgsl (a seat of a paged pool, a serving sequence
-// alone in its step: position p in page pages[p / PAGE], for the write as for every key read),
-// which alone declares the page table's binding, so the contiguous kernel fits WebGPU's default
-// of 8 storage bindings. The work is attention_decode_core.wgsl's `attend`.
+// Decode attention with the step's q/k/v epilogue fused in, sparing rope_store's dispatch and
+// the barrier between it and attention: one token, or a batched step's rows of distinct
+// sequences. Each workgroup RMS-normalises (Gemma 3's per-head norms, when `norm` = 1) and
+// rotates its own query head into q_row; the workgroups of the last split, whose share ends at
+// the position being decoded, also normalise and rotate their kv head's new key and attend to
+// it and its value from workgroup memory (fresh_k, fresh_v), since nothing orders them after
+// the cache write. The first query head of each kv group writes that key and value into the
+// cache for the steps after this one. The arithmetic is rope_store's, in the same order, so
+// both give the same values. q, k and v are sections of one buffer (the step's packed q/k/v)
+// at element offsets, row r's heads after row r - 1's in each. Where the rows of the cache lie
+// and the entry point come after this file: attention_decode_rope_slots.wgsl (one sequence's
+// contiguous cache), attention_decode_rope_pages.wgsl (a seat of a paged pool, a serving
+// sequence alone in its step: position p in page pages[p / PAGE], for the write as for every
+// key read), which alone with the rows entry declares a ninth binding, so the contiguous
+// kernel fits WebGPU's default of 8 storage bindings, or attention_decode_rope_rows.wgsl (a
+// batched step's rows, each in its own slot or seat of one pool: rope_store_rows's work too).
+// The work is attention_decode_core.wgsl's `attend`.
+//
+// HOST_THETAS = 1 (one token): `thetas` holds the angles; 0 (rows, each at its own position):
+// each lane builds its pair's angle (`pair_theta`, the same products, so the same bits).
 
 struct Params {
     kv_heads: u32,
@@ -30,14 +36,16 @@ struct Params {
     q_offset: u32,
     k_offset: u32,
     v_offset: u32,
-    pad0: u32,
+    // base^(-2 / rope_dims), for the angles built here (HOST_THETAS = 0).
+    theta_scale: f32,
     pad1: u32,
     pad2: u32,
     pad3: u32,
     // Pair p's theta at this position, pos * theta_scale^p as ggml builds it (repeated f32
     // products), from the host: the chain of up to 127 dependent products per lane cost Gemma
     // 3's decode attention ~2.5 µs a dispatch on the H200, and an unrolled chain was
-    // reassociated by its compiler (docs/perf.md, session 24). PAIRS4 = ceil(pairs / 4).
+    // reassociated by its compiler (docs/perf.md, session 24). PAIRS4 = ceil(pairs / 4) (1,
+    // unread, with HOST_THETAS = 0).
     thetas: array<vec4<f32>, PAIRS4>,
 }
 
@@ -93,16 +101,25 @@ fn turned_if(x: vec2<f32>, turn: vec2<f32>, rotate: bool) -> vec2<f32> {
     return x;
 }
 
-@compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) lane: u32) {
-    let split = wg.x;
-    let head = wg.y;
+// The (cos, sin) of `pair`'s angle at `pos`.
+fn pair_angle(pos: u32, pair: u32) -> vec2<f32> {
+    if (HOST_THETAS == 1u) {
+        let theta = params.thetas[pair / 4u][pair % 4u];
+        return angle_turn(params.freq_scale * theta, 1.0);
+    }
+    return pair_turn(pos, pair, params.theta_scale, params.freq_scale, 1.0, 1.0);
+}
+
+// Row `row` of the step at position `pos`, whose cache rows are in `region` (`cache_row`):
+// query head `head` normalised and rotated, with split `split` of its keys, the new key among
+// them in the last split. Uniform control flow.
+fn rope_attend(split: u32, head: u32, row: u32, pos: u32, region: u32, lane: u32) {
     let group_size = params.heads / params.kv_heads;
     let kv_head = head / group_size;
-    let pos = params.start_pos;
-    let q_base = params.q_offset + head * HD;
-    let k_base = params.k_offset + kv_head * HD;
-    let v_base = params.v_offset + kv_head * HD;
+    let q_base = params.q_offset + (row * params.heads + head) * HD;
+    let kv_row = (row * params.kv_heads + kv_head) * HD;
+    let k_base = params.k_offset + kv_row;
+    let v_base = params.v_offset + kv_row;
 
     // Uniform per workgroup, so row_scale's barriers are reached by every lane or none.
     let fresh = split == params.splits - 1u;
@@ -118,8 +135,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         let rotate = pair < pairs;
         var turn = vec2<f32>(1.0, 0.0);
         if (rotate) {
-            let theta = params.thetas[pair / 4u][pair % 4u];
-            turn = angle_turn(params.freq_scale * theta, 1.0);
+            turn = pair_angle(pos, pair);
         }
         let q = turned_if(normed_pair(q_base, dims, q_scale, true), turn, rotate);
         rotated_q[dims.x] = q.x;
@@ -132,7 +148,7 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
     }
     workgroupBarrier();
 
-    let at = cache_row(0u, pos) + kv_head * HD4;
+    let at = cache_row(region, pos) + kv_head * HD4;
     for (var i = lane; i < HD4; i = i + WG) {
         let d = 4u * i;
         let q = vec4<f32>(rotated_q[d], rotated_q[d + 1u], rotated_q[d + 2u], rotated_q[d + 3u]);
@@ -150,5 +166,5 @@ fn main(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) l
         }
     }
     workgroupBarrier();
-    attend(split, head, 0u, params.start_pos, 0u, lane, fresh);
+    attend(split, head, row, pos, region, lane, fresh);
 }

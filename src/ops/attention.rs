@@ -26,7 +26,10 @@ mod segments;
 mod softmax;
 
 pub use decode_gpu::attention_decode_gpu;
-pub use decode_rope::{rope_attention_decode, rope_attention_supported};
+pub use decode_rope::{
+    rope_attention_decode, rope_attention_decode_rows, rope_attention_rows_supported,
+    rope_attention_supported,
+};
 pub use decode_rows::{
     attention_decode_rows, attention_rows_reference, decode_rows_supported, row_table, DecodeRows,
     ReferenceRow,

@@ -164,6 +164,9 @@ fn attend_rows(
             return;
         }
     }
+    if fused_rows(rec, step, step_rows, rope_params, norms, params) {
+        return;
+    }
     let head_norms = head_norms(norms, step);
     let scaling = step.rope_scaling.as_ref();
     let (layer, cache) = (step.cache_layer, rows[0].cache);
@@ -200,6 +203,57 @@ fn attend_rows(
         return;
     }
     attend_rows_one_by_one(rec, step, rows, params);
+}
+
+/// Norms, rope, the cache writes and attention of every row in one dispatch where the fused
+/// rows kernel runs: the rows' table written, their q/k/v in `qkv`'s sections, no frequency
+/// factors (as `OneToken::fused`), and rows of distinct sequences (a seat's few tokens are rows
+/// of one: each must see the keys the others write); whether it ran.
+fn fused_rows(
+    rec: &mut Recorder,
+    step: &LayerStep,
+    step_rows: crate::model::batch::StepRows,
+    rope_params: &RopeParams,
+    norms: Option<&QkNorms>,
+    params: &AttentionParams,
+) -> bool {
+    let (rows, cache) = (step_rows.rows, step_rows.rows[0].cache);
+    let Some(table) = step_rows.table else {
+        return false;
+    };
+    let runs = step.rope_scaling.is_none()
+        && distinct_sequences(rows)
+        && in_sections(rec, step)
+        && attention::rope_attention_rows_supported(rec.gpu(), params, cache.is_paged());
+    if runs {
+        let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
+        let decode_rows = attention::DecodeRows {
+            cache,
+            table,
+            positions: &positions,
+        };
+        let target = step_target(step, cache, true);
+        let norms = head_norms(norms, step);
+        let out = &step.scratch.attn;
+        attention::rope_attention_decode_rows(
+            rec,
+            &target,
+            norms.as_ref(),
+            &decode_rows,
+            rope_params,
+            params,
+            out,
+        );
+    }
+    runs
+}
+
+/// Whether no two rows share a cache region (a slot, or a seat's page table).
+fn distinct_sequences(rows: &[crate::model::batch::BatchRow]) -> bool {
+    let region = |row: &crate::model::batch::BatchRow| row.cache.row_region();
+    let mut regions: Vec<u32> = rows.iter().map(region).collect();
+    regions.sort_unstable();
+    regions.windows(2).all(|pair| pair[0] != pair[1])
 }
 
 /// Each row's rope and cache write in turn, into its own cache (rows not of one pool, or a

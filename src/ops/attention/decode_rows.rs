@@ -17,6 +17,7 @@ const DECODE_ROWS: Kernel = Kernel {
     name: "attention_decode_rows",
     source: concat!(
         include_str!("../../../wgsl/attention_decode_rows.wgsl"),
+        include_str!("../../../wgsl/attention_rows_table.wgsl"),
         include_str!("../../../wgsl/attention_decode_core.wgsl")
     ),
     entry: "main",
@@ -122,7 +123,7 @@ pub fn attention_decode_rows(
     }
 }
 
-fn check_rows(
+pub(super) fn check_rows(
     rows: &DecodeRows,
     layer: u32,
     q: &wgpu::Buffer,
