@@ -19,7 +19,7 @@ use crate::ops::select;
 
 use super::scratch::HEAD_ROWS;
 use super::stage::Stage;
-use super::{LayerStep, ModelError};
+use super::ModelError;
 
 /// One sequence's place in a batched step.
 #[derive(Clone, Copy, Debug)]
@@ -186,21 +186,10 @@ impl Stage {
     pub(super) fn record_row_blocks(&self, rec: &mut Recorder, step_rows: StepRows<'_>) {
         let rows = step_rows.rows;
         let single = rows.len() == 1 && rows[0].cache.pages().is_none();
-        for (index, weights) in self.layers.iter().enumerate() {
-            let step = LayerStep {
-                cfg: &self.cfg,
-                weights,
-                scratch: &self.scratch,
-                cache: rows[0].cache,
-                cache_layer: index as u32,
-                layer: self.spec.layers.start + index as u32,
-                start_pos: rows[0].position,
-                tokens: rows.len() as u32,
-                rows: (!single).then_some(step_rows),
-                rope_scaling: self.rope_scaling(),
-                previous: index.checked_sub(1).map(|i| &self.layers[i]),
-                next: self.layers.get(index + 1),
-            };
+        for index in 0..self.layers.len() {
+            let (cache, position, tokens) = (rows[0].cache, rows[0].position, rows.len() as u32);
+            let rows = (!single).then_some(step_rows);
+            let step = self.layer_step(rec, index, cache, position, tokens, rows);
             (self.cfg.arch.forward_layer)(rec, &step);
         }
     }

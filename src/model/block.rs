@@ -103,7 +103,7 @@ pub(super) fn qkv_in_sections(rec: &Recorder, step: &LayerStep) -> bool {
 pub(super) fn qkv_projections_from(rec: &mut Recorder, step: &LayerStep, stream: Stream) {
     let (cfg, w, s, tokens) = (step.cfg, step.weights, step.scratch, step.tokens);
     stream.check(step);
-    if tokens == 1 || qkv_in_sections(rec, step) {
+    if step.qkv_in_sections {
         let norm = Some((&w.attn_norm.buffer, cfg.rms_eps));
         let epilogue = w
             .qkv_bias

@@ -107,6 +107,11 @@ pub struct LayerStep<'a> {
     /// `Some`: the tokens are one decode step of as many sequences, row `i` at its own
     /// position in its own cache (`batch`); `cache` and `start_pos` are then unused.
     pub rows: Option<batch::StepRows<'a>>,
+    /// Whether the step's q, k and v are in sections of the scratch's `qkv` (one token's always
+    /// are; a few tokens' where `block::qkv_in_sections` says so), else in `q`, `k` and `v`:
+    /// decided once, where the step is made (`Stage::layer_step`), for the products that write
+    /// them and the attention that reads them.
+    pub qkv_in_sections: bool,
     /// The model's RoPE frequency factors and magnitude, where it has them (Llama 3, Phi-3).
     pub rope_scaling: Option<crate::ops::rope::RopeScaling<'a>>,
     /// The blocks before and after this one in this stage, if any: a block may leave work to

@@ -296,25 +296,40 @@ impl Stage {
             self.record_row_blocks(rec, super::batch::StepRows { rows: &rows, table });
             return;
         }
-        let s = &self.scratch;
-        for (index, weights) in self.layers.iter().enumerate() {
-            let layer = self.spec.layers.start + index as u32;
-            let step = super::LayerStep {
-                cfg: &self.cfg,
-                weights,
-                scratch: s,
-                cache: &self.cache,
-                cache_layer: index as u32,
-                layer,
-                start_pos,
-                tokens,
-                rows: None,
-                rope_scaling: self.rope_scaling(),
-                previous: index.checked_sub(1).map(|i| &self.layers[i]),
-                next: self.layers.get(index + 1),
-            };
+        for index in 0..self.layers.len() {
+            let step = self.layer_step(rec, index, &self.cache, start_pos, tokens, None);
             (self.cfg.arch.forward_layer)(rec, &step);
         }
+    }
+
+    /// Block `index`'s step over `tokens` tokens from `start_pos` of `cache`, or over a batched
+    /// step's `rows`, with where its q, k and v go decided for the device `rec` records on.
+    pub(super) fn layer_step<'a>(
+        &'a self,
+        rec: &Recorder,
+        index: usize,
+        cache: &'a KvCache,
+        start_pos: u32,
+        tokens: u32,
+        rows: Option<super::batch::StepRows<'a>>,
+    ) -> super::LayerStep<'a> {
+        let mut step = super::LayerStep {
+            cfg: &self.cfg,
+            weights: &self.layers[index],
+            scratch: &self.scratch,
+            cache,
+            cache_layer: index as u32,
+            layer: self.spec.layers.start + index as u32,
+            start_pos,
+            tokens,
+            rows,
+            qkv_in_sections: false,
+            rope_scaling: self.rope_scaling(),
+            previous: index.checked_sub(1).map(|i| &self.layers[i]),
+            next: self.layers.get(index + 1),
+        };
+        step.qkv_in_sections = tokens == 1 || super::block::qkv_in_sections(rec, &step);
+        step
     }
 
     /// The RoPE frequency factors and magnitude every block of this stage rotates by, if any.

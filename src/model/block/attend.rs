@@ -182,7 +182,7 @@ fn attend_rows(
     if !one_dispatch {
         unpack_sections(rec, step);
     }
-    let target = step_target(step, cache, one_dispatch && in_sections(rec, step));
+    let target = step_target(step, cache, one_dispatch && step.qkv_in_sections);
     if let Some(row_table) = store_table {
         let count = rows.len() as u32;
         let norms = head_norms.as_ref();
@@ -223,7 +223,7 @@ fn fused_rows(
     };
     let runs = step.rope_scaling.is_none()
         && distinct_sequences(rows)
-        && in_sections(rec, step)
+        && step.qkv_in_sections
         && attention::rope_attention_rows_supported(rec.gpu(), params, cache.is_paged());
     if runs {
         let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
@@ -326,12 +326,6 @@ fn attend_rows_one_by_one(
     }
 }
 
-/// Whether the step's q, k and v are in sections of `qkv` (one token's always are), not in
-/// `q`, `k` and `v`.
-fn in_sections(rec: &Recorder, step: &LayerStep) -> bool {
-    step.tokens == 1 || super::qkv_in_sections(rec, step)
-}
-
 /// The step's q, k and v for `cache`: in `qkv`'s sections, or in `q`, `k` and `v`.
 fn step_target<'a>(step: &LayerStep<'a>, cache: &'a KvCache, sections: bool) -> StoreTarget<'a> {
     let (cfg, s) = (step.cfg, step.scratch);
@@ -353,7 +347,7 @@ fn step_target<'a>(step: &LayerStep<'a>, cache: &'a KvCache, sections: bool) -> 
 /// `k` and `v`, for the kernels that read them there (the separate rope and cache write on a
 /// paged seat, the rows one by one); nothing where they are there already.
 fn unpack_sections(rec: &mut Recorder, step: &LayerStep) {
-    if !in_sections(rec, step) {
+    if !step.qkv_in_sections {
         return;
     }
     let (cfg, s, tokens) = (step.cfg, step.scratch, step.tokens);
@@ -380,7 +374,7 @@ fn rotate_prompt<'a>(
     let scaling = step.rope_scaling.as_ref();
     let start = step.start_pos;
     if step.cache.pages().is_none() || rope::rope_store_rows_supported(rec.gpu()) {
-        let target = step_target(step, step.cache, in_sections(rec, step));
+        let target = step_target(step, step.cache, step.qkv_in_sections);
         let head_norms = head_norms(norms.as_ref(), step);
         let (norms, params) = (head_norms.as_ref(), rope_params);
         rope::rope_store_scaled(rec, &target, norms, scaling, tokens, start, params);
