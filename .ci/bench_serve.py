@@ -8,12 +8,15 @@ on any machine with Python 3.8+, the device machine included. Loopback or a give
 
     bench_serve.py --url http://127.0.0.1:8080 --model NAME [--streams 1,4,16,64]
                    [--max-tokens 128] [--warmup 1] [--json FILE] [--endpoint chat|completions]
-                   [--prompt-file F] [--spec K]
+                   [--prompt-file F] [--unique-prompts] [--spec K]
 
 `--prompt-file` asks every stream the file's text (the chat endpoint's user message, or the
 completion's prompt) instead of an essay; `--spec K` adds webshard's `webshard_spec` (prompt
 lookup drafts of at most K tokens), so one server's plain and speculative rates come from the
-same client.
+same client. `--unique-prompts` begins every request's prompt with a line of its own (a
+request counter), so that no prefix cache, ours or llama-server's, serves any of it: the
+warm-up round otherwise leaves a fixed `--prompt-file` cached, and time to first token then
+measures a cached prefill (~2.5 ms whatever the prompt, docs/perf.md, session 37).
 
 Tokens are counted from the final usage chunk (`stream_options.include_usage`) where the
 server sends one, else as content chunks (one token each for both servers). Decode tok/s for a
@@ -113,6 +116,9 @@ def request(args, index):
     if args.spec:
         body["webshard_spec"] = {"type": "lookup", "draft_max": args.spec}
     text = args.prompt_text or prompt(index)
+    if args.unique_prompts:
+        args.sent += 1
+        text = f"Request {args.sent}.\n{text}"
     if args.endpoint == "completions":
         return "/v1/completions", {**body, "prompt": text}
     return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": text}]}
@@ -176,6 +182,9 @@ def main():
                              "(llama-server withholds streamed text its chat parser cannot "
                              "place, so on random weights its chat streams undercount)")
     parser.add_argument("--prompt-file", help="every stream's prompt (default: an essay each)")
+    parser.add_argument("--unique-prompts", action="store_true",
+                        help="a line of its own in front of every request's prompt, so no "
+                             "prefix cache serves it")
     parser.add_argument("--spec", type=int, metavar="K",
                         help="webshard_spec: prompt-lookup drafts of at most K tokens")
     parser.add_argument("--label", default="server")
@@ -185,6 +194,7 @@ def main():
                              "batch size's first step, by both servers)")
     args = parser.parse_args()
     args.prompt_text = open(args.prompt_file).read() if args.prompt_file else None
+    args.sent = 0
     host = urlsplit(args.url).hostname
     if host not in ("127.0.0.1", "localhost", "::1"):
         sys.exit("bench_serve: loopback servers only")
