@@ -87,10 +87,13 @@ pub(super) fn qkv_projections(rec: &mut Recorder, step: &LayerStep) {
 /// `[tokens, q_dim]`, then k and v `[tokens, kv_dim]`), one product for each run of them
 /// sharing a tensor: the fused products' path, within `qkv`'s rows, without integer products.
 /// A 16-row step of SmolLM2 spent 60 dispatches (~0.47 ms of 2.4 on an H100) on its separate
-/// k and v products (docs/perf.md, session 37).
+/// k and v products (docs/perf.md, session 37). False for a block without attention (LFM2's
+/// short convolutions).
 pub(super) fn qkv_in_sections(rec: &Recorder, step: &LayerStep) -> bool {
     let tokens = step.tokens;
-    let a = step.weights.attention();
+    let Some(a) = step.weights.attention.as_ref() else {
+        return false;
+    };
     tokens > 1
         && tokens <= step.scratch.qkv_rows
         && fused(rec, step)
