@@ -138,10 +138,11 @@ fn head_norms<'a>(norms: Option<&'a QkNorms>, step: &LayerStep) -> Option<HeadNo
 
 /// A batched decode step's attention (`model::batch`): q, k and v of row `i` (from the tiled
 /// products, in `q`, `k` and `v`) are normalised, rotated and stored at row `i`'s position in
-/// its own cache, and row `i` attends over that cache alone: all rows in one dispatch where
-/// their caches are one pool's (`attention_decode_rows`, reading the row table the step
-/// wrote: `StepRows::table`), else row by row. A paged seat alone in its step takes the fused
-/// one-token kernel.
+/// its own cache, and row `i` attends over that cache alone: all of it in one dispatch where
+/// the fused rows kernel runs (`fused_rows`), else the rope and cache writes in one and the
+/// attention in another where their caches are one pool's (`rope_store_rows` and
+/// `attention_decode_rows`, reading the row table the step wrote: `StepRows::table`), else row
+/// by row. A paged seat alone in its step takes the fused one-token kernel.
 fn attend_rows(
     rec: &mut Recorder,
     step: &LayerStep,

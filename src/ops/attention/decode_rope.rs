@@ -7,7 +7,7 @@
 //! dispatches cost 8% of a one-stream decode step on the H200 (docs/perf.md, session 27).
 
 use super::decode_gpu::{self, MAX_KEYS_PER_SPLIT};
-use super::decode_rows::{check_rows, DecodeRows};
+use super::decode_rows::{check_rows, row_splits, DecodeRows};
 use super::{
     combine, dispatch_split_with, first_visible, partials, AttentionCall, AttentionParams,
     KernelParams, SplitCall, PAGE_TOKENS,
@@ -247,13 +247,7 @@ pub fn rope_attention_decode_rows(
         "fused batched decode attention cannot run head_dim {} here",
         p.head_dim
     );
-    let visible = rows
-        .positions
-        .iter()
-        .map(|&pos| pos - first_visible(pos, p.window) + 1)
-        .max()
-        .unwrap_or(1);
-    let splits = decode_gpu::splits(rec.gpu(), p, count, visible);
+    let splits = row_splits(rec.gpu(), rows, p);
     let [wg, hd, kps, lpk] = decode_gpu::constants(p.head_dim);
     let held = if paged { MAX_KEYS_PER_SPLIT } else { 1 };
     let table_consts = [

@@ -92,13 +92,7 @@ pub fn attention_decode_rows(
         "batched decode attention cannot hold head_dim {}",
         p.head_dim
     );
-    let visible = rows
-        .positions
-        .iter()
-        .map(|&pos| pos - first_visible(pos, p.window) + 1)
-        .max()
-        .unwrap_or(1);
-    let splits = decode_gpu::splits(rec.gpu(), p, count, visible);
+    let splits = row_splits(rec.gpu(), rows, p);
     let params = KernelParams::new(p, 0, count, splits);
     let constants = decode_gpu::constants(p.head_dim);
     let paged = rows.cache.paged_constant();
@@ -121,6 +115,17 @@ pub fn attention_decode_rows(
     if splits > 1 {
         combine(rec, &params, p.head_dim, &acc, &stats, out);
     }
+}
+
+/// Key splits for a batched step's rows: as many as its row with the most visible keys needs.
+pub(super) fn row_splits(gpu: &crate::gpu::Gpu, rows: &DecodeRows, p: &AttentionParams) -> u32 {
+    let visible = rows
+        .positions
+        .iter()
+        .map(|&pos| pos - first_visible(pos, p.window) + 1)
+        .max()
+        .unwrap_or(1);
+    decode_gpu::splits(gpu, p, rows.positions.len() as u32, visible)
 }
 
 pub(super) fn check_rows(
