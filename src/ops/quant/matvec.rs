@@ -129,11 +129,11 @@ const WIDE_GLU_ROWS: u32 = 4096;
 /// A batched step's layer products (several tokens, each its own workgroups) on GPUs: two rows
 /// per lane, so each activation a lane loads serves two rows. On the H200 16 rows of SmolLM2
 /// decode 4,147 -> 5,432 tok/s and Qwen2.5 1,757 -> 2,594 with every product so split
-/// (docs/perf.md, session 21); one token stays fastest at one row per lane. 256 lanes, half
-/// the workgroups of 128, each staging a token's x once for 16 rows: Gemma 3's 4- and 16-row
-/// steps +3% on an H100, the others +0.2-1% (session 38's sweep); wider GLU products too.
+/// (docs/perf.md, session 21); one token stays fastest at one row per lane. 256 lanes a
+/// workgroup gained 3% on Gemma 3's 16 rows and lost as much on SmolLM2's 4 streams and
+/// Qwen2.5's 8 rows on an H100 (session 38).
 const GPU_BATCH_SHAPE: Shape = Shape {
-    wg: 256,
+    wg: 128,
     threads_per_row: 32,
     rows_per_thread: 2,
 };
@@ -262,10 +262,10 @@ fn work_split(
         },
         None if caps.cpu_work_split => CPU_SHAPE,
         None if w.rows >= WIDE_ROWS => GPU_WIDE_SHAPE,
-        None if tokens > 1 => GPU_BATCH_SHAPE,
         None if w.rows >= WIDE_GLU_ROWS && matches!(fusion.epilogue, Epilogue::Glu(..)) => {
             GPU_GLU_SHAPE
         }
+        None if tokens > 1 => GPU_BATCH_SHAPE,
         None => GPU_SHAPE,
     };
     let per_group = match caps.cpu_work_split && caps.matvec_split.is_none() {
