@@ -186,9 +186,9 @@ impl Stage {
     pub(super) fn record_row_blocks(&self, rec: &mut Recorder, step_rows: StepRows<'_>) {
         let rows = step_rows.rows;
         let single = rows.len() == 1 && rows[0].cache.pages().is_none();
+        let (cache, position, tokens) = (rows[0].cache, rows[0].position, rows.len() as u32);
+        let rows = (!single).then_some(step_rows);
         for index in 0..self.layers.len() {
-            let (cache, position, tokens) = (rows[0].cache, rows[0].position, rows.len() as u32);
-            let rows = (!single).then_some(step_rows);
             let step = self.layer_step(rec, index, cache, position, tokens, rows);
             (self.cfg.arch.forward_layer)(rec, &step);
         }

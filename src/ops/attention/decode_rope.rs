@@ -7,10 +7,10 @@
 //! dispatches cost 8% of a one-stream decode step on the H200 (docs/perf.md, session 27).
 
 use super::decode_gpu::{self, MAX_KEYS_PER_SPLIT};
-use super::decode_rows::{check_rows, row_splits, DecodeRows};
+use super::decode_rows::{check_rows, row_splits, table_constants, DecodeRows, RowsCall};
 use super::{
-    combine, dispatch_split_with, first_visible, partials, AttentionCall, AttentionParams,
-    KernelParams, SplitCall, PAGE_TOKENS,
+    dispatch_split_with, first_visible, AttentionCall, AttentionParams, KernelParams, SplitCall,
+    PAGE_TOKENS,
 };
 use crate::gpu::{Gpu, Kernel, Lib, Recorder};
 use crate::ops::rope::{HeadNorms, RopeParams, StoreTarget};
@@ -249,40 +249,25 @@ pub fn rope_attention_decode_rows(
     );
     let splits = row_splits(rec.gpu(), rows, p);
     let [wg, hd, kps, lpk] = decode_gpu::constants(p.head_dim);
-    let held = if paged { MAX_KEYS_PER_SPLIT } else { 1 };
-    let table_consts = [
-        ("PAGED", u32::from(paged)),
-        ("PAGE", PAGE_TOKENS),
-        ("ROWS_HELD", held),
-    ];
     let angle_consts = [("PAIRS4", 1), ("HOST_THETAS", 0)];
     let consts: Vec<(&str, u32)> = [wg, hd, kps, lpk]
         .into_iter()
-        .chain(table_consts)
+        .chain(table_constants(rows.cache))
         .chain(angle_consts)
         .collect();
     let pipeline = rec.pipeline(&DECODE_ROPE_ROWS, &consts);
-    let attention = KernelParams::new(p, 0, count, splits);
-    let uniform = RopeAttentionParams::new(attention, target, norms, rope);
+    let call = RowsCall {
+        rows,
+        layer: target.cache_layer,
+        q: qkv,
+        out,
+        params: KernelParams::new(p, 0, count, splits),
+    };
+    let uniform = RopeAttentionParams::new(call.params, target, norms, rope);
     let mut uniform = bytemuck::bytes_of(&uniform).to_vec();
+    // The unread angles (PAIRS4 = 1).
     uniform.extend_from_slice(&[0; 16]);
-    let partial_rows = if splits > 1 { count } else { 1 };
-    let (acc, stats) = partials(rec, rows.cache, partial_rows, p, splits);
     let placeholder = rec.gpu().placeholder().clone();
-    let [q_norm, k_norm] = norm_bindings(norms, &placeholder);
-    let bindings = [
-        qkv.as_entire_binding(),
-        rows.cache.pooled_k_layer(target.cache_layer),
-        rows.cache.pooled_v_layer(target.cache_layer),
-        out.as_entire_binding(),
-        acc.as_entire_binding(),
-        stats.as_entire_binding(),
-        q_norm,
-        k_norm,
-        rows.table.as_entire_binding(),
-    ];
-    rec.dispatch_bytes(&pipeline, &uniform, &bindings, [splits, p.heads, count]);
-    if splits > 1 {
-        combine(rec, &attention, p.head_dim, &acc, &stats, out);
-    }
+    let norms = norm_bindings(norms, &placeholder);
+    call.dispatch(rec, &pipeline, p, &uniform, &norms);
 }

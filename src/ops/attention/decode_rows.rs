@@ -93,27 +93,70 @@ pub fn attention_decode_rows(
         p.head_dim
     );
     let splits = row_splits(rec.gpu(), rows, p);
-    let params = KernelParams::new(p, 0, count, splits);
     let constants = decode_gpu::constants(p.head_dim);
-    let paged = rows.cache.paged_constant();
-    let held = if paged == 1 { MAX_KEYS_PER_SPLIT } else { 1 };
-    let paged = [("PAGED", paged), ("PAGE", PAGE_TOKENS), ("ROWS_HELD", held)];
-    let all: Vec<(&str, u32)> = constants.into_iter().chain(paged).collect();
+    let all: Vec<(&str, u32)> = constants
+        .into_iter()
+        .chain(table_constants(rows.cache))
+        .collect();
     let pipeline = rec.pipeline(&DECODE_ROWS, &all);
-    let partial_rows = if splits > 1 { count } else { 1 };
-    let (acc, stats) = partials(rec, rows.cache, partial_rows, p, splits);
-    let bindings = [
-        q.as_entire_binding(),
-        rows.cache.pooled_k_layer(layer),
-        rows.cache.pooled_v_layer(layer),
-        out.as_entire_binding(),
-        acc.as_entire_binding(),
-        stats.as_entire_binding(),
-        rows.table.as_entire_binding(),
-    ];
-    rec.dispatch(&pipeline, &params, &bindings, [splits, p.heads, count]);
-    if splits > 1 {
-        combine(rec, &params, p.head_dim, &acc, &stats, out);
+    let call = RowsCall {
+        rows,
+        layer,
+        q,
+        out,
+        params: KernelParams::new(p, 0, count, splits),
+    };
+    call.dispatch(rec, &pipeline, p, bytemuck::bytes_of(&call.params), &[]);
+}
+
+/// The constants of a kernel that reads the row table (`attention_rows_table.wgsl`): whether
+/// the pool is paged, its page size, and the key rows a workgroup looks up (a paged pool's).
+pub(super) fn table_constants(cache: &KvCache) -> [(&'static str, u32); 3] {
+    let paged = cache.paged_constant();
+    let held = if paged == 1 { MAX_KEYS_PER_SPLIT } else { 1 };
+    [("PAGED", paged), ("PAGE", PAGE_TOKENS), ("ROWS_HELD", held)]
+}
+
+/// One dispatch of a rows kernel (`attention_decode_rows`, or the fused one of `decode_rope`)
+/// over grid (split, head, row), its splits merged after it.
+pub(super) struct RowsCall<'a> {
+    pub rows: &'a DecodeRows<'a>,
+    pub layer: u32,
+    /// The queries (or the step's q/k/v, for the fused kernel).
+    pub q: &'a wgpu::Buffer,
+    pub out: &'a wgpu::Buffer,
+    /// The rows' attention parameters: `tokens` rows, `splits` key splits.
+    pub params: KernelParams,
+}
+
+impl RowsCall<'_> {
+    /// Binds `q`, the pool's `layer`, `out`, the partials, then `extra` and the row table, with
+    /// `uniform` (which begins with `params`) at binding 0.
+    pub(super) fn dispatch(
+        &self,
+        rec: &mut Recorder,
+        pipeline: &wgpu::ComputePipeline,
+        p: &AttentionParams,
+        uniform: &[u8],
+        extra: &[wgpu::BindingResource<'_>],
+    ) {
+        let (count, splits) = (self.params.tokens, self.params.splits);
+        let partial_rows = if splits > 1 { count } else { 1 };
+        let (acc, stats) = partials(rec, self.rows.cache, partial_rows, p, splits);
+        let mut bindings = vec![
+            self.q.as_entire_binding(),
+            self.rows.cache.pooled_k_layer(self.layer),
+            self.rows.cache.pooled_v_layer(self.layer),
+            self.out.as_entire_binding(),
+            acc.as_entire_binding(),
+            stats.as_entire_binding(),
+        ];
+        bindings.extend(extra.iter().cloned());
+        bindings.push(self.rows.table.as_entire_binding());
+        rec.dispatch_bytes(pipeline, uniform, &bindings, [splits, p.heads, count]);
+        if splits > 1 {
+            combine(rec, &self.params, p.head_dim, &acc, &stats, self.out);
+        }
     }
 }
 
