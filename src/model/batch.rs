@@ -32,13 +32,31 @@ pub struct BatchRow<'a> {
     pub cache: &'a KvCache,
 }
 
-/// A batched step's rows as its blocks see them.
-#[derive(Clone, Copy)]
+/// A batched step's rows as its blocks see them, with what every layer asks of them worked
+/// out once for the step.
 pub struct StepRows<'a> {
     pub rows: &'a [BatchRow<'a>],
     /// Where the step wrote the rows' table (`attention::row_table`) when their caches are one
     /// pool's, so that one dispatch serves every row; `None`: row by row.
     pub table: Option<&'a wgpu::Buffer>,
+    /// Each row's position, in row order.
+    pub positions: Vec<u32>,
+    /// Whether no two rows share a cache region (a slot, or a seat's page table): rows of one
+    /// sequence (a seat's few tokens) must each see the keys the others write.
+    pub distinct_sequences: bool,
+}
+
+impl<'a> StepRows<'a> {
+    pub fn new(rows: &'a [BatchRow<'a>], table: Option<&'a wgpu::Buffer>) -> StepRows<'a> {
+        let mut regions: Vec<u32> = rows.iter().map(|row| row.cache.row_region()).collect();
+        regions.sort_unstable();
+        StepRows {
+            rows,
+            table,
+            positions: rows.iter().map(|row| row.position).collect(),
+            distinct_sequences: regions.windows(2).all(|pair| pair[0] != pair[1]),
+        }
+    }
 }
 
 impl Stage {
@@ -145,7 +163,7 @@ impl Stage {
         });
         self.with_recorder(("batch", tokens), |mut rec| {
             self.record_embedding(&mut rec, tokens)?;
-            self.record_row_blocks(&mut rec, StepRows { rows, table });
+            self.record_row_blocks(&mut rec, &StepRows::new(rows, table));
             rec.submit();
             Ok(())
         })
@@ -183,7 +201,7 @@ impl Stage {
     /// The blocks over one row per sequence; one row is an ordinary decode step in its cache,
     /// except in a seat of a paged pool, whose attention `block::attend` sends through its pages
     /// (the fused one-token kernel where it runs, else the rows kernels).
-    pub(super) fn record_row_blocks(&self, rec: &mut Recorder, step_rows: StepRows<'_>) {
+    pub(super) fn record_row_blocks(&self, rec: &mut Recorder, step_rows: &StepRows<'_>) {
         let rows = step_rows.rows;
         let single = rows.len() == 1 && rows[0].cache.pages().is_none();
         let (cache, position, tokens) = (rows[0].cache, rows[0].position, rows.len() as u32);

@@ -106,7 +106,7 @@ pub struct LayerStep<'a> {
     pub tokens: u32,
     /// `Some`: the tokens are one decode step of as many sequences, row `i` at its own
     /// position in its own cache (`batch`); `cache` and `start_pos` are then unused.
-    pub rows: Option<batch::StepRows<'a>>,
+    pub rows: Option<&'a batch::StepRows<'a>>,
     /// Whether the step's q, k and v are in sections of the scratch's `qkv` (one token's always
     /// are; a few tokens' where `block::qkv_in_sections` says so), else in `q`, `k` and `v`:
     /// decided once, where the step is made (`Stage::layer_step`), for the products that write

@@ -293,7 +293,7 @@ impl Stage {
     pub(super) fn record_blocks(&self, rec: &mut Recorder, start_pos: u32, tokens: u32) {
         if let Some(rows) = self.seat_rows(start_pos, tokens) {
             let table = self.cache.pages().map(|pages| &pages.table);
-            self.record_row_blocks(rec, super::batch::StepRows { rows: &rows, table });
+            self.record_row_blocks(rec, &super::batch::StepRows::new(&rows, table));
             return;
         }
         for index in 0..self.layers.len() {
@@ -311,7 +311,7 @@ impl Stage {
         cache: &'a KvCache,
         start_pos: u32,
         tokens: u32,
-        rows: Option<super::batch::StepRows<'a>>,
+        rows: Option<&'a super::batch::StepRows<'a>>,
     ) -> super::LayerStep<'a> {
         let mut step = super::LayerStep {
             cfg: &self.cfg,

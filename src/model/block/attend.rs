@@ -146,7 +146,7 @@ fn head_norms<'a>(norms: Option<&'a QkNorms>, step: &LayerStep) -> Option<HeadNo
 fn attend_rows(
     rec: &mut Recorder,
     step: &LayerStep,
-    step_rows: crate::model::batch::StepRows,
+    step_rows: &crate::model::batch::StepRows,
     rope_params: &RopeParams,
     norms: Option<&QkNorms>,
     params: &AttentionParams,
@@ -192,11 +192,10 @@ fn attend_rows(
         store_rows_one_by_one(rec, step, rows, rope_params, head_norms.as_ref());
     }
     if let Some(row_table) = attend_table {
-        let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
         let table = attention::DecodeRows {
             cache,
             table: row_table,
-            positions: &positions,
+            positions: &step_rows.positions,
         };
         let q = target.q.buffer;
         let out = &step.scratch.attn;
@@ -213,25 +212,24 @@ fn attend_rows(
 fn fused_rows(
     rec: &mut Recorder,
     step: &LayerStep,
-    step_rows: crate::model::batch::StepRows,
+    step_rows: &crate::model::batch::StepRows,
     rope_params: &RopeParams,
     norms: Option<&QkNorms>,
     params: &AttentionParams,
 ) -> bool {
-    let (rows, cache) = (step_rows.rows, step_rows.rows[0].cache);
+    let cache = step_rows.rows[0].cache;
     let Some(table) = step_rows.table else {
         return false;
     };
     let runs = step.rope_scaling.is_none()
-        && distinct_sequences(rows)
+        && step_rows.distinct_sequences
         && step.qkv_in_sections
         && attention::rope_attention_rows_supported(rec.gpu(), params, cache.is_paged());
     if runs {
-        let positions: Vec<u32> = rows.iter().map(|row| row.position).collect();
         let decode_rows = attention::DecodeRows {
             cache,
             table,
-            positions: &positions,
+            positions: &step_rows.positions,
         };
         let target = step_target(step, cache, true);
         let norms = head_norms(norms, step);
@@ -247,14 +245,6 @@ fn fused_rows(
         );
     }
     runs
-}
-
-/// Whether no two rows share a cache region (a slot, or a seat's page table).
-fn distinct_sequences(rows: &[crate::model::batch::BatchRow]) -> bool {
-    let region = |row: &crate::model::batch::BatchRow| row.cache.row_region();
-    let mut regions: Vec<u32> = rows.iter().map(region).collect();
-    regions.sort_unstable();
-    regions.windows(2).all(|pair| pair[0] != pair[1])
 }
 
 /// Each row's rope and cache write in turn, into its own cache (rows not of one pool, or a
