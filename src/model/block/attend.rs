@@ -7,6 +7,7 @@ use crate::ops::attention::{self, AttentionCall, AttentionParams, KvCache};
 use crate::ops::rope::{HeadNorms, RopeParams, Section, StoreTarget};
 use crate::ops::{norm, rope};
 
+use crate::model::batch::StepRows;
 use crate::model::loader::Vector;
 use crate::model::LayerStep;
 
@@ -36,7 +37,13 @@ pub(in crate::model) fn rotate_and_attend(
         softcap: None,
     };
     if let Some(rows) = step.rows {
-        attend_rows(rec, step, rows, rope_params, norms.as_ref(), &params);
+        let rows = Rows {
+            rows,
+            rope: rope_params,
+            norms: norms.as_ref(),
+            params: &params,
+        };
+        rows.attend(rec, step);
         return;
     }
     let one = OneToken {
@@ -138,113 +145,107 @@ fn head_norms<'a>(norms: Option<&'a QkNorms>, step: &LayerStep) -> Option<HeadNo
 
 /// A batched decode step's attention (`model::batch`): q, k and v of row `i` (from the tiled
 /// products, in `q`, `k` and `v`) are normalised, rotated and stored at row `i`'s position in
-/// its own cache, and row `i` attends over that cache alone: all of it in one dispatch where
-/// the fused rows kernel runs (`fused_rows`), else the rope and cache writes in one and the
-/// attention in another where their caches are one pool's (`rope_store_rows` and
-/// `attention_decode_rows`, reading the row table the step wrote: `StepRows::table`), else row
-/// by row. A paged seat alone in its step takes the fused one-token kernel.
-fn attend_rows(
-    rec: &mut Recorder,
-    step: &LayerStep,
-    step_rows: &crate::model::batch::StepRows,
-    rope_params: &RopeParams,
-    norms: Option<&QkNorms>,
-    params: &AttentionParams,
-) {
-    let rows = step_rows.rows;
-    // A paged pool's seat alone in its step: the one-token kernel, through its pages.
-    if let [row] = rows {
-        let one = OneToken {
-            cache: row.cache,
-            position: row.position,
-            rope: rope_params,
-            norms,
-            params,
-        };
-        if one.fused(rec, step) {
-            return;
-        }
-    }
-    if fused_rows(rec, step, step_rows, rope_params, norms, params) {
-        return;
-    }
-    let head_norms = head_norms(norms, step);
-    let scaling = step.rope_scaling.as_ref();
-    let (layer, cache) = (step.cache_layer, rows[0].cache);
-    let gpu = rec.gpu();
-    let store_table = step_rows
-        .table
-        .filter(|_| rope::rope_store_rows_supported(gpu));
-    let attend_table = step_rows
-        .table
-        .filter(|_| attention::decode_rows_supported(gpu, params));
-    // The kernels row by row read `q`, `k` and `v` (`qkv` holds the rows they take one by one).
-    let one_dispatch = store_table.is_some() && attend_table.is_some();
-    if !one_dispatch {
-        unpack_sections(rec, step);
-    }
-    let target = step_target(step, cache, one_dispatch && step.qkv_in_sections);
-    if let Some(row_table) = store_table {
-        let count = rows.len() as u32;
-        let norms = head_norms.as_ref();
-        rope::rope_store_rows(rec, &target, norms, scaling, count, row_table, rope_params);
-    } else {
-        store_rows_one_by_one(rec, step, rows, rope_params, head_norms.as_ref());
-    }
-    if let Some(row_table) = attend_table {
-        let table = attention::DecodeRows {
-            cache,
-            table: row_table,
-            positions: &step_rows.positions,
-        };
-        let q = target.q.buffer;
-        let out = &step.scratch.attn;
-        attention::attention_decode_rows(rec, q, &table, layer, out, params);
-        return;
-    }
-    attend_rows_one_by_one(rec, step, rows, params);
+/// its own cache, and row `i` attends over that cache alone.
+struct Rows<'a> {
+    rows: &'a StepRows<'a>,
+    rope: &'a RopeParams,
+    norms: Option<&'a QkNorms<'a>>,
+    params: &'a AttentionParams,
 }
 
-/// Norms, rope, the cache writes and attention of every row in one dispatch where the fused
-/// rows kernel runs: the rows' table written, their q/k/v in `qkv`'s sections, no frequency
-/// factors (as `OneToken::fused`), and rows of distinct sequences (a seat's few tokens are rows
-/// of one: each must see the keys the others write); whether it ran.
-fn fused_rows(
-    rec: &mut Recorder,
-    step: &LayerStep,
-    step_rows: &crate::model::batch::StepRows,
-    rope_params: &RopeParams,
-    norms: Option<&QkNorms>,
-    params: &AttentionParams,
-) -> bool {
-    let cache = step_rows.rows[0].cache;
-    let Some(table) = step_rows.table else {
-        return false;
-    };
-    let runs = step.rope_scaling.is_none()
-        && step_rows.distinct_sequences
-        && step.qkv_in_sections
-        && attention::rope_attention_rows_supported(rec.gpu(), params, cache.is_paged());
-    if runs {
-        let decode_rows = attention::DecodeRows {
-            cache,
-            table,
-            positions: &step_rows.positions,
-        };
-        let target = step_target(step, cache, true);
-        let norms = head_norms(norms, step);
-        let out = &step.scratch.attn;
-        attention::rope_attention_decode_rows(
-            rec,
-            &target,
-            norms.as_ref(),
-            &decode_rows,
-            rope_params,
-            params,
-            out,
-        );
+impl Rows<'_> {
+    /// All of it in one dispatch where the fused rows kernel runs (`fused`), else the rope and
+    /// cache writes in one and the attention in another where their caches are one pool's
+    /// (`rope_store_rows` and `attention_decode_rows`, reading the row table the step wrote:
+    /// `StepRows::table`), else row by row. A paged seat alone in its step takes the fused
+    /// one-token kernel.
+    fn attend(&self, rec: &mut Recorder, step: &LayerStep) {
+        let (rows, params) = (self.rows.rows, self.params);
+        if let [row] = rows {
+            let one = OneToken {
+                cache: row.cache,
+                position: row.position,
+                rope: self.rope,
+                norms: self.norms,
+                params,
+            };
+            if one.fused(rec, step) {
+                return;
+            }
+        }
+        if self.fused(rec, step) {
+            return;
+        }
+        let head_norms = head_norms(self.norms, step);
+        let scaling = step.rope_scaling.as_ref();
+        let (layer, cache) = (step.cache_layer, rows[0].cache);
+        let gpu = rec.gpu();
+        let store_table = self
+            .rows
+            .table
+            .filter(|_| rope::rope_store_rows_supported(gpu));
+        let attend_table =
+            (self.rows.table).filter(|_| attention::decode_rows_supported(gpu, params));
+        // The kernels row by row read `q`, `k` and `v` (`qkv` holds the rows they take one by
+        // one).
+        let one_dispatch = store_table.is_some() && attend_table.is_some();
+        if !one_dispatch {
+            unpack_sections(rec, step);
+        }
+        let target = step_target(step, cache, one_dispatch && step.qkv_in_sections);
+        if let Some(row_table) = store_table {
+            let (count, norms) = (rows.len() as u32, head_norms.as_ref());
+            rope::rope_store_rows(rec, &target, norms, scaling, count, row_table, self.rope);
+        } else {
+            store_rows_one_by_one(rec, step, rows, self.rope, head_norms.as_ref());
+        }
+        if let Some(row_table) = attend_table {
+            let table = attention::DecodeRows {
+                cache,
+                table: row_table,
+                positions: &self.rows.positions,
+            };
+            let (q, out) = (target.q.buffer, &step.scratch.attn);
+            attention::attention_decode_rows(rec, q, &table, layer, out, params);
+            return;
+        }
+        attend_rows_one_by_one(rec, step, rows, params);
     }
-    runs
+
+    /// Norms, rope, the cache writes and attention of every row in one dispatch where the fused
+    /// rows kernel runs: the rows' table written, their q/k/v in `qkv`'s sections, no frequency
+    /// factors (as `OneToken::fused`), and rows of distinct sequences (a seat's few tokens are
+    /// rows of one: each must see the keys the others write); whether it ran.
+    fn fused(&self, rec: &mut Recorder, step: &LayerStep) -> bool {
+        let cache = self.rows.rows[0].cache;
+        let Some(table) = self.rows.table else {
+            return false;
+        };
+        let runs = step.rope_scaling.is_none()
+            && self.rows.distinct_sequences
+            && step.qkv_in_sections
+            && attention::rope_attention_rows_supported(rec.gpu(), self.params, cache.is_paged());
+        if runs {
+            let decode_rows = attention::DecodeRows {
+                cache,
+                table,
+                positions: &self.rows.positions,
+            };
+            let target = step_target(step, cache, true);
+            let norms = head_norms(self.norms, step);
+            let (rope, params, out) = (self.rope, self.params, &step.scratch.attn);
+            attention::rope_attention_decode_rows(
+                rec,
+                &target,
+                norms.as_ref(),
+                &decode_rows,
+                rope,
+                params,
+                out,
+            );
+        }
+        runs
+    }
 }
 
 /// Each row's rope and cache write in turn, into its own cache (rows not of one pool, or a
