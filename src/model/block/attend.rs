@@ -180,12 +180,9 @@ impl Rows<'_> {
         let scaling = step.rope_scaling.as_ref();
         let (layer, cache) = (step.cache_layer, rows[0].cache);
         let gpu = rec.gpu();
-        let store_table = self
-            .rows
-            .table
-            .filter(|_| rope::rope_store_rows_supported(gpu));
-        let attend_table =
-            (self.rows.table).filter(|_| attention::decode_rows_supported(gpu, params));
+        let table = self.rows.table;
+        let store_table = table.filter(|_| rope::rope_store_rows_supported(gpu));
+        let attend_table = table.filter(|_| attention::decode_rows_supported(gpu, params));
         // The kernels row by row read `q`, `k` and `v` (`qkv` holds the rows they take one by
         // one).
         let one_dispatch = store_table.is_some() && attend_table.is_some();

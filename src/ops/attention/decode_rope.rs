@@ -7,7 +7,7 @@
 //! dispatches cost 8% of a one-stream decode step on the H200 (docs/perf.md, session 27).
 
 use super::decode_gpu::{self, MAX_KEYS_PER_SPLIT};
-use super::decode_rows::{check_rows, row_splits, table_constants, DecodeRows, RowsCall};
+use super::decode_rows::{check_rows, row_splits, rows_constants, DecodeRows, RowsCall};
 use super::{
     dispatch_split_with, first_visible, AttentionCall, AttentionParams, KernelParams, SplitCall,
     PAGE_TOKENS,
@@ -248,13 +248,8 @@ pub fn rope_attention_decode_rows(
         p.head_dim
     );
     let splits = row_splits(rec.gpu(), rows, p);
-    let [wg, hd, kps, lpk] = decode_gpu::constants(p.head_dim);
-    let angle_consts = [("PAIRS4", 1), ("HOST_THETAS", 0)];
-    let consts: Vec<(&str, u32)> = [wg, hd, kps, lpk]
-        .into_iter()
-        .chain(table_constants(rows.cache))
-        .chain(angle_consts)
-        .collect();
+    let mut consts = rows_constants(p, rows.cache);
+    consts.extend([("PAIRS4", 1), ("HOST_THETAS", 0)]);
     let pipeline = rec.pipeline(&DECODE_ROPE_ROWS, &consts);
     let call = RowsCall {
         rows,

@@ -93,12 +93,7 @@ pub fn attention_decode_rows(
         p.head_dim
     );
     let splits = row_splits(rec.gpu(), rows, p);
-    let constants = decode_gpu::constants(p.head_dim);
-    let all: Vec<(&str, u32)> = constants
-        .into_iter()
-        .chain(table_constants(rows.cache))
-        .collect();
-    let pipeline = rec.pipeline(&DECODE_ROWS, &all);
+    let pipeline = rec.pipeline(&DECODE_ROWS, &rows_constants(p, rows.cache));
     let call = RowsCall {
         rows,
         layer,
@@ -109,12 +104,17 @@ pub fn attention_decode_rows(
     call.dispatch(rec, &pipeline, p, bytemuck::bytes_of(&call.params), &[]);
 }
 
-/// The constants of a kernel that reads the row table (`attention_rows_table.wgsl`): whether
-/// the pool is paged, its page size, and the key rows a workgroup looks up (a paged pool's).
-pub(super) fn table_constants(cache: &KvCache) -> [(&'static str, u32); 3] {
+/// The constants of a rows kernel: the decode kernels' for `p.head_dim`, then the row table's
+/// (`attention_rows_table.wgsl`): whether the pool is paged, its page size, and the key rows a
+/// workgroup looks up (a paged pool's).
+pub(super) fn rows_constants(p: &AttentionParams, cache: &KvCache) -> Vec<(&'static str, u32)> {
     let paged = cache.paged_constant();
     let held = if paged == 1 { MAX_KEYS_PER_SPLIT } else { 1 };
-    [("PAGED", paged), ("PAGE", PAGE_TOKENS), ("ROWS_HELD", held)]
+    let table = [("PAGED", paged), ("PAGE", PAGE_TOKENS), ("ROWS_HELD", held)];
+    decode_gpu::constants(p.head_dim)
+        .into_iter()
+        .chain(table)
+        .collect()
 }
 
 /// One dispatch of a rows kernel (`attention_decode_rows`, or the fused one of `decode_rope`)
