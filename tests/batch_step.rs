@@ -238,9 +238,9 @@ fn batched_rows_match_their_single_steps_gemma3_folded() {
 /// A few tokens in a seat of a paged pool (a speculative verification through the HTTP API)
 /// go as rows at consecutive positions (`rope_store_rows`, the rows attention over pages); a
 /// longer prompt before them takes the prompt path over pages. Every position's logits match
-/// the same tokens in the stage's own contiguous cache (the prompt path's `rope_store` and
-/// prefill attention), and the keys they leave serve the next step alike.
-async fn few_tokens_on_pages_match_the_own_cache(file: &str, seed: u64) {
+/// the same tokens decoded one a step in the stage's own contiguous cache (the prompt through
+/// the prompt path there), and the keys they leave serve the next step alike.
+async fn few_tokens_on_pages_match_single_steps(file: &str, seed: u64) {
     let options = GpuOptions {
         backend: BackendChoice::Vulkan,
         gpu_work_split: true,
@@ -251,52 +251,55 @@ async fn few_tokens_on_pages_match_the_own_cache(file: &str, seed: u64) {
     let ids = |count: usize, salt: u64| random_ids(vocab, seed, count, salt);
     // A prompt that ends mid-page, then 2..=5 tokens crossing a page boundary, then one.
     let (prompt, few, next) = (ids(PAGE_TOKENS as usize + 13, 1), ids(5, 2), ids(1, 3));
-    let run = async |engine: &Engine| -> Vec<Vec<f32>> {
+    let in_pieces = [&few[..2], &few[2..], &next[..]];
+    let singles: Vec<&[u32]> = few.iter().chain(&next).map(std::slice::from_ref).collect();
+    let run = async |engine: &Engine, pieces: &[&[u32]]| -> Vec<Vec<f32>> {
         let stage = &engine.stage;
         stage
             .forward(&StageInput::Tokens(&prompt), 0)
             .expect("prompt");
         let mut rows = Vec::new();
         let mut at = prompt.len() as u32;
-        for piece in [&few[..2], &few[2..]] {
+        for piece in pieces {
             let step = StageInput::Tokens(piece);
             let got = stage.forward_logits(&step, at, piece.len() as u32).await;
             rows.extend(got.expect("few tokens"));
             at += piece.len() as u32;
         }
-        let last = stage
-            .forward_logits(&StageInput::Tokens(&next), at, 1)
-            .await;
-        rows.extend(last.expect("the next step"));
         rows
     };
-    let own = run(&engine).await;
+    let single = run(&engine, &singles).await;
     let mut seats = caches(&engine, Pool::Pages);
-    let paged = in_slot(&mut engine, &mut seats, 2, run).await;
-    assert_eq!(own.len(), paged.len());
-    // The two caches' steps take different kernels all along (the prompt over pages through
-    // the prefill attention and `kv_write`, in the own cache through `rope_store`; then the
-    // rows attention against the few-token one): 0.4-2.3e-3 on lavapipe over seeds, where rows
-    // one position off gave 0.08-0.97.
-    for (row, (got, want)) in paged.iter().zip(&own).enumerate() {
+    let paged = in_slot(&mut engine, &mut seats, 2, async |engine: &Engine| {
+        run(engine, &in_pieces).await
+    })
+    .await;
+    assert_eq!(single.len(), paged.len());
+    // A seat's rows take a single step's arithmetic (per-token products, the decode
+    // attention's core over pages): equal to the bit on lavapipe, within the batched rows'
+    // bound elsewhere. Not the own cache's few-token step: it attends through the prefill
+    // kernel, whose key and value tiles are f16 in f16 variants (1e-3 typical, up to 1.05e-2
+    // of the largest logit on some seeds; 2e-6 with f16 off), where rows one position off gave
+    // 0.08-0.97.
+    for (row, (got, want)) in paged.iter().zip(&single).enumerate() {
         let what = format!("{file} position {row} of the few tokens, seed {seed}");
-        testing::assert_close(got, want, 1e-2, &what);
+        testing::assert_close(got, want, 2e-3, &what);
     }
 }
 
 #[test]
-fn few_tokens_on_pages_match_the_own_cache_qwen25() {
+fn few_tokens_on_pages_match_single_steps_qwen25() {
     let seed = testing::fresh_seed();
-    pollster::block_on(few_tokens_on_pages_match_the_own_cache(
+    pollster::block_on(few_tokens_on_pages_match_single_steps(
         support::QWEN25.1,
         seed,
     ));
 }
 
 #[test]
-fn few_tokens_on_pages_match_the_own_cache_gemma3() {
+fn few_tokens_on_pages_match_single_steps_gemma3() {
     let seed = testing::fresh_seed();
-    pollster::block_on(few_tokens_on_pages_match_the_own_cache(
+    pollster::block_on(few_tokens_on_pages_match_single_steps(
         support::GEMMA3.1,
         seed,
     ));
