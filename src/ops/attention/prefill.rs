@@ -4,6 +4,7 @@
 //! budget and few-token calls still fill the GPU.
 
 use crate::gpu::{Gpu, Kernel, Lib, Recorder, Variant};
+use crate::ops::quant::MATVEC_TOKENS_ON_GPU;
 
 use super::prefill_coop::{CoopPrefill, PREFILL_COOP};
 use super::{
@@ -79,12 +80,10 @@ pub(super) fn prefill_masked(
     }
     let group = p.heads / p.kv_heads;
     let coop = CoopPrefill::plan(rec.gpu(), rec.variant(), p.head_dim, tokens);
+    let variant = tiles_variant(rec.variant(), tokens);
     let (rows, tile) = match coop {
         Some(plan) => (plan.rows, plan.tile),
-        None => (
-            PREFILL_WG,
-            prefill_tile(rec.gpu(), rec.variant(), p.head_dim),
-        ),
+        None => (PREFILL_WG, prefill_tile(rec.gpu(), variant, p.head_dim)),
     };
     let row_blocks = (tokens * group).div_ceil(rows);
     // Packed sequences: a workgroup walks only the keys of the sequences its rows belong to
@@ -109,7 +108,10 @@ pub(super) fn prefill_masked(
         None => (&PREFILL, Some(("WG", PREFILL_WG))),
     };
     let consts: Vec<_> = lanes.into_iter().chain(shape).collect();
-    let pipeline = rec.pipeline(kernel, &consts);
+    let pipeline = match coop {
+        Some(_) => rec.pipeline(kernel, &consts),
+        None => rec.gpu().pipeline(kernel, variant, &consts),
+    };
     let split = SplitCall {
         call: *call,
         splits,
@@ -133,6 +135,21 @@ pub(super) fn prefill_masked(
         bytemuck::bytes_of(&params),
         &extra,
     );
+}
+
+/// The variant of the tiled kernel for `tokens` queries: a few-token step (at most
+/// `MATVEC_TOKENS_ON_GPU`, as a speculative verification is) keeps its key and value tiles in
+/// f32, so its logits are its tokens' single steps' (which read f32 keys) up to f32 rounding and
+/// greedy speculation keeps plain decoding's ids at near-ties. With f16 tiles they moved by up to
+/// 1e-2 of the largest logit on lavapipe, 2e-6 without (`batch_step::few_tokens_*`).
+fn tiles_variant(variant: Variant, tokens: u32) -> Variant {
+    match tokens <= MATVEC_TOKENS_ON_GPU {
+        true => Variant {
+            f16: false,
+            ..variant
+        },
+        false => variant,
+    }
 }
 
 /// Key splits of prefill: enough that no invocation exceeds the loop budget, and, where the
