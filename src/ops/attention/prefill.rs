@@ -80,7 +80,7 @@ pub(super) fn prefill_masked(
     }
     let group = p.heads / p.kv_heads;
     let coop = CoopPrefill::plan(rec.gpu(), rec.variant(), p.head_dim, tokens);
-    let variant = tiles_variant(rec.variant(), tokens);
+    let variant = tiles_variant(rec.variant(), tokens, mask);
     let (rows, tile) = match coop {
         Some(plan) => (plan.rows, plan.tile),
         None => (PREFILL_WG, prefill_tile(rec.gpu(), variant, p.head_dim)),
@@ -137,13 +137,15 @@ pub(super) fn prefill_masked(
     );
 }
 
-/// The variant of the tiled kernel for `tokens` queries: a few-token step (at most
-/// `MATVEC_TOKENS_ON_GPU`, as a speculative verification is) keeps its key and value tiles in
-/// f32, so its logits are its tokens' single steps' (which read f32 keys) up to f32 rounding and
-/// greedy speculation keeps plain decoding's ids at near-ties. With f16 tiles they moved by up to
-/// 1e-2 of the largest logit on lavapipe, 2e-6 without (`batch_step::few_tokens_*`).
-fn tiles_variant(variant: Variant, tokens: u32) -> Variant {
-    match tokens <= MATVEC_TOKENS_ON_GPU {
+/// The variant of the tiled kernel for `tokens` queries under `mask`: a decoder's few-token
+/// step (at most `MATVEC_TOKENS_ON_GPU`, as a speculative verification is) keeps its key and
+/// value tiles in f32, so its logits are its tokens' single steps' (which read f32 keys) up to
+/// f32 rounding and greedy speculation keeps plain decoding's ids at near-ties. With f16 tiles
+/// they moved by up to 1e-2 of the largest logit on lavapipe, 2e-6 without
+/// (`batch_step::few_tokens_*`). Encoders keep one variant whatever a pass's size, so a text's
+/// vector does not depend on what it was packed with.
+fn tiles_variant(variant: Variant, tokens: u32, mask: PrefillMask) -> Variant {
+    match tokens <= MATVEC_TOKENS_ON_GPU && matches!(mask, PrefillMask::Causal) {
         true => Variant {
             f16: false,
             ..variant
