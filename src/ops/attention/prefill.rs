@@ -80,10 +80,17 @@ pub(super) fn prefill_masked(
     }
     let group = p.heads / p.kv_heads;
     let coop = CoopPrefill::plan(rec.gpu(), rec.variant(), p.head_dim, tokens);
-    let variant = tiles_variant(rec.variant(), tokens, mask);
-    let (rows, tile) = match coop {
-        Some(plan) => (plan.rows, plan.tile),
-        None => (PREFILL_WG, prefill_tile(rec.gpu(), variant, p.head_dim)),
+    // One variant for the kernel chosen: the tensor cores' is the recorder's (f16 operands).
+    let (variant, rows, tile) = match coop {
+        Some(plan) => (rec.variant(), plan.rows, plan.tile),
+        None => {
+            let variant = tiles_variant(rec.variant(), tokens, mask);
+            (
+                variant,
+                PREFILL_WG,
+                prefill_tile(rec.gpu(), variant, p.head_dim),
+            )
+        }
     };
     let row_blocks = (tokens * group).div_ceil(rows);
     // Packed sequences: a workgroup walks only the keys of the sequences its rows belong to
@@ -108,10 +115,7 @@ pub(super) fn prefill_masked(
         None => (&PREFILL, Some(("WG", PREFILL_WG))),
     };
     let consts: Vec<_> = lanes.into_iter().chain(shape).collect();
-    let pipeline = match coop {
-        Some(_) => rec.pipeline(kernel, &consts),
-        None => rec.gpu().pipeline(kernel, variant, &consts),
-    };
+    let pipeline = rec.gpu().pipeline(kernel, variant, &consts);
     let split = SplitCall {
         call: *call,
         splits,
