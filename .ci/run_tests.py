@@ -20,7 +20,7 @@ links two, not sixty) runs as one process per module, named `package::module`, e
 module ran when it was a binary of its own: its process state is its own, and the pairing below
 schedules modules.
 
-Usage: run_tests.py [--jobs N] [--timings FILE] [-- CARGO_TEST_ARGS...]
+Usage: run_tests.py [--jobs N] [--phase all|paired|alone] [--timings FILE] [-- CARGO_TEST_ARGS...]
 """
 
 import argparse
@@ -50,10 +50,16 @@ PAIRABLE = ["webshard::ops_quant", "webshard::fidelity", "webshard::ops_attentio
             "webshard::chat_template", "webshard::constraint", "webshard::spec_decode",
             "webshard::shard_(chunk|frame|plan|validate|vocab)"]
 # Test modules whose time goes to compiling pipelines (every variant of every kernel, each run
-# once on small inputs): they keep the system's lavapipe. Every other module runs on the lavapipe
-# named by $WEBSHARD_FAST_LAVAPIPE_ICD where set-up unpacked one (Debian 12: Mesa 25.0 beside the
-# system's 22.3, which compiles 3.4x faster and runs a model 3x slower; .ci/setup.sh).
+# once on small inputs): they keep the system's lavapipe at its own vector width. Every other
+# module runs on the lavapipe named by $WEBSHARD_FAST_LAVAPIPE_ICD where set-up unpacked one
+# (Debian 12: Mesa 25.0 beside the system's 22.3, which compiles 3.4x faster and runs a model 3x
+# slower; .ci/setup.sh), and with llvmpipe's vectors 128 bits wide (LP_NATIVE_VECTOR_WIDTH),
+# which halves what a model's pipelines cost to compile there and runs them no slower: Gemma 3's
+# fidelity check on lavapipe 67.6 -> 33.3 s cold, 12.5 -> 9.3 s warm; on GL 52.5 -> 44.0 s
+# (docs/ci.md, session 42). Subgroups are then 4 wide, as SwiftShader's in the browser tests;
+# the kernel tests keep lavapipe's 8.
 COMPILE_BOUND = ["webshard::ops_.*"]
+MODEL_VECTOR_BITS = "128"
 PRINT_LOCK = threading.Lock()
 # Test processes still running, ended by the SIGTERM handler.
 RUNNING = set()
@@ -131,8 +137,11 @@ def pairable_rank(label):
 def environment(binary):
     """Cargo's variables for a test, and the lavapipe it runs on (COMPILE_BOUND)."""
     env = dict(os.environ, RUSTC_BOOTSTRAP="1", CARGO_MANIFEST_DIR=str(binary.package_dir))
+    if any(re.fullmatch(pattern, binary.label) for pattern in COMPILE_BOUND):
+        return env
+    env.setdefault("LP_NATIVE_VECTOR_WIDTH", MODEL_VECTOR_BITS)
     icd = os.environ.get("WEBSHARD_FAST_LAVAPIPE_ICD")
-    if icd and not any(re.fullmatch(pattern, binary.label) for pattern in COMPILE_BOUND):
+    if icd:
         # Both names: the Vulkan loader reads VK_DRIVER_FILES since 1.3.207, the older name before.
         env["VK_DRIVER_FILES"] = env["VK_ICD_FILENAMES"] = icd
     return env
@@ -198,11 +207,15 @@ def report(records, timings_file):
     return failed
 
 
-def run_all(binaries, test_args, jobs, records):
+def run_all(binaries, test_args, jobs, records, phase="all"):
     """The pairable binaries `jobs` at a time, heaviest first, then the others one by one;
-    each one's record joins `records` as it ends."""
+    each one's record joins `records` as it ends. `phase` "paired" or "alone" runs only those."""
     alone = [b for b in binaries if jobs <= 1 or pairable_rank(b.label) is None]
     paired = sorted((b for b in binaries if b not in alone), key=lambda b: pairable_rank(b.label))
+    if phase == "alone":
+        paired = []
+    elif phase == "paired":
+        alone = []
     if paired:
         started = time.monotonic()
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -233,6 +246,9 @@ def main():
     parser.add_argument("--timings", help="write per-binary and per-test seconds here (JSON)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="pairable binaries to run at once (default 1: all one at a time)")
+    parser.add_argument("--phase", choices=["all", "paired", "alone"], default="all",
+                        help="run only the pairable binaries or only the one-at-a-time ones "
+                             "(test.sh runs the latter beside the browser tests)")
     parser.add_argument("cargo_args", nargs="*", help="arguments for `cargo test` (after --)")
     args = parser.parse_args()
     cargo_args, test_args = args.cargo_args, []
@@ -242,7 +258,7 @@ def main():
     binaries = build(cargo_args)
     records = []
     report_on_termination(records, binaries, args.timings)
-    run_all(binaries, test_args, args.jobs, records)
+    run_all(binaries, test_args, args.jobs, records, args.phase)
     failed_binaries = [r["binary"] for r in records if r["status"] != 0]
     if report(records, args.timings) or failed_binaries:
         sys.exit(f"run_tests: failed: {', '.join(failed_binaries)}")

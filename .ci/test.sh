@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Every test: set up, then the fetch script's tests, the Rust workspace, the wasm build and its
-# browser tests, the npm package (packed and installed into e2e/examples/), and the Playwright
-# pages. Everything native builds in the release profile, so the tests, the runner the pages
-# talk to and `main.sh` share one build of the dependencies.
+# Every test: set up, then the fetch script's tests, the Rust workspace's kernel and model tests,
+# the wasm build, the npm package (packed and installed into e2e/examples/), then the workspace's
+# process tests beside the wasm build's browser tests and the Playwright pages. Everything native
+# builds in the release profile, so the tests, the runner the pages talk to and `main.sh` share
+# one build of the dependencies.
 # Each step prints its time; the run fails, naming the step, once it passes 85 minutes
 # (WEBSHARD_CI_LIMIT_S), so that CI time cannot creep up unseen and a run that would hit CI's
 # 90-minute limit fails first, naming its step (docs/ci.md, session 11).
@@ -93,12 +94,50 @@ wasm_tests() {
     CARGO_TARGET_DIR="$WASM_TARGET_DIR" cargo test -p webshard --release --target wasm32-unknown-unknown $(wasm_test_targets)
 }
 
+# The native runners the pages talk to (donors, `generate` for the ids to match) take the model
+# tests' lavapipe and vector width (.ci/run_tests.py says why).
 e2e_tests() {
   local target_dir
   target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-  (cd e2e && WEBSHARD_RUNNER="$target_dir/release/runner" npx --no-install playwright test)
+  if [ -n "${WEBSHARD_FAST_LAVAPIPE_ICD:-}" ]; then
+    export VK_DRIVER_FILES="$WEBSHARD_FAST_LAVAPIPE_ICD" VK_ICD_FILENAMES="$WEBSHARD_FAST_LAVAPIPE_ICD"
+  fi
+  (cd e2e && LP_NATIVE_VECTOR_WIDTH="${LP_NATIVE_VECTOR_WIDTH:-128}" \
+    WEBSHARD_RUNNER="$target_dir/release/runner" npx --no-install playwright test)
 }
-export -f wasm_test_targets wasm_tests e2e_tests wait_wasm_build
+
+# Runs "$@" as part NAME of a step, printing its time or how it failed; returns its status.
+part() {
+  local name=$1 start=$SECONDS status=0
+  shift
+  echo "== $name"
+  "$@" || status=$?
+  echo "== $name: $([ "$status" = 0 ] && echo ok || echo "FAILED (exit $status)") in $((SECONDS - start)) s"
+  return "$status"
+}
+
+# The one-at-a-time process tests (runners talking over sockets, heartbeats, timeouts) beside the
+# browser tests: each half leaves much of the two cores idle (the process tests wait on sockets
+# and timers, Playwright on pages and peers; Playwright alone kept ~64% of them busy), and
+# neither shares the cores with the CPU-bound kernel and model tests, which ran before
+# (docs/ci.md, session 42). The process tests' output is printed whole once both halves end, or
+# when the step's time runs out.
+process_and_browser_tests() {
+  local log="${TMPDIR:-/tmp}/webshard-process-tests-$$.log" status=0 browsers=0 pid
+  python3 .ci/run_tests.py --jobs 2 --phase alone \
+    --timings "${TMPDIR:-/tmp}/webshard-test-timings-alone.json" -- --workspace --release >"$log" 2>&1 &
+  pid=$!
+  trap 'kill -TERM "$pid" 2>/dev/null; wait "$pid"; cat "$log"; exit 124' TERM
+  if [ -n "$(wasm_test_targets)" ]; then part "wasm tests (headless Chromium)" wasm_tests || browsers=$?; fi
+  if has_e2e_specs; then part "e2e (Playwright)" e2e_tests || browsers=$?; fi
+  echo "== process tests (one at a time, beside the browser tests)"
+  wait "$pid" || status=$?
+  cat "$log"
+  echo "== process tests: $([ "$status" = 0 ] && echo ok || echo "FAILED (exit $status)")"
+  ((status == 0)) || return "$status"
+  return "$browsers"
+}
+export -f wasm_test_targets wasm_tests e2e_tests wait_wasm_build has_e2e_specs part process_and_browser_tests
 
 step "set-up" bash .ci/setup.sh
 step "format" cargo fmt --all -- --check
@@ -106,11 +145,10 @@ step "fetch script tests" python3 -m unittest discover -s .ci -p 'test_*.py'
 step "build (workspace tests and runner, release)" \
   cargo test --workspace --release --no-run
 start_wasm_build
-step "cargo test (workspace, release; the wasm build beside it)" \
-  python3 .ci/run_tests.py --jobs 2 --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --release
+step "kernel and model tests, two at a time (the wasm build beside them)" \
+  python3 .ci/run_tests.py --jobs 2 --phase paired --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --release
 step "wasm build (what was left of it)" wait_wasm_build
 step "npm package and its example apps" bash .ci/build-npm.sh
-if [ -n "$(wasm_test_targets)" ]; then step "wasm tests (headless Chromium)" wasm_tests; fi
-if has_e2e_specs; then step "e2e (Playwright)" e2e_tests; fi
+step "process tests beside the wasm and Playwright tests" process_and_browser_tests
 step_times
 echo "test.sh: all passed in $SECONDS s"

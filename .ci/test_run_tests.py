@@ -60,6 +60,20 @@ class Scheduling(unittest.TestCase):
                           by_name["webshard::fidelity"]["failed"]), (1, 1))
         self.assertNotEqual(by_name["webshard::fidelity"]["status"], 0)
 
+    def test_a_phase_runs_only_its_own_binaries(self):
+        with tempfile.TemporaryDirectory() as folder:
+            binaries = [
+                run_tests.Binary("webshard::ops_quant", fake_binary(folder, "a", 0), Path(folder)),
+                run_tests.Binary("native-runner::fleet", fake_binary(folder, "c", 0), Path(folder)),
+            ]
+            ran = {}
+            for phase in ("paired", "alone"):
+                records = []
+                with contextlib.redirect_stdout(io.StringIO()):
+                    run_tests.run_all(binaries, [], 2, records, phase)
+                ran[phase] = [r["binary"] for r in records]
+        self.assertEqual(ran, {"paired": ["webshard::ops_quant"], "alone": ["native-runner::fleet"]})
+
     def test_one_job_runs_everything_in_turn(self):
         with tempfile.TemporaryDirectory() as folder:
             binaries = [run_tests.Binary(f"webshard::ops_{n}", fake_binary(folder, n, 0.5), Path(folder))
@@ -134,6 +148,16 @@ class Lavapipe(unittest.TestCase):
             self.assertNotIn("VK_DRIVER_FILES", run_tests.environment(binary("webshard::ops_quant")))
         with unittest.mock.patch.dict("os.environ", {}, clear=True):
             self.assertNotIn("VK_DRIVER_FILES", run_tests.environment(binary("webshard::fidelity")))
+
+    def test_model_modules_take_narrow_vectors_and_kernel_modules_the_drivers_own(self):
+        binary = lambda label: run_tests.Binary(label, "/bin/true", Path("."))
+        with unittest.mock.patch.dict("os.environ", {}, clear=True):
+            self.assertEqual(run_tests.environment(binary("native-runner::fleet"))["LP_NATIVE_VECTOR_WIDTH"],
+                             "128")
+            self.assertNotIn("LP_NATIVE_VECTOR_WIDTH", run_tests.environment(binary("webshard::ops_matvec")))
+        with unittest.mock.patch.dict("os.environ", {"LP_NATIVE_VECTOR_WIDTH": "256"}, clear=True):
+            self.assertEqual(run_tests.environment(binary("webshard::fidelity"))["LP_NATIVE_VECTOR_WIDTH"],
+                             "256")
 
 
 if __name__ == "__main__":
