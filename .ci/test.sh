@@ -58,11 +58,12 @@ has_e2e_specs() {
   find e2e/tests -name '*.spec.*' -print -quit 2>/dev/null | grep -q .
 }
 
-# The wasm build needs nothing the cargo tests make, so it runs beside them at the lowest CPU
-# priority and takes only the time they leave idle (process tests spend much of theirs waiting
-# on sockets and timers). It has a target directory of its own: in the tests' one, cargo would
-# make the test step's own `cargo test --no-run` wait on its lock. Its output and exit status
-# land in $WASM_BUILD_DIR; the "wasm build" step waits for them (docs/ci.md, session 14).
+# The wasm build needs nothing the native build or the cargo tests make, so it starts once
+# set-up is done and runs beside them at the lowest CPU priority, taking only the time they leave
+# idle (the single-threaded front end and links of the big crates, the kernel and model tests'
+# gaps). It has a target directory of its own: in the tests' one, cargo would make the native
+# build wait on its lock. Its output and exit status land in $WASM_BUILD_DIR; the "wasm build"
+# step waits for them (docs/ci.md, sessions 14 and 42).
 WASM_TARGET_DIR="$PWD/target/wasm-build"
 WASM_BUILD_DIR="${TMPDIR:-/tmp}/webshard-wasm-build-$$"
 export WASM_TARGET_DIR WASM_BUILD_DIR
@@ -140,11 +141,11 @@ process_and_browser_tests() {
 export -f wasm_test_targets wasm_tests e2e_tests wait_wasm_build has_e2e_specs part process_and_browser_tests
 
 step "set-up" bash .ci/setup.sh
+start_wasm_build
 step "format" cargo fmt --all -- --check
 step "fetch script tests" python3 -m unittest discover -s .ci -p 'test_*.py'
-step "build (workspace tests and runner, release)" \
+step "build (workspace tests and runner, release; the wasm build beside it)" \
   cargo test --workspace --release --no-run
-start_wasm_build
 step "kernel and model tests, two at a time (the wasm build beside them)" \
   python3 .ci/run_tests.py --jobs 2 --phase paired --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --release
 step "wasm build (what was left of it)" wait_wasm_build
