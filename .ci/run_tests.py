@@ -21,6 +21,7 @@ module ran when it was a binary of its own: its process state is its own, and th
 schedules modules.
 
 Usage: run_tests.py [--jobs N] [--phase all|paired|alone] [--timings FILE] [-- CARGO_TEST_ARGS...]
+       run_tests.py --model-drivers
 """
 
 import argparse
@@ -134,16 +135,22 @@ def pairable_rank(label):
     return None
 
 
-def environment(binary):
-    """Cargo's variables for a test, and the lavapipe it runs on (COMPILE_BOUND)."""
-    env = dict(os.environ, RUSTC_BOOTSTRAP="1", CARGO_MANIFEST_DIR=str(binary.package_dir))
-    if any(re.fullmatch(pattern, binary.label) for pattern in COMPILE_BOUND):
-        return env
-    env.setdefault("LP_NATIVE_VECTOR_WIDTH", MODEL_VECTOR_BITS)
+def model_drivers():
+    """The variables that give a process running models the model tests' lavapipe and vector
+    width (COMPILE_BOUND says why); test.sh gives them to the Playwright pages' runners too."""
+    drivers = {"LP_NATIVE_VECTOR_WIDTH": os.environ.get("LP_NATIVE_VECTOR_WIDTH", MODEL_VECTOR_BITS)}
     icd = os.environ.get("WEBSHARD_FAST_LAVAPIPE_ICD")
     if icd:
         # Both names: the Vulkan loader reads VK_DRIVER_FILES since 1.3.207, the older name before.
-        env["VK_DRIVER_FILES"] = env["VK_ICD_FILENAMES"] = icd
+        drivers["VK_DRIVER_FILES"] = drivers["VK_ICD_FILENAMES"] = icd
+    return drivers
+
+
+def environment(binary):
+    """Cargo's variables for a test, and the lavapipe it runs on (COMPILE_BOUND)."""
+    env = dict(os.environ, RUSTC_BOOTSTRAP="1", CARGO_MANIFEST_DIR=str(binary.package_dir))
+    if not any(re.fullmatch(pattern, binary.label) for pattern in COMPILE_BOUND):
+        env.update(model_drivers())
     return env
 
 
@@ -249,8 +256,13 @@ def main():
     parser.add_argument("--phase", choices=["all", "paired", "alone"], default="all",
                         help="run only the pairable binaries or only the one-at-a-time ones "
                              "(test.sh runs the latter beside the browser tests)")
+    parser.add_argument("--model-drivers", action="store_true",
+                        help="print the model tests' driver variables as NAME=VALUE lines, and exit")
     parser.add_argument("cargo_args", nargs="*", help="arguments for `cargo test` (after --)")
     args = parser.parse_args()
+    if args.model_drivers:
+        print("\n".join(f"{name}={value}" for name, value in model_drivers().items()))
+        return
     cargo_args, test_args = args.cargo_args, []
     if "--" in cargo_args:
         split = cargo_args.index("--")

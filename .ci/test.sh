@@ -96,15 +96,12 @@ wasm_tests() {
 }
 
 # The native runners the pages talk to (donors, `generate` for the ids to match) take the model
-# tests' lavapipe and vector width (.ci/run_tests.py says why).
+# tests' lavapipe and vector width (`run_tests.py --model-drivers`, which says why).
 e2e_tests() {
-  local target_dir
+  local target_dir drivers
   target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
-  if [ -n "${WEBSHARD_FAST_LAVAPIPE_ICD:-}" ]; then
-    export VK_DRIVER_FILES="$WEBSHARD_FAST_LAVAPIPE_ICD" VK_ICD_FILENAMES="$WEBSHARD_FAST_LAVAPIPE_ICD"
-  fi
-  (cd e2e && LP_NATIVE_VECTOR_WIDTH="${LP_NATIVE_VECTOR_WIDTH:-128}" \
-    WEBSHARD_RUNNER="$target_dir/release/runner" npx --no-install playwright test)
+  mapfile -t drivers < <(python3 .ci/run_tests.py --model-drivers)
+  (cd e2e && env "${drivers[@]}" WEBSHARD_RUNNER="$target_dir/release/runner" npx --no-install playwright test)
 }
 
 # Runs "$@" as part NAME of a step, printing its time or how it failed; returns its status.

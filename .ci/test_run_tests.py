@@ -159,6 +159,14 @@ class Lavapipe(unittest.TestCase):
             self.assertEqual(run_tests.environment(binary("webshard::fidelity"))["LP_NATIVE_VECTOR_WIDTH"],
                              "256")
 
+    def test_the_model_drivers_print_as_lines_for_env(self):
+        script = str(Path(run_tests.__file__))
+        environment = {"PATH": "/usr/bin:/bin", "WEBSHARD_FAST_LAVAPIPE_ICD": "/x/lvp.json"}
+        printed = subprocess.run([sys.executable, script, "--model-drivers"], env=environment,
+                                 capture_output=True, text=True, check=True).stdout.split()
+        self.assertEqual(sorted(printed), ["LP_NATIVE_VECTOR_WIDTH=128", "VK_DRIVER_FILES=/x/lvp.json",
+                                           "VK_ICD_FILENAMES=/x/lvp.json"])
+
 
 if __name__ == "__main__":
     unittest.main()
