@@ -36,16 +36,12 @@ fn type_slowly(session: &mut PtySession, keys: &[&str]) {
     }
 }
 
-/// Types a line a character at a time, then Enter. A whole line written at once to the
-/// pseudo-terminal was once seen to lose all but its first character in rustyline's reader
-/// on a loaded machine (CI, 2026-12-01); a person never types that fast.
+/// Sends a line and Enter in one write, as a paste arrives. rustyline's `signal-hook` reader
+/// once hung on this after the first key (the rest sat in its buffer while it waited on the
+/// terminal): on a loaded machine (CI, 2026-12-01 and 12-07) even typed keys can arrive so.
 fn type_line(session: &mut PtySession, line: &str) {
-    for c in line.chars() {
-        session.send(&c.to_string()).unwrap();
-        session.flush().unwrap();
-        std::thread::sleep(Duration::from_millis(40));
-    }
-    type_slowly(session, &["\r"]);
+    session.send(&format!("{line}\r")).unwrap();
+    session.flush().unwrap();
 }
 
 /// One terminal at a time: the tests drive their pseudo-terminals by timing (keys typed after
