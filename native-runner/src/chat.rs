@@ -108,37 +108,6 @@ fn interrupt_flag() -> anyhow::Result<Arc<AtomicBool>> {
     Ok(flag)
 }
 
-/// Lines kept for the Up key, as rustyline's own default.
-const HISTORY_LINES: usize = 100;
-
-/// Reads each line with an editor of its own. rustyline's `signal-hook` feature would leave
-/// SIGINT to us all along, but its reader then waits on the terminal while keys it has already
-/// read sit in its buffer: a pasted line hung after its first key. Without that feature an
-/// editor owns SIGINT while it lives, so it lives only while a line is read, and Ctrl-C during
-/// a reply reaches `interrupt_flag`'s handler.
-#[derive(Default)]
-struct LineReader {
-    history: Vec<String>,
-}
-
-impl LineReader {
-    fn read(&mut self) -> rustyline::Result<String> {
-        let mut editor = DefaultEditor::new()?;
-        for entry in &self.history {
-            editor.add_history_entry(entry.as_str())?;
-        }
-        editor.readline("> ")
-    }
-
-    fn remember(&mut self, line: &str) {
-        if self.history.last().map(String::as_str) != Some(line) {
-            self.history.push(line.to_owned());
-        }
-        let excess = self.history.len().saturating_sub(HISTORY_LINES);
-        self.history.drain(..excess);
-    }
-}
-
 /// Says on stderr which chat format renders the conversation when the model has no template.
 pub fn announce_format(engine: &Engine, model: &str) {
     if let Some(format) = engine.text.template.builtin_format() {
@@ -156,8 +125,12 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         engine.set_prefill_progress(bar);
     }
     let sampler = args.sampler.config();
+    // The editor first: rustyline (without its `signal-hook` feature, whose reader waited on
+    // the terminal with keys in its buffer, so a pasted line hung) takes SIGINT when an editor
+    // is made; ctrlc's handler, installed after, takes it back for the replies. At the prompt
+    // rustyline reads Ctrl-C as a key, so it never needs its own.
+    let mut editor = DefaultEditor::new()?;
     let interrupted = interrupt_flag()?;
-    let mut lines = LineReader::default();
     let mut conversation = Conversation {
         system: args.system.clone(),
         turns: Vec::new(),
@@ -167,7 +140,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         args.model.model, load.seconds
     );
     loop {
-        let line = match lines.read() {
+        let line = match editor.readline("> ") {
             Ok(line) => line,
             Err(ReadlineError::Interrupted) => {
                 eprintln!("(Ctrl-D or /exit quits)");
@@ -178,7 +151,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
         };
         let input = parse_input(&line);
         if input != Input::Nothing {
-            lines.remember(line.trim());
+            let _ = editor.add_history_entry(line.trim());
         }
         match input {
             Input::Nothing => {}

@@ -40,7 +40,13 @@ fn type_slowly(session: &mut PtySession, keys: &[&str]) {
 /// once hung on this after the first key (the rest sat in its buffer while it waited on the
 /// terminal): on a loaded machine (CI, 2026-12-01 and 12-07) even typed keys can arrive so.
 fn type_line(session: &mut PtySession, line: &str) {
-    session.send(&format!("{line}\r")).unwrap();
+    paste(session, &[line]);
+}
+
+/// Sends lines, each with its Enter, in one write: a paste of several lines.
+fn paste(session: &mut PtySession, lines: &[&str]) {
+    let text: String = lines.iter().map(|line| format!("{line}\r")).collect();
+    session.send(&text).unwrap();
     session.flush().unwrap();
 }
 
@@ -102,10 +108,10 @@ fn chat_commands_editing_history_and_the_limit_marker() {
     chat.exp_string("/system TEXT")
         .expect("/help again from the history");
     chat.exp_string("> ").unwrap();
-    type_line(&mut chat, "/system Answer in French.");
+    // Two lines pasted at once: the second waits for the first, none is lost.
+    paste(&mut chat, &["/system Answer in French.", "/nonsense"]);
     chat.exp_string("(system message set").unwrap();
     chat.exp_string("> ").unwrap();
-    type_line(&mut chat, "/nonsense");
     chat.exp_string("unknown command /nonsense")
         .expect("not sent to the model");
     chat.exp_string("> ").unwrap();
