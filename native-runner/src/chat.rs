@@ -127,8 +127,7 @@ pub async fn chat(args: &ChatArgs) -> anyhow::Result<()> {
     let sampler = args.sampler.config();
     // The editor first: rustyline (without its `signal-hook` feature, whose reader waited on
     // the terminal with keys in its buffer, so a pasted line hung) takes SIGINT when an editor
-    // is made; ctrlc's handler, installed after, takes it back for the replies. At the prompt
-    // rustyline reads Ctrl-C as a key, so it never needs its own.
+    // is made; ctrlc's handler, installed after, takes it back for the replies.
     let mut editor = DefaultEditor::new()?;
     let interrupted = interrupt_flag()?;
     let mut conversation = Conversation {

@@ -41,9 +41,9 @@ def wait_healthy(base, seconds):
         time.sleep(0.2)
 
 
-def greedy_chat(client, model, messages):
+def greedy_chat(client, model, messages, max_tokens=MAX_TOKENS):
     return client.chat.completions.create(
-        model=model, messages=messages, temperature=0, max_tokens=MAX_TOKENS
+        model=model, messages=messages, temperature=0, max_tokens=max_tokens
     )
 
 
@@ -108,9 +108,7 @@ def main():
     runner = threading.Thread(target=long_stream)
     runner.start()
     assert first_chunk.wait(300), "the long request never streamed"
-    short = client.chat.completions.create(
-        model=model, messages=messages, temperature=0, max_tokens=2
-    )
+    short = greedy_chat(client, model, messages, max_tokens=2)
     streamed = len(long_pieces)
     text = short.choices[0].message.content
     assert text and want_text.startswith(text) and short.usage.completion_tokens == 2, short
