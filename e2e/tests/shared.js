@@ -7,6 +7,9 @@ const path = require('node:path');
 
 const root = path.resolve(__dirname, '..', '..');
 const SMOLLM2 = 'SmolLM2-135M-Instruct.Q4_1.gguf';
+// Issue 13's Qwen3 twin (.ci/build_tiny_model.sh): ~10x SmolLM2's tokens per second on
+// SwiftShader, for the specs whose claim is the API, not the model's text.
+const TINY_QWEN3 = 'tiny-qwen3.F16.gguf';
 const MODEL_URL = `/models/${SMOLLM2}`;
 const PROMPT = 'The capital of France is';
 // Short: SwiftShader decodes a few tokens per second at best.
@@ -19,32 +22,39 @@ const expectedFile = () => path.join(os.tmpdir(), `webshard-e2e-${process.env.WE
 /** runner generate --temp 0 --json, as global-setup.js recorded it. */
 const nativeResult = () => JSON.parse(fs.readFileSync(expectedFile(), 'utf8'));
 
-/** SmolLM2's goldens (../shared/goldens beside the checkout, or $WEBSHARD_GOLDENS). */
-function goldenRecords() {
-  const dir = process.env.WEBSHARD_GOLDENS || path.join(root, '..', 'shared', 'goldens');
-  const file = path.join(dir, 'smollm2-135m-instruct-q4_1.generate.json');
+/** Where `model`'s goldens are: llama.cpp's for SmolLM2 (../shared/goldens beside the checkout,
+ * or $WEBSHARD_GOLDENS), the repository's for the tiny twin (tests/goldens, made the same way). */
+const GOLDEN_FILES = {
+  [SMOLLM2]: () =>
+    path.join(process.env.WEBSHARD_GOLDENS || path.join(root, '..', 'shared', 'goldens'), 'smollm2-135m-instruct-q4_1.generate.json'),
+  [TINY_QWEN3]: () => path.join(root, 'tests', 'goldens', 'tiny-qwen3-f16.generate.json'),
+};
+
+/** `model`'s golden records. */
+function goldenRecords(model) {
+  const file = GOLDEN_FILES[model]();
   return { file, records: JSON.parse(fs.readFileSync(file, 'utf8')).records };
 }
 
 /** The goldens' record for PROMPT. */
-function goldenRecord() {
-  const { file, records } = goldenRecords();
+function goldenRecord(model = SMOLLM2) {
+  const { file, records } = goldenRecords(model);
   const record = records.find((r) => r.prompt === PROMPT);
   if (!record) throw new Error(`no golden record for ${JSON.stringify(PROMPT)} in ${file}`);
   return record;
 }
 
 /** The goldens' chat record: its single user message is what the native runner's --chat sends. */
-function chatGolden() {
-  const { file, records } = goldenRecords();
+function chatGolden(model = SMOLLM2) {
+  const { file, records } = goldenRecords(model);
   const record = records.find((r) => r.kind === 'chat');
   if (!record || record.messages.length !== 1) throw new Error(`no one-message chat record in ${file}`);
   return record;
 }
 
-/** `runner generate [--chat] --temp 0 --json` on SmolLM2. */
-function nativeGenerate(prompt, n, chat) {
-  const model = path.join(process.env.WEBSHARD_MODELS, SMOLLM2);
+/** `runner generate [--chat] --temp 0 --json` on `file` (SmolLM2 unless named). */
+function nativeGenerate(prompt, n, chat, file = SMOLLM2) {
+  const model = path.join(process.env.WEBSHARD_MODELS, file);
   const out = execFileSync(
     process.env.WEBSHARD_RUNNER,
     ['generate', '-m', model, '-p', prompt, ...(chat ? ['--chat'] : []), '-n', String(n), '--temp', '0', '--json', '--quiet'],
@@ -90,6 +100,7 @@ async function autorunResult(page) {
 
 module.exports = {
   SMOLLM2,
+  TINY_QWEN3,
   MODEL_URL,
   PROMPT,
   TOKENS,
