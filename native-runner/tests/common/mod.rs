@@ -9,6 +9,9 @@ use native_runner::serve::{ServeOptions, Server};
 pub const SMOLLM2: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 pub const QWEN: &str = "qwen2.5-coder-0.5b-instruct-awq.Q4_K_M.gguf";
 pub const GEMMA: &str = "gemma-3-270m-q4_k_m.gguf";
+/// Issue 13's Qwen3 twin (`.ci/build_tiny_model.sh`): seeded random weights, Qwen's tokenizer
+/// and chat template, a few times cheaper per token than SmolLM2 on lavapipe.
+pub const TINY_QWEN3: &str = "tiny-qwen3.F16.gguf";
 
 /// The repository root (the root crate's manifest directory).
 pub fn repo_root() -> PathBuf {
