@@ -3,8 +3,9 @@
 //! small seeded-random llama (Llama 3 RoPE scaling, `rope_freqs`) and phi3 (fused qkv and
 //! gate|up, partial NeoX RoPE, long factors and attention factor) models, and the llama one
 //! with matrices in Q2_K, Q3_K, IQ4_NL and IQ4_XS. Their goldens are in
-//! tests/goldens (made by tests/goldens/make_goldens.py); every record is checked, teacher-forced
-//! at every golden step, and free-run 8 steps.
+//! tests/goldens (made by tests/goldens/make_goldens.py); every record is checked each run,
+//! teacher-forced at every golden step, and free-run 8 steps, on one backend (the seed rotates
+//! them: `breadth::check_model`).
 //!
 //! SmolLM2 re-quantized to Q2_K and IQ4_NL has goldens there too, but its models are not in CI's
 //! set (their build needs a pip build of llama-cpp-python): docs/ci.md ("Re-quantized SmolLM2")
