@@ -133,7 +133,7 @@ function setLoading(loading) {
 async function loadModel(url, settings = {}) {
   clearError();
   window.__webshard_progress = [];
-window.__webshard_reinits = 0;
+  window.__webshard_reinits = 0;
   state.loadController = new AbortController();
   setLoading(true);
   try {
