@@ -57,23 +57,18 @@ fn inputs(embedder: &Embedder, lengths: &[usize], seed: u64) -> Vec<Vec<u32>> {
         .collect()
 }
 
-/// The poolings backend `backend` (of `backends`) checks this run: pooling `i` on backend
-/// `(i + seed) % backends`.
-fn poolings_on(poolings: &[Pooling], backend: usize, backends: usize, seed: u64) -> Vec<Pooling> {
-    let start = (seed % backends as u64) as usize;
-    let on = |i: usize| (i + start) % backends == backend;
-    (0..poolings.len())
-        .filter(|&i| on(i))
-        .map(|i| poolings[i])
-        .collect()
-}
-
 /// Embeds `lengths`' inputs together and one at a time under each pooling and compares.
 fn check_packed(file: &str, lengths: &[usize], poolings: &[Pooling]) {
     let seed = testing::fresh_seed();
     let backends = support::backends();
     for (index, &backend) in backends.iter().enumerate() {
-        let mine = poolings_on(poolings, index, backends.len(), seed);
+        let on = |&(i, _): &(usize, &Pooling)| support::on_backend(i, index, backends.len(), seed);
+        let mine: Vec<Pooling> = poolings
+            .iter()
+            .enumerate()
+            .filter(on)
+            .map(|(_, &p)| p)
+            .collect();
         if mine.is_empty() {
             continue;
         }

@@ -24,9 +24,8 @@ pub async fn check_model(model: &str, file: &str, coverage: &Coverage) {
     let records = goldens["records"].as_array().expect("records");
     let seed = webshard::gpu::testing::fresh_seed();
     let backends = crate::support::backends();
-    let start = (seed % backends.len() as u64) as usize;
     for (b, &backend) in backends.iter().enumerate() {
-        let mine = |n: usize| (n + start) % backends.len() == b;
+        let mine = |n: usize| crate::support::on_backend(n, b, backends.len(), seed);
         if !(0..coverage.records.len()).any(mine) {
             continue;
         }

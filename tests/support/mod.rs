@@ -76,6 +76,14 @@ pub fn backends() -> Vec<BackendChoice> {
         .collect()
 }
 
+/// Whether item `item` (a record, a pooling) is checked on backend `backend` of `backends`
+/// this run: each item on one backend, in turn from a start the seed chooses, so that every
+/// item is checked every run and, across runs, on every backend (the seed, printed, replays it).
+pub fn on_backend(item: usize, backend: usize, backends: usize, seed: u64) -> bool {
+    let start = (seed % backends as u64) as usize;
+    (item + start) % backends == backend
+}
+
 pub async fn load_engine(file: &str, options: GpuOptions) -> Engine {
     load_engine_on(Gpu::new(&options).await.expect("gpu"), file).await
 }
