@@ -62,12 +62,9 @@ fn check_packed(file: &str, lengths: &[usize], poolings: &[Pooling]) {
     let seed = testing::fresh_seed();
     let backends = support::backends();
     for (index, &backend) in backends.iter().enumerate() {
-        let on = |&(i, _): &(usize, &Pooling)| support::on_backend(i, index, backends.len(), seed);
-        let mine: Vec<Pooling> = poolings
-            .iter()
-            .enumerate()
-            .filter(on)
-            .map(|(_, &p)| p)
+        let mine: Vec<Pooling> = (0..poolings.len())
+            .filter(|&i| support::on_backend(i, index, backends.len(), seed))
+            .map(|i| poolings[i])
             .collect();
         if mine.is_empty() {
             continue;

@@ -24,7 +24,7 @@ const MESSAGES = CHAT.messages;
 const CHAT_TOKENS = stepsBeforeNearTie(CHAT);
 const MODEL_URL = `http://127.0.0.1:${process.env.WEBSHARD_E2E_PORT}/models/${TINY_QWEN3}`;
 const MODEL_NAME = TINY_QWEN3.replace(/\.gguf$/, '');
-const READY = new RegExp(`^ready: ${MODEL_NAME.replace(/\./g, '\\.')} \\(qwen3\\)`);
+const READY = /^ready: tiny-qwen3\.F16 \(qwen3\)/;
 
 const APPS = [
   { name: 'plain ESM page', dir: 'plain-esm', root: 'plain-esm', wasm: /^\/node_modules\/webshard\/pkg\/webshard_bg\.wasm$/ },
