@@ -2,8 +2,8 @@
 # Every test: set up, then the fetch script's tests, the Rust workspace's kernel and model tests,
 # the wasm build, the npm package (packed and installed into e2e/examples/), then the workspace's
 # process tests beside the wasm build's browser tests and the Playwright pages. Everything native
-# builds in the release profile, so the tests, the runner the pages talk to and `main.sh` share
-# one build of the dependencies.
+# builds once, in the `ci` profile (release without thin local LTO, Cargo.toml says why), so the
+# tests and the runner the pages talk to share one build.
 # Each step prints its time; the run fails, naming the step, once it passes 85 minutes
 # (WEBSHARD_CI_LIMIT_S), so that CI time cannot creep up unseen and a run that would hit CI's
 # 90-minute limit fails first, naming its step (docs/ci.md, session 11).
@@ -101,7 +101,7 @@ e2e_tests() {
   local target_dir drivers
   target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
   mapfile -t drivers < <(python3 .ci/run_tests.py --model-drivers)
-  (cd e2e && env "${drivers[@]}" WEBSHARD_RUNNER="$target_dir/release/runner" npx --no-install playwright test)
+  (cd e2e && env "${drivers[@]}" WEBSHARD_RUNNER="$target_dir/ci/runner" npx --no-install playwright test)
 }
 
 # Runs "$@" as part NAME of a step, printing its time or how it failed; returns its status.
@@ -123,7 +123,7 @@ part() {
 process_and_browser_tests() {
   local log="${TMPDIR:-/tmp}/webshard-process-tests-$$.log" status=0 browsers=0 pid
   python3 .ci/run_tests.py --jobs 2 --phase alone \
-    --timings "${TMPDIR:-/tmp}/webshard-test-timings-alone.json" -- --workspace --release >"$log" 2>&1 &
+    --timings "${TMPDIR:-/tmp}/webshard-test-timings-alone.json" -- --workspace --profile ci >"$log" 2>&1 &
   pid=$!
   trap 'kill -TERM "$pid" 2>/dev/null; wait "$pid"; cat "$log"; exit 124' TERM
   if [ -n "$(wasm_test_targets)" ]; then part "wasm tests (headless Chromium)" wasm_tests || browsers=$?; fi
@@ -141,10 +141,10 @@ step "set-up" bash .ci/setup.sh
 start_wasm_build
 step "format" cargo fmt --all -- --check
 step "fetch script tests" python3 -m unittest discover -s .ci -p 'test_*.py'
-step "build (workspace tests and runner, release; the wasm build beside it)" \
-  cargo test --workspace --release --no-run
+step "build (workspace tests and runner, ci profile; the wasm build beside it)" \
+  cargo test --workspace --profile ci --no-run
 step "kernel and model tests, two at a time (the wasm build beside them)" \
-  python3 .ci/run_tests.py --jobs 2 --phase paired --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --release
+  python3 .ci/run_tests.py --jobs 2 --phase paired --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --profile ci
 step "wasm build (what was left of it)" wait_wasm_build
 step "npm package and its example apps" bash .ci/build-npm.sh
 step "process tests beside the wasm and Playwright tests" process_and_browser_tests

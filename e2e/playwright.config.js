@@ -9,11 +9,11 @@ const path = require('node:path');
 
 const root = path.resolve(__dirname, '..');
 
-/** The runner binary test.sh built: $WEBSHARD_RUNNER, else the newer of release and debug. */
+/** The runner binary to test: $WEBSHARD_RUNNER, else the newest of test.sh's (ci), release and debug. */
 function runnerBinary() {
   if (process.env.WEBSHARD_RUNNER) return process.env.WEBSHARD_RUNNER;
   const target = process.env.CARGO_TARGET_DIR || path.join(root, 'target');
-  const built = ['release', 'debug']
+  const built = ['ci', 'release', 'debug']
     .map((profile) => path.join(target, profile, 'runner'))
     .filter((file) => fs.existsSync(file))
     .sort((a, b) => fs.statSync(b).mtimeMs - fs.statSync(a).mtimeMs);

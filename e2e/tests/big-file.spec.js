@@ -41,7 +41,7 @@ let native;
 /** The test model example cargo built beside the runner (`cargo test --workspace` builds it). */
 function generator() {
   const file = path.join(path.dirname(process.env.WEBSHARD_RUNNER), 'examples', 'test_model');
-  if (!fs.existsSync(file)) throw new Error(`${file} is missing: cargo build --release --example test_model`);
+  if (!fs.existsSync(file)) throw new Error(`${file} is missing: cargo build --profile ci --example test_model`);
   return file;
 }
 
