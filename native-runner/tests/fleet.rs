@@ -3,8 +3,9 @@
 //! single-device `runner generate --temp 0 --json`.
 //!
 //! Identity (2 and 3 donors, SmolLM2 and a generated 1.11 GB model, several prompts at once, a
-//! constrained generation, 4 donors as two replicas), donors killed mid-generation, a donor
-//! joining mid-generation, a donor with the wrong token, and a faulty donor under `--verify`.
+//! constrained generation, 4 donors as two replicas, donors serving one coordinator after
+//! another, the second verifying steps), donors killed mid-generation, a donor joining
+//! mid-generation, a donor with the wrong token, and a faulty donor under `--verify`.
 //! Other architectures over a chain (Qwen2.5's biases, Qwen3, LFM2's convolution state) are
 //! `tests/shard_roles/models.rs`' in-process tests: the processes add the transport, which
 //! SmolLM2 proves.
@@ -29,14 +30,7 @@ use std::time::{Duration, Instant};
 /// The planner minimises the slowest stage from each donor's probe, and may leave a donor
 /// that probed slow on standby; `mem_mib` caps what each donor offers so that no fewer than
 /// `donors` can hold the model and every donor must take a stage.
-fn identity(
-    file: &str,
-    donors: usize,
-    mem_mib: Option<&str>,
-    prompts: &[&str],
-    n: usize,
-    extra: &[&str],
-) -> Value {
+fn identity(file: &str, donors: usize, mem_mib: &str, prompts: &[&str], n: usize) -> Value {
     let references: Vec<Vec<u32>> = prompts.iter().map(|p| reference(file, p, n)).collect();
     let server = Server::start();
     let started = Instant::now();
@@ -48,11 +42,15 @@ fn identity(
             } else {
                 &server.signal
             };
-            let cap: Vec<&str> = mem_mib.map_or(Vec::new(), |mib| vec!["--gpu-mem-mib", mib]);
-            server.donor_at(&format!("donor {i}"), signal, TOKEN, &cap)
+            server.donor_at(
+                &format!("donor {i}"),
+                signal,
+                TOKEN,
+                &["--gpu-mem-mib", mem_mib],
+            )
         })
         .collect();
-    let mut coordinator = server.coordinate(file, donors, prompts, n, extra);
+    let mut coordinator = server.coordinate(file, donors, prompts, n, &[]);
     let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
     let json = coordinator.json_with(RUN_LIMIT, &procs);
     summary(
@@ -60,16 +58,12 @@ fn identity(
         &json,
         started.elapsed(),
     );
-    if mem_mib.is_some() {
-        assert_eq!(
-            stages(&json),
-            donors,
-            "every donor holds a stage: {}",
-            json["plan"]
-        );
-    } else {
-        assert!(stages(&json) >= 1, "{}", json["plan"]);
-    }
+    assert_eq!(
+        stages(&json),
+        donors,
+        "every donor holds a stage: {}",
+        json["plan"]
+    );
     let outputs = json["outputs"].as_array().expect("outputs");
     assert_eq!(outputs.len(), prompts.len());
     for ((prompt, output), expected) in prompts.iter().zip(outputs).zip(&references) {
@@ -82,18 +76,6 @@ fn identity(
         donor.wait_back_in_room(1);
     }
     json
-}
-
-/// Two donors, with some steps verified on the coordinator: the ids are single-device's and
-/// honest donors are not flagged. The seed picks the verified steps: with a random one, 0.3
-/// of 12 steps is none about one run in 70.
-#[test]
-fn smollm2_two_donor_processes_match_single_device_and_pass_verification() {
-    let _turn = serial();
-    let verify = ["--verify", "0.3", "--seed", "3"];
-    let json = identity(SMOLLM2, 2, Some("300"), &[PROMPT], N, &verify);
-    assert!(json["verified_steps"].as_u64().unwrap() >= 1, "{json}");
-    assert_eq!(json["flags"], serde_json::json!([]));
 }
 
 /// A model no donor can hold, over 1 GiB: three donors whose `--gpu-mem-mib` each hold under
@@ -145,7 +127,7 @@ fn three_donors_each_under_half_a_1_gib_model_run_it_with_single_device_ids() {
 #[test]
 fn smollm2_three_donor_processes_match_single_device_with_two_prompts_at_once() {
     let _turn = serial();
-    let json = identity(SMOLLM2, 3, Some("200"), &[PROMPT, PROMPT_B], N, &[]);
+    let json = identity(SMOLLM2, 3, "200", &[PROMPT, PROMPT_B], N);
     assert_eq!(json["max_in_flight"], 2);
 }
 
@@ -532,9 +514,11 @@ fn a_coordinator_short_of_donors_stops_at_its_join_timeout_with_a_clear_error() 
 
 /// Donors stay: the same two donor processes serve two coordinators one after the other,
 /// each run's ids single-device's, and the second plan reuses the layers they hold (their
-/// downloaded bytes do not grow).
+/// downloaded bytes do not grow). The second coordinator verifies some steps itself: honest
+/// donors are not flagged. The seed picks the verified steps: with a random one, 0.3 of 12
+/// steps is none about one run in 70.
 #[test]
-fn donor_processes_serve_one_coordinator_after_another() {
+fn donor_processes_serve_one_coordinator_after_another_which_verifies_them() {
     let _turn = serial();
     let expected = reference(SMOLLM2, PROMPT, N);
     let server = Server::start();
@@ -545,12 +529,21 @@ fn donor_processes_serve_one_coordinator_after_another() {
     let mut downloaded: Vec<Vec<String>> = vec![Vec::new(); fleet.len()];
     for run in 1..=2 {
         let started = Instant::now();
-        let mut coordinator = server.coordinate(SMOLLM2, 2, &[PROMPT], N, &[]);
+        let verify: &[&str] = if run == 2 {
+            &["--verify", "0.3", "--seed", "3"]
+        } else {
+            &[]
+        };
+        let mut coordinator = server.coordinate(SMOLLM2, 2, &[PROMPT], N, verify);
         let procs: Vec<&Proc> = fleet.iter().map(|d| &d.0).collect();
         let json = coordinator.json_with(RUN_LIMIT, &procs);
         summary(&format!("coordinator {run} of 2"), &json, started.elapsed());
         assert_eq!(ids_of(&json["ids"]), expected, "run {run}");
         assert_eq!(stages(&json), 2, "{}", json["plan"]);
+        if run == 2 {
+            assert!(json["verified_steps"].as_u64().unwrap() >= 1, "{json}");
+            assert_eq!(json["flags"], serde_json::json!([]));
+        }
         for (donor, seen) in fleet.iter_mut().zip(&mut downloaded) {
             donor.wait_back_in_room(run);
             let line = donor
