@@ -12,6 +12,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 source .ci/env.sh
 
 LIMIT_S=${WEBSHARD_CI_LIMIT_S:-5100}
+# The native build's Cargo profile (Cargo.toml's `[profile.ci]`): the tests' and the runner's.
+NATIVE_PROFILE=ci
+export NATIVE_PROFILE
 TIMINGS=()
 
 # Runs "$@" (a command or one of the functions below) as step $1, within what is left of the limit.
@@ -101,7 +104,7 @@ e2e_tests() {
   local target_dir drivers
   target_dir=$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')
   mapfile -t drivers < <(python3 .ci/run_tests.py --model-drivers)
-  (cd e2e && env "${drivers[@]}" WEBSHARD_RUNNER="$target_dir/ci/runner" npx --no-install playwright test)
+  (cd e2e && env "${drivers[@]}" WEBSHARD_RUNNER="$target_dir/$NATIVE_PROFILE/runner" npx --no-install playwright test)
 }
 
 # Runs "$@" as part NAME of a step, printing its time or how it failed; returns its status.
@@ -123,7 +126,7 @@ part() {
 process_and_browser_tests() {
   local log="${TMPDIR:-/tmp}/webshard-process-tests-$$.log" status=0 browsers=0 pid
   python3 .ci/run_tests.py --jobs 2 --phase alone \
-    --timings "${TMPDIR:-/tmp}/webshard-test-timings-alone.json" -- --workspace --profile ci >"$log" 2>&1 &
+    --timings "${TMPDIR:-/tmp}/webshard-test-timings-alone.json" -- --workspace --profile "$NATIVE_PROFILE" >"$log" 2>&1 &
   pid=$!
   trap 'kill -TERM "$pid" 2>/dev/null; wait "$pid"; cat "$log"; exit 124' TERM
   if [ -n "$(wasm_test_targets)" ]; then part "wasm tests (headless Chromium)" wasm_tests || browsers=$?; fi
@@ -141,10 +144,10 @@ step "set-up" bash .ci/setup.sh
 start_wasm_build
 step "format" cargo fmt --all -- --check
 step "fetch script tests" python3 -m unittest discover -s .ci -p 'test_*.py'
-step "build (workspace tests and runner, ci profile; the wasm build beside it)" \
-  cargo test --workspace --profile ci --no-run
+step "build (workspace tests and runner, $NATIVE_PROFILE profile; the wasm build beside it)" \
+  cargo test --workspace --profile "$NATIVE_PROFILE" --no-run
 step "kernel and model tests, two at a time (the wasm build beside them)" \
-  python3 .ci/run_tests.py --jobs 2 --phase paired --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --profile ci
+  python3 .ci/run_tests.py --jobs 2 --phase paired --timings "${TMPDIR:-/tmp}/webshard-test-timings.json" -- --workspace --profile "$NATIVE_PROFILE"
 step "wasm build (what was left of it)" wait_wasm_build
 step "npm package and its example apps" bash .ci/build-npm.sh
 step "process tests beside the wasm and Playwright tests" process_and_browser_tests
