@@ -301,6 +301,9 @@ impl Engine {
             decode_seconds: now_seconds() - decode_started,
             drafted: counts.drafted,
             accepted: counts.accepted,
+            verifications: counts.verifications,
+            verify_seconds: counts.verify_seconds,
+            decoder_starts: counts.decoder_starts,
             ..Timings::default()
         };
         Ok(decoding.into_generated(reused as u32, timings))

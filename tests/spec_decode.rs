@@ -84,6 +84,10 @@ fn greedy_ids_are_the_same_with_drafts_and_drafts_are_accepted() {
     let greedy = options(14, SamplerConfig::greedy());
     let plain = run(&mut engine, chat(REPEATS), greedy.clone(), None);
     assert_eq!(plain.timings.drafted, 0, "no drafts without --spec");
+    assert_eq!(
+        plain.timings.verifications, 0,
+        "no verifications without --spec"
+    );
     for (name, config) in [("eager", eager()), ("gated", gated())] {
         let spec = run(&mut engine, chat(REPEATS), greedy.clone(), config);
         assert_eq!(
@@ -98,6 +102,30 @@ fn greedy_ids_are_the_same_with_drafts_and_drafts_are_accepted() {
             spec.timings.drafted,
             spec.text
         );
+        assert_spent_where_said(name, &spec);
+    }
+}
+
+/// A speculative run's time split: each verification step gave its kept draft tokens and one
+/// of its own, inside the decode time; the gated run started the pipelined decoder first.
+fn assert_spent_where_said(name: &str, spec: &Generated) {
+    let t = &spec.timings;
+    let produced = (spec.ids.len() + 1) as u32;
+    assert!(
+        t.verifications >= 1 && t.accepted + t.verifications <= produced,
+        "{name}: {} verifications keeping {} draft tokens for {} tokens",
+        t.verifications,
+        t.accepted,
+        spec.ids.len()
+    );
+    assert!(
+        t.verify_seconds > 0.0 && t.verify_seconds <= t.decode_seconds,
+        "{name}: verifications took {} s of a {} s decode",
+        t.verify_seconds,
+        t.decode_seconds
+    );
+    if name == "gated" {
+        assert!(t.decoder_starts >= 1, "gated: plain tokens come first");
     }
 }
 

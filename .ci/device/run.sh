@@ -225,7 +225,11 @@ mean = lambda v: sum(v) / len(v)
 print("%-12s %-28s plain %7.1f tok/s  spec %7.1f tok/s  %.2fx  accepted %d/%d (%.0f%%)  %d tokens  ids %s" % (
     sys.argv[2], sys.argv[3][:28], mean(s["plain_tok_s"]), mean(s["spec_tok_s"]),
     mean(s["spec_tok_s"]) / mean(s["plain_tok_s"]), s["accepted"], s["drafted"],
-    100 * s["acceptance"], s["tokens"], "identical" if s["identical"] else "DIFFER"))' \
+    100 * s["acceptance"], s["tokens"], "identical" if s["identical"] else "DIFFER"))
+runs = len(s["spec_tok_s"]); steps = max(s["verifications"], 1)
+print("%-41s a run: %.1f ms, %.1f verification steps of %.2f ms, %.1f decoder starts" % (
+    "", 1e3 * s["spec_seconds"] / runs, s["verifications"] / runs,
+    1e3 * s["verify_seconds"] / steps, s["decoder_starts"] / runs))' \
           "$out" "$(basename "$prompt" .txt)" "$(basename "$model")"
       done
     done

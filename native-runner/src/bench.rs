@@ -298,6 +298,13 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
                 "DIFFER"
             }
         );
+        println!(
+            "speculative runs: {} verification steps of {:.2} ms ({:.0}% of decode time), the pipelined decoder started {} times",
+            spec.verifications,
+            spec.verify_ms(),
+            spec.verify_share() * 100.0,
+            spec.decoder_starts
+        );
     }
     if let Some(profile) = &profile {
         profile.print();

@@ -18,6 +18,13 @@ pub struct SpecBench {
     pub tokens: usize,
     pub drafted: u32,
     pub accepted: u32,
+    /// Over the speculative runs: their decode time, their verification steps and those
+    /// steps' time, and the pipelined decoder's starts (where the time went beside plain
+    /// tokens).
+    pub spec_seconds: f64,
+    pub verifications: u32,
+    pub verify_seconds: f64,
+    pub decoder_starts: u32,
     /// Every speculative run gave the plain run's ids.
     pub identical: bool,
 }
@@ -27,11 +34,23 @@ impl SpecBench {
         f64::from(self.accepted) / f64::from(self.drafted.max(1))
     }
 
+    /// Milliseconds a verification step took, on average.
+    pub fn verify_ms(&self) -> f64 {
+        self.verify_seconds * 1e3 / f64::from(self.verifications.max(1))
+    }
+
+    /// Share of the speculative runs' decode time spent in verification steps.
+    pub fn verify_share(&self) -> f64 {
+        self.verify_seconds / self.spec_seconds.max(1e-9)
+    }
+
     pub fn to_json(&self) -> serde_json::Value {
         json!({
             "plain_tok_s": self.plain, "spec_tok_s": self.spec, "tokens": self.tokens,
             "drafted": self.drafted, "accepted": self.accepted,
             "acceptance": self.acceptance(), "identical": self.identical,
+            "spec_seconds": self.spec_seconds, "verifications": self.verifications,
+            "verify_seconds": self.verify_seconds, "decoder_starts": self.decoder_starts,
         })
     }
 }
@@ -79,6 +98,10 @@ pub async fn spec_bench(
         tokens: reference.ids.len(),
         drafted: 0,
         accepted: 0,
+        spec_seconds: 0.0,
+        verifications: 0,
+        verify_seconds: 0.0,
+        decoder_starts: 0,
         identical: true,
     };
     for _ in 0..repetitions.max(1) {
@@ -90,6 +113,10 @@ pub async fn spec_bench(
             bench.spec.push(decode_rate(&out));
             bench.drafted += out.timings.drafted;
             bench.accepted += out.timings.accepted;
+            bench.spec_seconds += out.timings.decode_seconds;
+            bench.verifications += out.timings.verifications;
+            bench.verify_seconds += out.timings.verify_seconds;
+            bench.decoder_starts += out.timings.decoder_starts;
             bench.identical &= out.ids == reference.ids;
         }
     }

@@ -21,11 +21,14 @@ use crate::sample::{DraftLength, SpecConfig};
 
 use super::{now_seconds, Engine, EngineError};
 
-/// Draft tokens verified and kept in one request.
+/// Draft tokens verified and kept in one request, and where its time went.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct DraftCounts {
     pub drafted: u32,
     pub accepted: u32,
+    pub verifications: u32,
+    pub verify_seconds: f64,
+    pub decoder_starts: u32,
 }
 
 /// What a verification step chose after each position.
@@ -61,11 +64,15 @@ impl Engine {
             if greedy && (draft.is_empty() || !length.due()) {
                 self.decode_undrafted(decoding, config, &mut length, on_event)
                     .await?;
+                counts.decoder_starts += 1;
                 continue;
             }
             let started = now_seconds();
             let accepted = self.verify(decoding, &draft, greedy, on_event).await?;
-            let seconds = (now_seconds() - started) as f32;
+            let seconds = now_seconds() - started;
+            counts.verifications += 1;
+            counts.verify_seconds += seconds;
+            let seconds = seconds as f32;
             if draft.is_empty() {
                 length.record_plain(seconds);
             } else {

@@ -112,6 +112,12 @@ pub struct Timings {
     /// Speculative decoding: draft tokens verified, and how many of them were kept.
     pub drafted: u32,
     pub accepted: u32,
+    /// Speculative decoding: verification steps and their wall time (host recording, GPU and
+    /// read-back), and how often the pipelined decoder was started between them: where a
+    /// speculative run's time goes beside its plain tokens.
+    pub verifications: u32,
+    pub verify_seconds: f64,
+    pub decoder_starts: u32,
 }
 
 /// Token counts, as an OpenAI-style `usage` reports them.

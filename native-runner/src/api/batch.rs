@@ -569,6 +569,7 @@ fn finish(seq: Sequence) -> (Result<Finished, ApiError>, UnboundedSender<Event>)
         mask_seconds: seq.constraint.as_ref().map_or(0.0, |c| c.seconds),
         drafted: seq.drafting.as_ref().map_or(0, |d| d.drafted),
         accepted: seq.drafting.as_ref().map_or(0, |d| d.accepted),
+        ..Timings::default()
     };
     let generated = seq.decoding.into_generated(seq.cached, timings);
     (Ok(finished(generated, seq.choices)), seq.job.events)
