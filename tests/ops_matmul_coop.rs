@@ -93,8 +93,9 @@ impl Case {
     }
 }
 
-/// Shapes with partial tiles of rows and tokens and K steps of 32 to 128 columns.
-fn shapes(quant: QuantType) -> [(usize, usize, usize); 5] {
+/// Shapes with partial tiles of rows and tokens and K steps of 32 to 128 columns; up to 16
+/// tokens take the 16-token tile (`coop_tile_tokens`), more the 64-token one.
+fn shapes(quant: QuantType) -> [(usize, usize, usize); 7] {
     let [narrow, wide] = if quant.block_size() == 256 {
         [256, 768]
     } else {
@@ -102,6 +103,8 @@ fn shapes(quant: QuantType) -> [(usize, usize, usize); 5] {
     };
     [
         (1, narrow, 2),
+        (300, narrow, 9),
+        (129, wide, 16),
         (129, wide, 17),
         (300, narrow, 64),
         (64, wide, 65),
@@ -169,6 +172,8 @@ fn small_cooperative_grids_split_k() {
     assert_eq!(coop_k_splits(caps, [896, 4864], 512), 1);
     assert_eq!(coop_k_splits(caps, [4864, 896], 512), 1);
     assert_eq!(coop_k_splits(caps, [151_936, 896], 16), 1);
+    // Its down product in a 16-row step (one 16-token tile a 64 rows: 14 workgroups).
+    assert_eq!(coop_k_splits(caps, [896, 4864], 16), 8);
     assert_eq!(coop_k_splits(caps, [64, 4096], 64), 8);
     assert_eq!(coop_k_splits(caps, [64, 100], 64), 1);
     assert_eq!(coop_k_splits(caps, [64, 4096], 0), 8);

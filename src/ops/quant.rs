@@ -101,6 +101,17 @@ impl QuantType {
         let elements = self.cols_multiple();
         (elements, elements / self.block_size() * self.block_bytes())
     }
+
+    /// The constants every product kernel is specialised with for this type.
+    fn kernel_consts(self) -> [(&'static str, u32); 4] {
+        let (block, block_bytes) = self.kernel_block();
+        [
+            ("QUANT", self.code()),
+            ("BLOCK", block),
+            ("BLOCK_BYTES", block_bytes),
+            ("UNITS", block / 32),
+        ]
+    }
 }
 
 /// A weight matrix of `rows` x `cols` (GGUF shape `[cols, rows]`), stored as raw GGUF bytes.
@@ -206,13 +217,7 @@ impl<'a> QuantMatrix<'a> {
 
     /// The constants every kernel of this family is specialised with.
     pub(super) fn quant_consts(&self) -> [(&'static str, u32); 4] {
-        let (block, block_bytes) = self.quant.kernel_block();
-        [
-            ("QUANT", self.quant.code()),
-            ("BLOCK", block),
-            ("BLOCK_BYTES", block_bytes),
-            ("UNITS", block / 32),
-        ]
+        self.quant.kernel_consts()
     }
 }
 
