@@ -263,7 +263,7 @@ impl Engine {
         // Plain argmax runs on the GPU, fed back without a host round trip per token.
         let on_gpu = decoding.sampler().argmax_suffices();
         let mut decoder = None;
-        let mut counts = spec::DraftCounts::default();
+        let mut counts = Timings::default();
         if let Some(config) = speculation {
             if let Some(first) = logits.take().filter(|_| decoding.finished().is_none()) {
                 let next = decoding.sample(&first);
@@ -299,12 +299,7 @@ impl Engine {
         let timings = Timings {
             prefill_seconds: decode_started - started,
             decode_seconds: now_seconds() - decode_started,
-            drafted: counts.drafted,
-            accepted: counts.accepted,
-            verifications: counts.verifications,
-            verify_seconds: counts.verify_seconds,
-            decoder_starts: counts.decoder_starts,
-            ..Timings::default()
+            ..counts
         };
         Ok(decoding.into_generated(reused as u32, timings))
     }

@@ -288,8 +288,8 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         println!(
             "speculative: {:.2}x plain, drafted {} accepted {} ({:.0}%) over {} tokens, ids {}",
             mean_sd(&spec.spec).0 / mean_sd(&spec.plain).0,
-            spec.drafted,
-            spec.accepted,
+            spec.spec_totals.drafted,
+            spec.spec_totals.accepted,
             spec.acceptance() * 100.0,
             spec.tokens,
             if spec.identical {
@@ -300,10 +300,10 @@ pub async fn bench(args: &BenchArgs) -> anyhow::Result<()> {
         );
         println!(
             "speculative runs: {} verification steps of {:.2} ms ({:.0}% of decode time), the pipelined decoder started {} times",
-            spec.verifications,
+            spec.spec_totals.verifications,
             spec.verify_ms(),
             spec.verify_share() * 100.0,
-            spec.decoder_starts
+            spec.spec_totals.decoder_starts
         );
     }
     if let Some(profile) = &profile {

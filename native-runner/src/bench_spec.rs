@@ -7,7 +7,7 @@ use std::ops::ControlFlow;
 
 use serde_json::json;
 use webshard::engine::Engine;
-use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt};
+use webshard::front::{GenerateOptions, GenerateRequest, Generated, Generator, Prompt, Timings};
 use webshard::sample::{SamplerConfig, SpecConfig};
 use webshard::tokenizer::ChatMessage;
 
@@ -16,41 +16,39 @@ pub struct SpecBench {
     pub plain: Vec<f64>,
     pub spec: Vec<f64>,
     pub tokens: usize,
-    pub drafted: u32,
-    pub accepted: u32,
-    /// Over the speculative runs: their decode time, their verification steps and those
-    /// steps' time, and the pipelined decoder's starts (where the time went beside plain
-    /// tokens).
-    pub spec_seconds: f64,
-    pub verifications: u32,
-    pub verify_seconds: f64,
-    pub decoder_starts: u32,
+    /// The speculative runs' timings added up: decode time, drafts, verification steps and
+    /// their time, the pipelined decoder's starts (where the time went beside plain tokens).
+    pub spec_totals: Timings,
     /// Every speculative run gave the plain run's ids.
     pub identical: bool,
 }
 
 impl SpecBench {
     pub fn acceptance(&self) -> f64 {
-        f64::from(self.accepted) / f64::from(self.drafted.max(1))
+        let t = &self.spec_totals;
+        f64::from(t.accepted) / f64::from(t.drafted.max(1))
     }
 
     /// Milliseconds a verification step took, on average.
     pub fn verify_ms(&self) -> f64 {
-        self.verify_seconds * 1e3 / f64::from(self.verifications.max(1))
+        let t = &self.spec_totals;
+        t.verify_seconds * 1e3 / f64::from(t.verifications.max(1))
     }
 
     /// Share of the speculative runs' decode time spent in verification steps.
     pub fn verify_share(&self) -> f64 {
-        self.verify_seconds / self.spec_seconds.max(1e-9)
+        let t = &self.spec_totals;
+        t.verify_seconds / t.decode_seconds.max(1e-9)
     }
 
     pub fn to_json(&self) -> serde_json::Value {
+        let t = &self.spec_totals;
         json!({
             "plain_tok_s": self.plain, "spec_tok_s": self.spec, "tokens": self.tokens,
-            "drafted": self.drafted, "accepted": self.accepted,
+            "drafted": t.drafted, "accepted": t.accepted,
             "acceptance": self.acceptance(), "identical": self.identical,
-            "spec_seconds": self.spec_seconds, "verifications": self.verifications,
-            "verify_seconds": self.verify_seconds, "decoder_starts": self.decoder_starts,
+            "spec_seconds": t.decode_seconds, "verifications": t.verifications,
+            "verify_seconds": t.verify_seconds, "decoder_starts": t.decoder_starts,
         })
     }
 }
@@ -96,12 +94,7 @@ pub async fn spec_bench(
         plain: Vec::new(),
         spec: Vec::new(),
         tokens: reference.ids.len(),
-        drafted: 0,
-        accepted: 0,
-        spec_seconds: 0.0,
-        verifications: 0,
-        verify_seconds: 0.0,
-        decoder_starts: 0,
+        spec_totals: Timings::default(),
         identical: true,
     };
     for _ in 0..repetitions.max(1) {
@@ -111,12 +104,7 @@ pub async fn spec_bench(
         if spec.is_some() {
             let out = run_once(engine, &request, spec).await?;
             bench.spec.push(decode_rate(&out));
-            bench.drafted += out.timings.drafted;
-            bench.accepted += out.timings.accepted;
-            bench.spec_seconds += out.timings.decode_seconds;
-            bench.verifications += out.timings.verifications;
-            bench.verify_seconds += out.timings.verify_seconds;
-            bench.decoder_starts += out.timings.decoder_starts;
+            bench.spec_totals.add(&out.timings);
             bench.identical &= out.ids == reference.ids;
         }
     }

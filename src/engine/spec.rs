@@ -15,21 +15,11 @@
 //! While there is nothing to verify (drafting paused by `DraftLength`, or no n-gram recurs),
 //! greedy tokens come from the pipelined `GreedyDecoder`, as without speculation.
 
-use crate::front::{Decoding, OnEvent};
+use crate::front::{Decoding, OnEvent, Timings};
 use crate::model::StageInput;
 use crate::sample::{DraftLength, SpecConfig};
 
 use super::{now_seconds, Engine, EngineError};
-
-/// Draft tokens verified and kept in one request, and where its time went.
-#[derive(Debug, Default, Clone, Copy)]
-pub(super) struct DraftCounts {
-    pub drafted: u32,
-    pub accepted: u32,
-    pub verifications: u32,
-    pub verify_seconds: f64,
-    pub decoder_starts: u32,
-}
 
 /// What a verification step chose after each position.
 enum Choices {
@@ -49,16 +39,17 @@ impl Choices {
 }
 
 impl Engine {
-    /// Decodes the rest of `decoding` (whose last token is not in the cache yet) with drafts.
+    /// Decodes the rest of `decoding` (whose last token is not in the cache yet) with drafts;
+    /// returns the speculation's counts and verification time (`Timings`' draft fields).
     pub(super) async fn speculate(
         &mut self,
         decoding: &mut Decoding,
         config: SpecConfig,
         on_event: &mut OnEvent<'_>,
-    ) -> Result<DraftCounts, EngineError> {
+    ) -> Result<Timings, EngineError> {
         let greedy = decoding.sampler().argmax_suffices();
         let mut length = DraftLength::new(&config);
-        let mut counts = DraftCounts::default();
+        let mut counts = Timings::default();
         while decoding.finished().is_none() {
             let draft = self.draft(decoding, config, length.allowed());
             if greedy && (draft.is_empty() || !length.due()) {

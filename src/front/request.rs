@@ -120,6 +120,20 @@ pub struct Timings {
     pub decoder_starts: u32,
 }
 
+impl Timings {
+    /// Adds `other`'s times and counts to these (totals over several requests).
+    pub fn add(&mut self, other: &Timings) {
+        self.prefill_seconds += other.prefill_seconds;
+        self.decode_seconds += other.decode_seconds;
+        self.mask_seconds += other.mask_seconds;
+        self.drafted += other.drafted;
+        self.accepted += other.accepted;
+        self.verifications += other.verifications;
+        self.verify_seconds += other.verify_seconds;
+        self.decoder_starts += other.decoder_starts;
+    }
+}
+
 /// Token counts, as an OpenAI-style `usage` reports them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Usage {
