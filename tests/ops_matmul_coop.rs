@@ -93,8 +93,8 @@ impl Case {
     }
 }
 
-/// Shapes with partial tiles of rows and tokens and K steps of 32 to 128 columns; up to 16
-/// tokens take the 16-token tile (`coop_tile_tokens`), more the 64-token one.
+/// Shapes with partial tiles of rows and tokens (a batched step's or a verification's few
+/// tokens among them) and K steps of 32 to 128 columns.
 fn shapes(quant: QuantType) -> [(usize, usize, usize); 7] {
     let [narrow, wide] = if quant.block_size() == 256 {
         [256, 768]
@@ -172,7 +172,7 @@ fn small_cooperative_grids_split_k() {
     assert_eq!(coop_k_splits(caps, [896, 4864], 512), 1);
     assert_eq!(coop_k_splits(caps, [4864, 896], 512), 1);
     assert_eq!(coop_k_splits(caps, [151_936, 896], 16), 1);
-    // Its down product in a 16-row step (one 16-token tile a 64 rows: 14 workgroups).
+    // Its down product in a 16-row step (14 workgroups).
     assert_eq!(coop_k_splits(caps, [896, 4864], 16), 8);
     assert_eq!(coop_k_splits(caps, [64, 4096], 64), 8);
     assert_eq!(coop_k_splits(caps, [64, 100], 64), 1);

@@ -1,18 +1,15 @@
 // Matrix-matrix product for prefill on cooperative matrices (tensor cores):
 // out[t, first_row + r] = dot(W[r, :], x[t, :]), as `matmul.wgsl` computes it on the FP32 cores.
 //
-// A workgroup of WG = 4 subgroups computes a tile of TT tokens x TR = 64 rows; the header sets
-// TT: 64 for prefill, 16 for a batched step's or a verification's few tokens (a 64-token tile
-// left three quarters of its loads and multiplies idle there). K is walked in steps of BK = 128
-// elements (a whole number of units for every type, as in `matmul.wgsl`).
+// A workgroup of WG = 4 subgroups computes a tile of TT = 64 tokens x TR = 64 rows. K is walked
+// in steps of BK = 128 elements (a whole number of units for every type, as in `matmul.wgsl`).
 // Each step dequantizes the tile's 64 x 128 weights to f16 in workgroup memory, every unit by one
-// lane, and converts the TT tokens' activations to f16 beside them; each lane issues all its
-// loads of a step at once (two units, up to 16 vec4s) before storing any. Holding the next step's
+// lane, and converts the 64 tokens' activations to f16 beside them; each lane issues all its
+// loads of a step at once (two units, 16 vec4s) before storing any. Holding the next step's
 // loads in registers across this step's multiplies made every product 15-25% slower on the
-// H200 (docs/perf.md, session 27: 128 floats a lane live through the multiplies). At TT = 64
-// each subgroup owns a 32 x 32 quarter of the outputs as 2 x 2 f32 accumulators of 16 x 16; at
-// TT = 16 a 16-row slice of the tile as one accumulator; either multiplies 16-column slices of
-// both tiles into them. In cooperative-matrix terms A is the activations (tokens x k,
+// H200 (docs/perf.md, session 27: 128 floats a lane live through the multiplies). Each subgroup owns a
+// 32 x 32 quarter of the outputs as 2 x 2 f32 accumulators of 16 x 16 and multiplies 16-column
+// slices of both tiles into them. In cooperative-matrix terms A is the activations (tokens x k,
 // row-major in `x_tile`), B the transposed weights (k x rows, column-major in `w_tile`) and C the
 // outputs (tokens x rows). Tile rows are padded by 8 halves (16 bytes): rows 272 bytes apart
 // spread a subgroup's loads over the banks, and every load stays 16-byte aligned.
@@ -27,8 +24,7 @@
 // Indices in range (`Lib::IndicesInRange`: no bounds checks on Vulkan): a lane's weight slots
 // are < 2 * WG, so their tile rows are < TR; a unit's 32 values lie inside the step's BK columns
 // for every type (BK is a whole number of blocks or units, and `ops_matmul_coop` checks every
-// type's products); activation slots past TT * BK4 are neither loaded nor stored
-// (`live_token`), so token rows stay < TT; a subgroup's stage and
+// type's products); activation slots < 16 * WG give token rows < TT; a subgroup's stage and
 // quarter are fixed by its id (< WG / SUBGROUP), and a lane's stage entries by its index.
 //
 // Needs 16 x 16 x 16 f16 x f16 + f32 matrices at subgroup scope and subgroups of exactly 32
@@ -59,16 +55,16 @@ struct Params {
 @group(0) @binding(4) var<storage, read> weights4: array<vec4<u32>>;
 
 const TR: u32 = 64u;
+const TT: u32 = 64u;
 const WG: u32 = 128u;
 const SUBGROUP: u32 = 32u;
 const BK: u32 = 128u;
 const BK4: u32 = BK / 4u;
 const UNITS_PER_STEP: u32 = BK / 32u;
 const STRIDE: u32 = BK + 8u;
-// `load_step` is written out for two weight units and 16 activation vec4s per lane (the 16-token
-// tile fills the first 4).
+// `load_step` is written out for two weight units and 16 activation vec4s per lane.
 const_assert TR * UNITS_PER_STEP == 2u * WG;
-const_assert TT * BK4 == 16u * WG || TT * BK4 == 4u * WG;
+const_assert TT * BK4 == 16u * WG;
 // One 16 x 16 f32 matrix per subgroup, staged on its way out (outputs at the tile's edges must
 // not be stored, and a cooperative store writes all or nothing).
 const STAGE: u32 = 256u;
@@ -119,11 +115,11 @@ fn store_weight_unit(k0: u32, slot: u32, values: Unit) {
     }
 }
 
-// Whether activation vec4 `slot` of a step belongs to a token of the call: slots past the
-// tile's TT tokens, and tokens past the call's, are neither loaded nor stored (their outputs
+// Whether activation vec4 `slot` of a step belongs to a token of the call: a batched step's
+// 16 rows fill a quarter of the tile, and the rest is neither loaded nor stored (its outputs
 // are never written, and a warp's 32 slots are one token, so the test does not diverge).
 fn live_token(first_token: u32, slot: u32) -> bool {
-    return slot < TT * BK4 && first_token + slot / BK4 < params.tokens;
+    return first_token + slot / BK4 < params.tokens;
 }
 
 // Activation vec4 `slot` of the step at k4 (columns past the end repeat the last column: always
@@ -227,25 +223,6 @@ fn matmul(
     let steps = (params.cols + BK - 1u) / BK;
     let k_begin = (split * steps / params.k_splits) * BK;
     let k_end = min(((split + 1u) * steps / params.k_splits) * BK, params.cols);
-    let stage = subgroup * STAGE;
-    if (TT == 16u) {
-        // The subgroup's 16-row slice of all 16 tokens.
-        let w_at = subgroup * 16u * STRIDE;
-        var c = coop_mat16x16<f32, C>();
-        for (var k0 = k_begin; k0 < k_end; k0 = k0 + BK) {
-            store_step(first_token, k0, lane, load_step(first_tile_row, first_token, k0, lane));
-            workgroupBarrier();
-            let width = min(BK, params.cols - k0);
-            for (var k = 0u; k < width; k = k + 16u) {
-                let a = coopLoadT<coop_mat16x16<f16, A>>(&x_tile[k], STRIDE);
-                let b = coopLoad<coop_mat16x16<f16, B>>(&w_tile[w_at + k], STRIDE);
-                c = coopMultiplyAdd(a, b, c);
-            }
-            workgroupBarrier();
-        }
-        store_outputs(c, stage, first_token, first_tile_row + subgroup * 16u, split, subgroup_lane);
-        return;
-    }
     // The subgroup's quarter: rows (subgroup % 2) * 32, tokens (subgroup / 2) * 32.
     let w_at = (subgroup % 2u) * 32u * STRIDE;
     let x_at = (subgroup / 2u) * 32u * STRIDE;
@@ -269,6 +246,7 @@ fn matmul(
         }
         workgroupBarrier();
     }
+    let stage = subgroup * STAGE;
     let token0 = first_token + (subgroup / 2u) * 32u;
     let row0 = first_tile_row + (subgroup % 2u) * 32u;
     store_outputs(c00, stage, token0, row0, split, subgroup_lane);

@@ -109,20 +109,8 @@ impl MatmulTile {
     }
 }
 
-/// Rows of the cooperative-matrix kernel's tile, and its tokens for prefill (`TR`, `TT` there).
+/// Rows and tokens of the cooperative-matrix kernel's tile (`TR`, `TT` there).
 const COOP_TILE: u32 = 64;
-/// Its tokens for products of at most this many (a batched step's rows, a verification's
-/// draft): the 64-token tile left three quarters of its loads and multiplies idle there.
-const COOP_FEW_TOKENS: u32 = 16;
-
-/// Tokens of the cooperative-matrix tile for a product of `tokens` tokens.
-pub fn coop_tile_tokens(tokens: u32) -> u32 {
-    if tokens <= COOP_FEW_TOKENS {
-        COOP_FEW_TOKENS
-    } else {
-        COOP_TILE
-    }
-}
 
 /// Whether prefill products in `variant` on this device run on cooperative matrices. A
 /// configured tile (`runner bench --matmul-tile`) measures the tiled kernel, so it keeps that.
@@ -161,7 +149,7 @@ const COOP_MOST_K_SPLITS: u32 = 8;
 /// `COOP_GRID_TARGET`, at most one per K step and `COOP_MOST_K_SPLITS` (or the configured
 /// most), and no more than one binding's worth of slices.
 pub fn coop_k_splits(caps: &Caps, [rows, cols]: [u32; 2], tokens: u32) -> u32 {
-    let grid = (rows.div_ceil(COOP_TILE) * tokens.div_ceil(coop_tile_tokens(tokens))).max(1);
+    let grid = (rows.div_ceil(COOP_TILE) * tokens.div_ceil(COOP_TILE)).max(1);
     if grid >= COOP_SMALL_GRID {
         return 1;
     }
@@ -183,10 +171,7 @@ fn matmul_coop(
     out: &wgpu::Buffer,
     tokens: u32,
 ) {
-    let tile_tokens = coop_tile_tokens(tokens);
-    let mut consts = vec![("TT", tile_tokens)];
-    consts.extend(w.quant_consts());
-    let pipeline = rec.pipeline(&MATMUL_COOP, &consts);
+    let pipeline = rec.pipeline(&MATMUL_COOP, &w.quant_consts());
     let splits = coop_k_splits(&rec.gpu().caps, [w.rows, w.cols], tokens);
     let outputs = tokens * w.rows;
     // Split products write their slices into scratch, which is then summed into `out`.
@@ -197,7 +182,7 @@ fn matmul_coop(
             rec.gpu().kept_storage("product K slices", bytes)
         }
     };
-    let tile = [COOP_TILE, tile_tokens, splits];
+    let tile = [COOP_TILE, COOP_TILE, splits];
     dispatch_parts(rec, &pipeline, w, [x, &target], tile, tokens);
     if splits > 1 {
         elementwise::sum_slices(rec, &target, splits, out, outputs);
@@ -268,28 +253,24 @@ mod tests {
     use wgpu::naga;
 
     /// No CI adapter has cooperative matrices, so naga's validation is what checks there that
-    /// both tiles of the kernel compile for every type (their products are checked on a
-    /// device that has them: `ops_matmul_coop`).
+    /// the kernel compiles for every type (its products are checked on a device that has
+    /// them: `ops_matmul_coop`).
     #[test]
-    fn the_cooperative_kernel_validates_for_both_tiles_and_every_type() {
+    fn the_cooperative_kernel_validates_for_every_type() {
         let variant = Variant {
             f16: true,
             subgroups: true,
             coop_matrix: true,
         };
         let validator_flags = naga::valid::ValidationFlags::all();
-        for tokens in [COOP_FEW_TOKENS, COOP_TILE] {
-            for quant in QuantType::ALL {
-                let mut consts = vec![("TT", coop_tile_tokens(tokens))];
-                consts.extend(quant.kernel_consts());
-                let text = specialised_source(&MATMUL_COOP, variant, &consts, false);
-                let what = format!("matmul_coop {quant:?} TT={tokens}");
-                let module = naga::front::wgsl::parse_str(&text)
-                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
-                naga::valid::Validator::new(validator_flags, naga::valid::Capabilities::all())
-                    .validate(&module)
-                    .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
-            }
+        for quant in QuantType::ALL {
+            let text = specialised_source(&MATMUL_COOP, variant, &quant.kernel_consts(), false);
+            let what = format!("matmul_coop {quant:?}");
+            let module = naga::front::wgsl::parse_str(&text)
+                .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
+            naga::valid::Validator::new(validator_flags, naga::valid::Capabilities::all())
+                .validate(&module)
+                .unwrap_or_else(|e| panic!("{what}: {}", e.emit_to_string(&text)));
         }
     }
 }
