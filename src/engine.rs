@@ -263,13 +263,13 @@ impl Engine {
         // Plain argmax runs on the GPU, fed back without a host round trip per token.
         let on_gpu = decoding.sampler().argmax_suffices();
         let mut decoder = None;
-        let mut counts = Timings::default();
+        let mut drafting = Timings::default();
         if let Some(config) = speculation {
             if let Some(first) = logits.take().filter(|_| decoding.finished().is_none()) {
                 let next = decoding.sample(&first);
                 decoding.accept(&self.text, next, on_event);
             }
-            counts = self.speculate(&mut decoding, config, on_event).await?;
+            drafting = self.speculate(&mut decoding, config, on_event).await?;
         }
         while decoding.finished().is_none() {
             let next = match logits.take() {
@@ -299,7 +299,7 @@ impl Engine {
         let timings = Timings {
             prefill_seconds: decode_started - started,
             decode_seconds: now_seconds() - decode_started,
-            ..counts
+            ..drafting
         };
         Ok(decoding.into_generated(reused as u32, timings))
     }

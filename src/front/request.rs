@@ -121,16 +121,27 @@ pub struct Timings {
 }
 
 impl Timings {
-    /// Adds `other`'s times and counts to these (totals over several requests).
+    /// Adds `other`'s times and counts to these (totals over several requests). The pattern
+    /// names every field, so a new one does not compile until it is added up too.
     pub fn add(&mut self, other: &Timings) {
-        self.prefill_seconds += other.prefill_seconds;
-        self.decode_seconds += other.decode_seconds;
-        self.mask_seconds += other.mask_seconds;
-        self.drafted += other.drafted;
-        self.accepted += other.accepted;
-        self.verifications += other.verifications;
-        self.verify_seconds += other.verify_seconds;
-        self.decoder_starts += other.decoder_starts;
+        let Timings {
+            prefill_seconds,
+            decode_seconds,
+            mask_seconds,
+            drafted,
+            accepted,
+            verifications,
+            verify_seconds,
+            decoder_starts,
+        } = *other;
+        self.prefill_seconds += prefill_seconds;
+        self.decode_seconds += decode_seconds;
+        self.mask_seconds += mask_seconds;
+        self.drafted += drafted;
+        self.accepted += accepted;
+        self.verifications += verifications;
+        self.verify_seconds += verify_seconds;
+        self.decoder_starts += decoder_starts;
     }
 }
 
