@@ -49,30 +49,29 @@ impl Engine {
     ) -> Result<Timings, EngineError> {
         let greedy = decoding.sampler().argmax_suffices();
         let mut length = DraftLength::new(&config);
-        let mut counts = Timings::default();
+        let mut drafting = Timings::default();
         while decoding.finished().is_none() {
             let draft = self.draft(decoding, config, length.allowed());
             if greedy && (draft.is_empty() || !length.due()) {
                 self.decode_undrafted(decoding, config, &mut length, on_event)
                     .await?;
-                counts.decoder_starts += 1;
+                drafting.decoder_starts += 1;
                 continue;
             }
             let started = now_seconds();
             let accepted = self.verify(decoding, &draft, greedy, on_event).await?;
             let seconds = now_seconds() - started;
-            counts.verifications += 1;
-            counts.verify_seconds += seconds;
-            let seconds = seconds as f32;
+            drafting.verifications += 1;
+            drafting.verify_seconds += seconds;
             if draft.is_empty() {
-                length.record_plain(seconds);
+                length.record_plain(seconds as f32);
             } else {
-                length.record(draft.len() as u32, accepted, seconds);
-                counts.drafted += draft.len() as u32;
-                counts.accepted += accepted;
+                length.record(draft.len() as u32, accepted, seconds as f32);
+                drafting.drafted += draft.len() as u32;
+                drafting.accepted += accepted;
             }
         }
-        Ok(counts)
+        Ok(drafting)
     }
 
     /// A draft of at most `allowed` tokens after the decoding's last token (`Decoding::draft`).
